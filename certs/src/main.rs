@@ -1,0 +1,5 @@
+//! `ztunnel-ca`: the mesh certificate authority.
+
+fn main() {
+    ztunnel_certs::tls::install_provider();
+}
