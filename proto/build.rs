@@ -19,6 +19,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // No `connect()` helpers: callers build their own TLS channels, and
+        // this crate then needs no tonic transport.
+        .build_transport(false)
         .compile_fds(descriptors)?;
     Ok(())
 }

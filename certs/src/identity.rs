@@ -35,11 +35,13 @@ pub enum IdentityError {
     /// The string does not start with `spiffe://`.
     #[error("identity must start with spiffe://")]
     Scheme,
-    /// The identity is longer than [`MAX_LEN`] bytes.
+    /// The identity is longer than `MAX_LEN` (1 KiB) bytes.
     #[error("identity is longer than {MAX_LEN} bytes")]
     TooLong,
     /// The path does not have the form `<td>/ns/<ns>/sa/<sa>`.
-    #[error("identity must have the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>")]
+    #[error(
+        "identity must have the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>"
+    )]
     Shape,
     /// A part (trust domain, namespace or service account) is empty.
     #[error("identity has an empty {0}")]
@@ -155,9 +157,24 @@ mod tests {
     #[test]
     fn good_identities_parse_into_parts() {
         let cases = [
-            ("spiffe://cluster.local/ns/default/sa/default", "cluster.local", "default", "default"),
-            ("spiffe://td/ns/istio-system/sa/ztunnel", "td", "istio-system", "ztunnel"),
-            ("spiffe://example.org/ns/a_b/sa/x.y-z", "example.org", "a_b", "x.y-z"),
+            (
+                "spiffe://cluster.local/ns/default/sa/default",
+                "cluster.local",
+                "default",
+                "default",
+            ),
+            (
+                "spiffe://td/ns/istio-system/sa/ztunnel",
+                "td",
+                "istio-system",
+                "ztunnel",
+            ),
+            (
+                "spiffe://example.org/ns/a_b/sa/x.y-z",
+                "example.org",
+                "a_b",
+                "x.y-z",
+            ),
         ];
         for (uri, td, ns, sa) in cases {
             let id: Identity = uri.parse().unwrap_or_else(|e| panic!("{uri}: {e}"));
@@ -192,14 +209,29 @@ mod tests {
             ("spiffe://td/ns/./sa/b", DotSegment("namespace")),
             ("spiffe://a..b/ns/a/sa/b", DotSegment("trust domain")),
             ("spiffe://td/ns/a\0b/sa/b", ForbiddenCharacter("namespace")),
-            ("spiffe://td/ns/a/sa/b\n", ForbiddenCharacter("service account")),
-            ("spiffe://t\x7fd/ns/a/sa/b", ForbiddenCharacter("trust domain")),
+            (
+                "spiffe://td/ns/a/sa/b\n",
+                ForbiddenCharacter("service account"),
+            ),
+            (
+                "spiffe://t\x7fd/ns/a/sa/b",
+                ForbiddenCharacter("trust domain"),
+            ),
             ("spiffe://td/ns/a b/sa/b", ForbiddenCharacter("namespace")),
-            ("spiffe://td:443/ns/a/sa/b", ForbiddenCharacter("trust domain")),
+            (
+                "spiffe://td:443/ns/a/sa/b",
+                ForbiddenCharacter("trust domain"),
+            ),
             ("spiffe://td/ns/a%2f/sa/b", ForbiddenCharacter("namespace")),
             ("spiffe://td/ns/é/sa/b", ForbiddenCharacter("namespace")),
-            ("spiffe://td/ns/a/sa/b?x", ForbiddenCharacter("service account")),
-            ("spiffe://td/ns/a/sa/b#x", ForbiddenCharacter("service account")),
+            (
+                "spiffe://td/ns/a/sa/b?x",
+                ForbiddenCharacter("service account"),
+            ),
+            (
+                "spiffe://td/ns/a/sa/b#x",
+                ForbiddenCharacter("service account"),
+            ),
             (&long, TooLong),
         ];
         for (uri, want) in cases {

@@ -5,5 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ca;
+pub mod cert;
+pub mod csr;
 pub mod identity;
+pub mod issuer;
 pub mod tls;

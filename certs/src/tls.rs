@@ -1,9 +1,42 @@
 //! rustls configuration for the mesh: the one crypto provider, TLS 1.3 only,
-//! ALPN `h2`.
+//! ALPN `h2`, and SPIFFE peer verification in both directions (WIRE.md §4).
+//!
+//! The dialing side is `tls/client.rs`, the accepting side `tls/server.rs`,
+//! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`.
 
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
+
+mod client;
+mod roots;
+mod server;
+mod verify;
+
+pub use client::{client_config, dummy_server_name};
+pub use roots::{RootsError, TrustRoots};
+pub use server::server_config;
+pub use verify::{PeerError, peer_identity};
+
+/// The ALPN protocol HBONE runs over: HTTP/2, offered by the client and set on
+/// the server.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// rustls refused the protocol versions or the provider.
+    #[error("building the rustls configuration failed: {0}")]
+    Config(#[from] rustls::Error),
+    /// A client config was asked for with no identity to accept: every
+    /// handshake would fail.
+    #[error("no expected server identity given")]
+    NoExpectedIdentity,
+    /// Our own certificate has no identity, so there is no trust domain to
+    /// admit clients from.
+    #[error("our certificate carries no SPIFFE identity")]
+    NoOwnIdentity,
+}
 
 /// The crypto provider every TLS config in the project uses: aws-lc-rs,
 /// limited to the TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20).

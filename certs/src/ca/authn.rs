@@ -1,0 +1,299 @@
+//! Authentication of CA callers: the `authorization: Bearer <JWT>` header,
+//! the token's signature, `iss`, `aud`, `exp` and `nbf`, and the pod the
+//! token is bound to (the `kubernetes.io` claim of a projected
+//! service-account token). The result is a typed [`Caller`].
+//!
+//! Pure: time comes in as `now`, keys as [`TokenKeys`]. What the caller may
+//! be issued is `authz.rs`'s business. The token itself is never logged and
+//! never appears in an error.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Validation};
+use serde::Deserialize;
+
+use super::token_keys::TokenKeys;
+
+/// Largest token accepted, in bytes. Kubernetes tokens are about 1 KiB;
+/// 16 KiB bounds the JSON we parse for an unauthenticated caller.
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+
+/// Kubernetes' default service-account token issuer.
+pub const DEFAULT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// The audience istiod and ztunnel use for CA tokens (WIRE.md §3).
+pub const DEFAULT_AUDIENCE: &str = "istio-ca";
+
+/// Clock skew tolerated on `exp` and `nbf`.
+pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
+
+/// What a token must say to be accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenPolicy {
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required member of `aud`.
+    pub audience: String,
+    /// Clock skew tolerated on `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+impl Default for TokenPolicy {
+    fn default() -> Self {
+        TokenPolicy {
+            issuer: DEFAULT_ISSUER.to_owned(),
+            audience: DEFAULT_AUDIENCE.to_owned(),
+            leeway: DEFAULT_LEEWAY,
+        }
+    }
+}
+
+/// An authenticated caller: the pod a verified token is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod service account.
+    pub service_account: String,
+    /// Pod name.
+    pub pod_name: String,
+    /// Pod UID, which must match the registry for impersonation.
+    pub pod_uid: String,
+    /// The node claim, present in tokens from Kubernetes 1.30 on.
+    pub node_name: Option<String>,
+}
+
+impl Caller {
+    /// Verifies a token and extracts the pod it is bound to.
+    pub fn from_token(
+        token: &[u8],
+        keys: &TokenKeys,
+        policy: &TokenPolicy,
+        now: SystemTime,
+    ) -> Result<Caller, AuthnError> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(AuthnError::TokenTooLarge);
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| AuthnError::Malformed)?;
+        if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
+            return Err(AuthnError::UnsupportedAlgorithm);
+        }
+        // Only the signature and the algorithm are left to jsonwebtoken; the
+        // claims are checked below against the `now` we are given.
+        let mut validation = Validation::new(header.alg);
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims.clear();
+
+        let candidates = keys.candidates(header.kid.as_deref());
+        for key in candidates.filter(|key| key.algorithm == header.alg) {
+            match jsonwebtoken::decode::<TokenClaims>(token, &key.key, &validation) {
+                Ok(data) => return check_claims(data.claims, policy, now),
+                Err(error) => match error.kind() {
+                    // This key is not the one; try the next.
+                    ErrorKind::InvalidSignature
+                    | ErrorKind::InvalidAlgorithm
+                    | ErrorKind::InvalidEcdsaKey
+                    | ErrorKind::InvalidRsaKey(_)
+                    | ErrorKind::InvalidKeyFormat => continue,
+                    // The header was parsed already, so JSON errors are the
+                    // signed claims'.
+                    ErrorKind::Json(_) => return Err(AuthnError::MalformedClaims),
+                    _ => return Err(AuthnError::Malformed),
+                },
+            }
+        }
+        Err(AuthnError::BadSignature)
+    }
+}
+
+/// Why a caller was not authenticated. Each variant is a denial reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthnError {
+    /// No `authorization` header.
+    #[error("no authorization header")]
+    MissingToken,
+    /// The header is not `Bearer <token>`.
+    #[error("authorization header is not a Bearer token")]
+    NotBearer,
+    /// The token is longer than [`MAX_TOKEN_BYTES`].
+    #[error("token is longer than {MAX_TOKEN_BYTES} bytes")]
+    TokenTooLarge,
+    /// The token is not a well-formed JWS.
+    #[error("token is not a well-formed JWT")]
+    Malformed,
+    /// The header names an algorithm other than RS256 or ES256.
+    #[error("token algorithm is not RS256 or ES256")]
+    UnsupportedAlgorithm,
+    /// No configured key verifies the signature.
+    #[error("token signature does not verify with any configured key")]
+    BadSignature,
+    /// The signed claims are not the JSON of a service-account token.
+    #[error("token claims are malformed")]
+    MalformedClaims,
+    /// `iss` is missing or not the configured issuer.
+    #[error("token issuer is not the configured one")]
+    WrongIssuer,
+    /// `aud` does not contain the configured audience.
+    #[error("token audience does not include the configured one")]
+    WrongAudience,
+    /// `exp` is in the past, beyond the leeway.
+    #[error("token has expired")]
+    Expired,
+    /// `nbf` is in the future, beyond the leeway.
+    #[error("token is not valid yet")]
+    NotYetValid,
+    /// The token carries no pod (it is not a pod-bound projected token).
+    #[error("token is not bound to a pod")]
+    NotPodBound,
+    /// `sub` disagrees with the namespace and service account claims.
+    #[error("token subject disagrees with its kubernetes.io claim")]
+    SubjectMismatch,
+}
+
+impl AuthnError {
+    /// A short stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AuthnError::MissingToken => "missing_token",
+            AuthnError::NotBearer => "not_bearer",
+            AuthnError::TokenTooLarge => "token_too_large",
+            AuthnError::Malformed => "malformed_token",
+            AuthnError::UnsupportedAlgorithm => "unsupported_algorithm",
+            AuthnError::BadSignature => "bad_signature",
+            AuthnError::MalformedClaims => "malformed_claims",
+            AuthnError::WrongIssuer => "wrong_issuer",
+            AuthnError::WrongAudience => "wrong_audience",
+            AuthnError::Expired => "expired_token",
+            AuthnError::NotYetValid => "token_not_yet_valid",
+            AuthnError::NotPodBound => "token_not_pod_bound",
+            AuthnError::SubjectMismatch => "subject_mismatch",
+        }
+    }
+}
+
+/// Signed claims, as far as we read them. Unknown fields are ignored:
+/// Kubernetes adds new ones (e.g. `warnafter`) over time.
+#[derive(Deserialize)]
+struct TokenClaims {
+    iss: Option<String>,
+    sub: Option<String>,
+    #[serde(default)]
+    aud: Audience,
+    exp: Option<i64>,
+    nbf: Option<i64>,
+    #[serde(rename = "kubernetes.io")]
+    kubernetes: Option<KubernetesClaims>,
+}
+
+/// `aud` is a string or an array of strings (RFC 7519 §4.1.3).
+#[derive(Deserialize, Default)]
+#[serde(untagged)]
+enum Audience {
+    One(String),
+    Many(Vec<String>),
+    #[default]
+    Absent,
+}
+
+#[derive(Deserialize)]
+struct KubernetesClaims {
+    namespace: String,
+    serviceaccount: NameUid,
+    pod: Option<NameUid>,
+    node: Option<NameUid>,
+}
+
+#[derive(Deserialize)]
+struct NameUid {
+    name: String,
+    #[serde(default)]
+    uid: String,
+}
+
+/// The token of an `authorization` header value. Only `Bearer ` is accepted,
+/// as istiod does on gRPC.
+pub fn bearer_token(header: Option<&[u8]>) -> Result<&[u8], AuthnError> {
+    let header = header.ok_or(AuthnError::MissingToken)?;
+    let token = header
+        .strip_prefix(b"Bearer ")
+        .ok_or(AuthnError::NotBearer)?;
+    if token.is_empty() {
+        return Err(AuthnError::MissingToken);
+    }
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(AuthnError::TokenTooLarge);
+    }
+    Ok(token)
+}
+
+/// Checks the registered claims and extracts the pod.
+fn check_claims(
+    claims: TokenClaims,
+    policy: &TokenPolicy,
+    now: SystemTime,
+) -> Result<Caller, AuthnError> {
+    if claims.iss.as_deref() != Some(policy.issuer.as_str()) {
+        return Err(AuthnError::WrongIssuer);
+    }
+    let audience_ok = match &claims.aud {
+        Audience::One(aud) => *aud == policy.audience,
+        Audience::Many(auds) => auds.contains(&policy.audience),
+        Audience::Absent => false,
+    };
+    if !audience_ok {
+        return Err(AuthnError::WrongAudience);
+    }
+    let now = unix_seconds(now);
+    let leeway = i64::try_from(policy.leeway.as_secs()).unwrap_or(i64::MAX);
+    let exp = claims.exp.ok_or(AuthnError::MalformedClaims)?;
+    if now > exp.saturating_add(leeway) {
+        return Err(AuthnError::Expired);
+    }
+    if claims
+        .nbf
+        .is_some_and(|nbf| nbf > now.saturating_add(leeway))
+    {
+        return Err(AuthnError::NotYetValid);
+    }
+
+    let kubernetes = claims.kubernetes.ok_or(AuthnError::NotPodBound)?;
+    let pod = kubernetes.pod.ok_or(AuthnError::NotPodBound)?;
+    let service_account = kubernetes.serviceaccount.name;
+    if let Some(sub) = &claims.sub {
+        let expected = format!(
+            "system:serviceaccount:{}:{service_account}",
+            kubernetes.namespace
+        );
+        if *sub != expected {
+            return Err(AuthnError::SubjectMismatch);
+        }
+    }
+    let node_name = kubernetes.node.map(|node| node.name);
+    let required = [&kubernetes.namespace, &service_account, &pod.name, &pod.uid];
+    if required.iter().any(|part| part.is_empty())
+        || node_name.as_ref().is_some_and(String::is_empty)
+    {
+        return Err(AuthnError::MalformedClaims);
+    }
+    Ok(Caller {
+        namespace: kubernetes.namespace,
+        service_account,
+        pod_name: pod.name,
+        pod_uid: pod.uid,
+        node_name,
+    })
+}
+
+/// Seconds since the epoch, negative before it.
+fn unix_seconds(now: SystemTime) -> i64 {
+    match now.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_secs()).map_or(i64::MIN, |s| -s),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+//! Tests for token authentication: a table of tokens and what each yields.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::{EncodingKey, Header};
+use rcgen::KeyPair;
+use serde_json::{Value, json};
+
+use super::*;
+
+const NOW: u64 = 1_800_000_000;
+
+fn now() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(NOW)
+}
+
+struct Key {
+    encoding: EncodingKey,
+    algorithm: Algorithm,
+    keys: TokenKeys,
+}
+
+fn es256() -> Key {
+    let pair = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    Key {
+        encoding: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(),
+        algorithm: Algorithm::ES256,
+        keys: TokenKeys::from_pem(pair.public_key_pem().as_bytes()).unwrap(),
+    }
+}
+
+fn rs256() -> Key {
+    let pair =
+        KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048).unwrap();
+    Key {
+        encoding: EncodingKey::from_rsa_pem(pair.serialize_pem().as_bytes()).unwrap(),
+        algorithm: Algorithm::RS256,
+        keys: TokenKeys::from_pem(pair.public_key_pem().as_bytes()).unwrap(),
+    }
+}
+
+fn claims() -> Value {
+    json!({
+        "iss": DEFAULT_ISSUER,
+        "sub": "system:serviceaccount:istio-system:ztunnel",
+        "aud": ["istio-ca", "other"],
+        "exp": NOW + 3600,
+        "iat": NOW - 10,
+        "nbf": NOW - 10,
+        "warnafter": NOW + 100,
+        "kubernetes.io": {
+            "namespace": "istio-system",
+            "serviceaccount": {"name": "ztunnel", "uid": "sa-uid"},
+            "pod": {"name": "ztunnel-abc", "uid": "pod-uid"},
+            "node": {"name": "node-1", "uid": "node-uid"},
+        },
+    })
+}
+
+fn sign(key: &Key, claims: &Value) -> String {
+    jsonwebtoken::encode(&Header::new(key.algorithm), claims, &key.encoding).unwrap()
+}
+
+/// A correctly signed token whose payload is arbitrary bytes.
+fn sign_raw_payload(key: &Key, payload: &[u8]) -> String {
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"ES256","typ":"JWT"}"#);
+    let message = format!("{header}.{}", URL_SAFE_NO_PAD.encode(payload));
+    let signature =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key.encoding, key.algorithm).unwrap();
+    format!("{message}.{signature}")
+}
+
+fn with(mut claims: Value, path: &[&str], value: Value) -> Value {
+    let mut target = &mut claims;
+    let (last, parents) = path.split_last().unwrap();
+    for part in parents {
+        target = target.get_mut(*part).unwrap();
+    }
+    if value.is_null() {
+        target.as_object_mut().unwrap().remove(*last);
+    } else {
+        target[*last] = value;
+    }
+    claims
+}
+
+fn authenticate(key: &Key, token: &str) -> Result<Caller, AuthnError> {
+    Caller::from_token(token.as_bytes(), &key.keys, &TokenPolicy::default(), now())
+}
+
+#[test]
+fn valid_tokens_yield_the_pod() {
+    let expected = Caller {
+        namespace: "istio-system".into(),
+        service_account: "ztunnel".into(),
+        pod_name: "ztunnel-abc".into(),
+        pod_uid: "pod-uid".into(),
+        node_name: Some("node-1".into()),
+    };
+    for key in [es256(), rs256()] {
+        assert_eq!(
+            authenticate(&key, &sign(&key, &claims())),
+            Ok(expected.clone())
+        );
+    }
+    let key = es256();
+    let no_node = with(claims(), &["kubernetes.io", "node"], Value::Null);
+    let caller = authenticate(&key, &sign(&key, &no_node)).unwrap();
+    assert_eq!(caller.node_name, None);
+    let single_aud = with(claims(), &["aud"], json!("istio-ca"));
+    assert!(authenticate(&key, &sign(&key, &single_aud)).is_ok());
+    let no_sub = with(claims(), &["sub"], Value::Null);
+    assert!(authenticate(&key, &sign(&key, &no_sub)).is_ok());
+    let within_leeway = with(claims(), &["exp"], json!(NOW - 30));
+    assert!(authenticate(&key, &sign(&key, &within_leeway)).is_ok());
+}
+
+#[test]
+fn bad_tokens_are_denied_with_the_reason() {
+    use AuthnError::*;
+    let key = es256();
+    let other = es256();
+    let k8s = |field: &str, value: Value| with(claims(), &["kubernetes.io", field], value);
+    let cases: Vec<(&str, String, AuthnError)> = vec![
+        ("garbage", "not a jwt".into(), Malformed),
+        ("empty", String::new(), Malformed),
+        ("two parts", "a.b".into(), Malformed),
+        ("other key", sign(&other, &claims()), BadSignature),
+        (
+            "rsa key for es256 keys",
+            sign(&rs256(), &claims()),
+            BadSignature,
+        ),
+        (
+            "hmac",
+            jsonwebtoken::encode(
+                &Header::default(),
+                &claims(),
+                &EncodingKey::from_secret(b"k"),
+            )
+            .unwrap(),
+            UnsupportedAlgorithm,
+        ),
+        (
+            "expired",
+            sign(&key, &with(claims(), &["exp"], json!(NOW - 61))),
+            Expired,
+        ),
+        (
+            "no exp",
+            sign(&key, &with(claims(), &["exp"], Value::Null)),
+            MalformedClaims,
+        ),
+        (
+            "not yet valid",
+            sign(&key, &with(claims(), &["nbf"], json!(NOW + 61))),
+            NotYetValid,
+        ),
+        (
+            "wrong audience",
+            sign(&key, &with(claims(), &["aud"], json!(["istio-ca-x"]))),
+            WrongAudience,
+        ),
+        (
+            "no audience",
+            sign(&key, &with(claims(), &["aud"], Value::Null)),
+            WrongAudience,
+        ),
+        (
+            "wrong issuer",
+            sign(&key, &with(claims(), &["iss"], json!("https://evil"))),
+            WrongIssuer,
+        ),
+        (
+            "no issuer",
+            sign(&key, &with(claims(), &["iss"], Value::Null)),
+            WrongIssuer,
+        ),
+        (
+            "no kubernetes claim",
+            sign(&key, &with(claims(), &["kubernetes.io"], Value::Null)),
+            NotPodBound,
+        ),
+        ("no pod", sign(&key, &k8s("pod", Value::Null)), NotPodBound),
+        (
+            "empty pod uid",
+            sign(&key, &k8s("pod", json!({"name": "p", "uid": ""}))),
+            MalformedClaims,
+        ),
+        (
+            "empty node",
+            sign(&key, &k8s("node", json!({"name": ""}))),
+            MalformedClaims,
+        ),
+        (
+            "namespace type",
+            sign(&key, &k8s("namespace", json!(5))),
+            MalformedClaims,
+        ),
+        (
+            "subject mismatch",
+            sign(
+                &key,
+                &with(
+                    claims(),
+                    &["sub"],
+                    json!("system:serviceaccount:default:default"),
+                ),
+            ),
+            SubjectMismatch,
+        ),
+        (
+            "claims not json",
+            sign_raw_payload(&key, b"\xff{"),
+            MalformedClaims,
+        ),
+        (
+            "claims array",
+            sign_raw_payload(&key, b"[1,2]"),
+            MalformedClaims,
+        ),
+        ("too large", "a".repeat(MAX_TOKEN_BYTES + 1), TokenTooLarge),
+    ];
+    for (name, token, want) in cases {
+        assert_eq!(authenticate(&key, &token), Err(want), "{name}");
+    }
+}
+
+#[test]
+fn the_key_named_by_kid_is_tried_else_every_key() {
+    use super::super::token::TokenSigner;
+    let a = TokenSigner::generate().unwrap();
+    let b = TokenSigner::generate().unwrap();
+    let jwk = |signer: &TokenSigner| {
+        serde_json::from_str::<Value>(&signer.jwks_json()).unwrap()["keys"][0].clone()
+    };
+    let jwks = json!({ "keys": [jwk(&b), jwk(&a)] }).to_string();
+    let keys = TokenKeys::from_jwks(jwks.as_bytes()).unwrap();
+    let encoding = EncodingKey::from_ec_pem(a.private_key_pem().as_bytes()).unwrap();
+    let check = |kid: &str| {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.into());
+        let token = jsonwebtoken::encode(&header, &claims(), &encoding).unwrap();
+        Caller::from_token(token.as_bytes(), &keys, &TokenPolicy::default(), now()).map(|_| ())
+    };
+    assert_eq!(check(a.kid()), Ok(()));
+    assert_eq!(
+        check("unknown"),
+        Ok(()),
+        "an unknown kid falls back to every key"
+    );
+    assert_eq!(
+        check(b.kid()),
+        Err(AuthnError::BadSignature),
+        "a known kid is the only key tried"
+    );
+}
+
+#[test]
+fn bearer_header_parsing() {
+    assert_eq!(bearer_token(None), Err(AuthnError::MissingToken));
+    assert_eq!(
+        bearer_token(Some(b"Bearer ")),
+        Err(AuthnError::MissingToken)
+    );
+    assert_eq!(bearer_token(Some(b"Basic abc")), Err(AuthnError::NotBearer));
+    assert_eq!(
+        bearer_token(Some(b"bearer abc")),
+        Err(AuthnError::NotBearer)
+    );
+    assert_eq!(bearer_token(Some(b"Bearer abc")), Ok(&b"abc"[..]));
+    let long = [b"Bearer ".as_slice(), &[b'a'; MAX_TOKEN_BYTES + 1]].concat();
+    assert_eq!(bearer_token(Some(&long)), Err(AuthnError::TokenTooLarge));
+}

@@ -1,0 +1,141 @@
+//! The CA's gRPC listener: TLS 1.3 only, ALPN `h2`, server authentication
+//! only (callers authenticate with their token, WIRE.md §3), with a serving
+//! certificate the CA issues itself at start-up.
+//!
+//! Handshakes run in their own tasks, bounded in number and time, so that a
+//! slow or failing client never stalls or stops the listener.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
+
+use crate::issuer::{IssuerError, ServingCertificate};
+use crate::tls;
+
+use super::CaConfig;
+use super::service::CertificateService;
+
+/// Largest gRPC request decoded: a CSR is at most 64 KiB of PEM, and the
+/// metadata a few hundred bytes; 256 KiB leaves room for framing.
+pub const MAX_DECODING_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Largest response encoded: a chain with a large root bundle stays far below.
+const MAX_ENCODING_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// A TLS handshake takes milliseconds on loopback and well under a second
+/// across a cluster; 10 s frees the slot of a client that stalls.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in flight at once: each holds a socket and a rustls state.
+const MAX_CONCURRENT_HANDSHAKES: usize = 256;
+
+/// Requests a connection may have in flight: a ztunnel runs at most 8
+/// concurrent CA calls (WIRE.md §3).
+const MAX_CONCURRENT_STREAMS: u32 = 64;
+
+/// No CA call legitimately takes this long; it bounds a stuck request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pause after a failed accept (e.g. out of file descriptors) so the loop
+/// does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why the CA could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The serving certificate could not be issued.
+    #[error("cannot issue the CA serving certificate: {0}")]
+    ServingCertificate(#[from] IssuerError),
+    /// rustls refused the serving configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves `IstioCertificateService` on `listener` until `shutdown`
+/// resolves, then drains in-flight requests and returns.
+pub async fn serve(
+    config: CaConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let serving = config.issuer.sign_server(
+        &config.serving_dns_names,
+        &config.serving_ips,
+        SystemTime::now(),
+    )?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(serving)?));
+    let service = IstioCertificateServiceServer::new(CertificateService::new(config))
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_ENCODING_MESSAGE_BYTES);
+
+    let (connections, incoming) = mpsc::channel(MAX_CONCURRENT_HANDSHAKES);
+    let accept = tokio::spawn(accept_loop(listener, acceptor, connections));
+    let result = tonic::transport::Server::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .serve_with_incoming_shutdown(service, ReceiverStream::new(incoming), shutdown)
+        .await;
+    accept.abort();
+    Ok(result?)
+}
+
+/// The CA's rustls configuration: our provider, TLS 1.3 only, ALPN `h2`,
+/// no client certificate.
+pub fn tls_config(serving: ServingCertificate) -> Result<ServerConfig, rustls::Error> {
+    let mut config = ServerConfig::builder_with_provider(tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(serving.chain, serving.key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Accepts TCP connections and hands each finished TLS handshake to tonic.
+/// Runs until aborted or tonic stops taking connections.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    connections: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "CA accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
+            return;
+        };
+        if connections.is_closed() {
+            return;
+        }
+        let acceptor = acceptor.clone();
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    // Err: the server is shutting down; the connection just closes.
+                    let _ = connections.send(Ok(tls)).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "CA TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "CA TLS handshake timed out"),
+            }
+        });
+    }
+}

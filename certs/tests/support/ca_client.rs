@@ -1,0 +1,94 @@
+//! A client of the CA for integration tests: gRPC over TLS dialed by hand
+//! (trusting only the given roots and checking the `localhost` name), the
+//! request shape ztunnel sends, and a bare HTTP/1.1 GET of `/metrics`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::Request;
+use tonic::transport::{Channel, Endpoint, Uri};
+use ztunnel_proto::istio::v1::auth::IstioCertificateRequest;
+use ztunnel_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
+
+/// Connects to the CA at `addr`, verifying its serving certificate for
+/// `localhost` against `roots`.
+pub async fn connect(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+) -> IstioCertificateServiceClient<Channel> {
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(ztunnel_certs::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let connector = connector.clone();
+            async move {
+                let tcp = TcpStream::connect(addr).await?;
+                let name = ServerName::try_from("localhost").unwrap();
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await
+        .unwrap();
+    IstioCertificateServiceClient::new(channel)
+}
+
+/// A `CreateCertificate` request as ztunnel sends it: the token in the
+/// `authorization` header, `clusterid`, and `ImpersonatedIdentity` in the
+/// request's metadata Struct when impersonating.
+pub fn request(
+    token: Option<&str>,
+    csr: &str,
+    impersonate: Option<&str>,
+    validity_secs: i64,
+) -> Request<IstioCertificateRequest> {
+    let metadata = impersonate.map(|identity| prost_types::Struct {
+        fields: [(
+            "ImpersonatedIdentity".to_string(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(identity.into())),
+            },
+        )]
+        .into(),
+    });
+    let mut request = Request::new(IstioCertificateRequest {
+        csr: csr.into(),
+        validity_duration: validity_secs,
+        metadata,
+    });
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().unwrap();
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+        .metadata_mut()
+        .insert("clusterid", "Kubernetes".parse().unwrap());
+    request
+}
+
+/// The `/metrics` response, status line included.
+pub async fn metrics(addr: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
