@@ -1,0 +1,186 @@
+//! The local config file (`LOCAL_XDS_PATH`, WIRE.md §11): YAML with
+//! `workloads`, `services` and `policies`, in the key names and value forms
+//! of istio/ztunnel's local file, parsed into the same typed model that xDS
+//! feeds. Loading a file replaces the whole state.
+//!
+//! Entry forms live in `local/{workload,service,policy}.rs`, scalar forms in
+//! `local/values.rs`. Watching the file for changes is not done here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use ztunnel_certs::identity::IdentityError;
+
+use crate::rbac::Policy;
+use crate::state::{Service, State, Workload};
+
+mod policy;
+mod service;
+mod values;
+mod workload;
+
+/// Why the local config file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalConfigError {
+    /// The file cannot be read.
+    #[error("{}: cannot read local config: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What reading it said.
+        source: std::io::Error,
+    },
+    /// The text is not YAML of the expected shape: an unknown or missing
+    /// key, a wrong type, a bad IP, CIDR, identity or enum tag.
+    #[error("{}: {message}", path.display())]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line of the offending value, when known.
+        line: Option<usize>,
+        /// 1-based column of the offending value, when known.
+        column: Option<usize>,
+        /// What is wrong, with the YAML path and position.
+        message: String,
+    },
+    /// A workload's trust domain, namespace and service account do not make
+    /// a SPIFFE identity.
+    #[error("{}: workload {uid}: invalid identity: {source}", path.display())]
+    Identity {
+        /// The file.
+        path: PathBuf,
+        /// The workload's uid.
+        uid: String,
+        /// What is wrong with the identity.
+        source: IdentityError,
+    },
+    /// Two entries have the same key: a workload uid, a service
+    /// `namespace/hostname` or a policy `namespace/name`.
+    #[error("{}: duplicate {kind} {key}", path.display())]
+    Duplicate {
+        /// The file.
+        path: PathBuf,
+        /// `workload`, `service` or `policy`.
+        kind: &'static str,
+        /// The repeated key.
+        key: String,
+    },
+}
+
+/// The content of a local config file, typed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalConfig {
+    /// Workloads, in file order.
+    pub workloads: Vec<Workload>,
+    /// Services, in file order.
+    pub services: Vec<Service>,
+    /// Policies by resource name, `namespace/name`.
+    pub policies: BTreeMap<Arc<str>, Policy>,
+}
+
+impl LocalConfig {
+    /// A store holding exactly this configuration.
+    pub fn into_state(self) -> State {
+        let mut state = State::new();
+        self.apply(&mut state);
+        state
+    }
+
+    /// Replaces everything in `state` with this configuration.
+    pub fn apply(self, state: &mut State) {
+        state.replace_all(self.workloads, self.services, self.policies);
+    }
+}
+
+/// The file's top level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileForm {
+    #[serde(default)]
+    workloads: Vec<workload::WorkloadForm>,
+    #[serde(default)]
+    services: Vec<service::ServiceForm>,
+    #[serde(default)]
+    policies: Vec<policy::PolicyForm>,
+}
+
+/// Reads and parses the file at `path`.
+pub fn load(path: &Path) -> Result<LocalConfig, LocalConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+/// Parses `text`; `path` only names the file in errors. A text with no
+/// YAML content (empty, or only comments) is an empty configuration.
+pub fn parse(text: &str, path: &Path) -> Result<LocalConfig, LocalConfigError> {
+    let has_content = text.lines().any(|line| {
+        let line = line.trim();
+        !line.is_empty() && !line.starts_with('#') && line != "---"
+    });
+    if !has_content {
+        return Ok(LocalConfig::default());
+    }
+    let file: FileForm = serde_yaml_ng::from_str(text).map_err(|error| {
+        let location = error.location();
+        LocalConfigError::Syntax {
+            path: path.to_owned(),
+            line: location.as_ref().map(|l| l.line()),
+            column: location.as_ref().map(|l| l.column()),
+            message: error.to_string(),
+        }
+    })?;
+    let duplicate = |kind, key: &str| LocalConfigError::Duplicate {
+        path: path.to_owned(),
+        kind,
+        key: key.to_owned(),
+    };
+
+    let mut uids = BTreeSet::new();
+    let mut workloads = Vec::with_capacity(file.workloads.len());
+    for form in file.workloads {
+        if !uids.insert(form.uid().to_owned()) {
+            return Err(duplicate("workload", form.uid()));
+        }
+        let uid = form.uid().to_owned();
+        let workload = form
+            .into_workload()
+            .map_err(|source| LocalConfigError::Identity {
+                path: path.to_owned(),
+                uid,
+                source,
+            })?;
+        workloads.push(workload);
+    }
+
+    let mut keys = BTreeSet::new();
+    let mut services = Vec::with_capacity(file.services.len());
+    for form in file.services {
+        let service = Service::from(form);
+        if !keys.insert(service.key()) {
+            return Err(duplicate("service", &service.key().to_string()));
+        }
+        services.push(service);
+    }
+
+    let mut policies = BTreeMap::new();
+    for form in file.policies {
+        let name = form.resource_name();
+        if policies.contains_key(&name) {
+            return Err(duplicate("policy", &name));
+        }
+        policies.insert(name, Policy::from(form));
+    }
+    Ok(LocalConfig {
+        workloads,
+        services,
+        policies,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,239 @@
+//! Addresses as the mesh names them: an IP on a network, a CIDR, a
+//! `namespace/hostname` pair, and the address of a gateway or waypoint.
+//!
+//! Conversions from the wire forms live here too, so that every resource
+//! applies the same WIRE.md §7 rules to its addresses. Text forms of the local
+//! config file are parsed in `config/local`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use ztunnel_proto::istio::workload as proto;
+
+use super::ResourceError;
+
+/// HBONE port of a gateway or waypoint when none is given (WIRE.md §1).
+pub const DEFAULT_HBONE_PORT: u16 = 15008;
+
+/// An IP address inside one network. Two networks may reuse the same IPs, so
+/// an IP alone does not name an endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NetworkAddress {
+    /// Network name; empty is the default network.
+    pub network: Arc<str>,
+    /// The address, in canonical form (an IPv4-mapped IPv6 address is IPv4).
+    pub address: IpAddr,
+}
+
+impl fmt::Display for NetworkAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.address)
+    }
+}
+
+/// A block of addresses: an IP with a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    /// The first address of the block; host bits are zero.
+    address: IpAddr,
+    prefix_len: u8,
+}
+
+impl Cidr {
+    /// The block `address/prefix_len`. Host bits of `address` are cleared, so
+    /// `10.1.2.3/8` is `10.0.0.0/8`.
+    pub fn new(address: IpAddr, prefix_len: u32) -> Result<Self, ResourceError> {
+        let address = address.to_canonical();
+        let max = max_prefix_len(address);
+        let prefix_len = u8::try_from(prefix_len)
+            .ok()
+            .filter(|len| *len <= max)
+            .ok_or(ResourceError::PrefixLength {
+                length: prefix_len,
+                max,
+            })?;
+        Ok(Cidr {
+            address: mask(address, prefix_len),
+            prefix_len,
+        })
+    }
+
+    /// The block holding only `address`.
+    pub fn host(address: IpAddr) -> Self {
+        let address = address.to_canonical();
+        Cidr {
+            address,
+            prefix_len: max_prefix_len(address),
+        }
+    }
+
+    /// The first address of the block.
+    pub fn address(&self) -> IpAddr {
+        self.address
+    }
+
+    /// The prefix length.
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix_len
+    }
+
+    /// Whether `ip` is inside the block. An IPv4-mapped IPv6 address counts
+    /// as its IPv4 address; otherwise the families must be equal.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.address.is_ipv4() && mask(ip, self.prefix_len) == self.address
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix_len)
+    }
+}
+
+fn max_prefix_len(address: IpAddr) -> u8 {
+    match address {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+/// Clears the bits after the first `prefix_len`; `prefix_len` is in range.
+fn mask(address: IpAddr, prefix_len: u8) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(v4);
+            let kept = bits.checked_shr(32 - u32::from(prefix_len)).unwrap_or(0);
+            let masked = kept.checked_shl(32 - u32::from(prefix_len)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(masked))
+        }
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let kept = bits.checked_shr(128 - u32::from(prefix_len)).unwrap_or(0);
+            let masked = kept.checked_shl(128 - u32::from(prefix_len)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(masked))
+        }
+    }
+}
+
+/// A CIDR inside one network: a service VIP that covers a range.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NetworkCidr {
+    /// Network name; empty is the default network.
+    pub network: Arc<str>,
+    /// The range.
+    pub cidr: Cidr,
+}
+
+/// `namespace/hostname`: the key of a service, in the store and in a
+/// workload's `services` map.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespacedHostname {
+    /// Kubernetes namespace of the service.
+    pub namespace: Arc<str>,
+    /// The service's FQDN.
+    pub hostname: Arc<str>,
+}
+
+impl FromStr for NamespacedHostname {
+    type Err = ResourceError;
+
+    /// Splits at the first `/`; a key without one is rejected (WIRE.md §7).
+    fn from_str(key: &str) -> Result<Self, Self::Err> {
+        let (namespace, hostname) = key
+            .split_once('/')
+            .ok_or_else(|| ResourceError::NamespacedHostname(key.into()))?;
+        Ok(NamespacedHostname {
+            namespace: namespace.into(),
+            hostname: hostname.into(),
+        })
+    }
+}
+
+impl fmt::Display for NamespacedHostname {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// Where a waypoint or network gateway is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayAddress {
+    /// Its address or its service name.
+    pub destination: GatewayDestination,
+    /// Its HBONE port, normally 15008.
+    pub hbone_mtls_port: u16,
+}
+
+/// A gateway is named either by address or by service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayDestination {
+    /// A workload or VIP address.
+    Address(NetworkAddress),
+    /// A service, resolved through the store when used.
+    Hostname(NamespacedHostname),
+}
+
+impl TryFrom<&proto::GatewayAddress> for GatewayAddress {
+    type Error = ResourceError;
+
+    fn try_from(gateway: &proto::GatewayAddress) -> Result<Self, Self::Error> {
+        use proto::gateway_address::Destination;
+        let destination = match &gateway.destination {
+            Some(Destination::Address(address)) => {
+                // A gateway is one host; a prefix length is checked but unused.
+                let (address, _prefix) = network_address_from_proto(address)?;
+                GatewayDestination::Address(address)
+            }
+            Some(Destination::Hostname(name)) => GatewayDestination::Hostname(NamespacedHostname {
+                namespace: name.namespace.as_str().into(),
+                hostname: name.hostname.as_str().into(),
+            }),
+            None => return Err(ResourceError::GatewayWithoutDestination),
+        };
+        Ok(GatewayAddress {
+            destination,
+            hbone_mtls_port: port_from_proto(gateway.hbone_mtls_port)?,
+        })
+    }
+}
+
+/// An IP from its raw bytes: 4 for IPv4, 16 for IPv6 (WIRE.md §8).
+pub(crate) fn ip_from_bytes(bytes: &[u8]) -> Result<IpAddr, ResourceError> {
+    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
+        return Ok(IpAddr::from(v4));
+    }
+    if let Ok(v6) = <[u8; 16]>::try_from(bytes) {
+        return Ok(IpAddr::from(v6).to_canonical());
+    }
+    Err(ResourceError::AddressLength(bytes.len()))
+}
+
+/// The address and, when the message carries a prefix shorter than a host's,
+/// that prefix length. A prefix above the family's maximum is rejected.
+pub(crate) fn network_address_from_proto(
+    address: &proto::NetworkAddress,
+) -> Result<(NetworkAddress, Option<u8>), ResourceError> {
+    let ip = ip_from_bytes(&address.address)?;
+    let prefix = match address.length {
+        None => None,
+        Some(length) => {
+            let cidr = Cidr::new(ip, length)?;
+            (cidr.prefix_len() < max_prefix_len(ip)).then_some(cidr.prefix_len())
+        }
+    };
+    Ok((
+        NetworkAddress {
+            network: address.network.as_str().into(),
+            address: ip,
+        },
+        prefix,
+    ))
+}
+
+/// A port number from its `uint32` wire form.
+pub(crate) fn port_from_proto(port: u32) -> Result<u16, ResourceError> {
+    u16::try_from(port).map_err(|_| ResourceError::PortOutOfRange(port))
+}

@@ -1,0 +1,318 @@
+//! Store and index behaviour.
+
+use std::net::IpAddr;
+
+use super::*;
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn key(text: &str) -> NamespacedHostname {
+    text.parse().unwrap()
+}
+
+/// Uid of the workload indexed at `network`/`addr`.
+fn owner<'a>(state: &'a State, network: &str, addr: &str) -> Option<&'a str> {
+    state
+        .workload_by_address(network, ip(addr))
+        .map(|workload| &*workload.uid)
+}
+
+fn uids<'a>(workloads: impl Iterator<Item = &'a Arc<Workload>>) -> Vec<String> {
+    workloads.map(|workload| workload.uid.to_string()).collect()
+}
+
+#[test]
+fn workloads_are_found_by_uid_and_by_network_and_ip() {
+    let mut state = State::new();
+    let mut east = Workload::for_test("east", "default", &[ip("10.0.0.1")]);
+    east.network = "east".into();
+    state.insert_workload(east);
+    state.insert_workload(Workload::for_test(
+        "west",
+        "default",
+        &[ip("10.0.0.1"), ip("fd00::1")],
+    ));
+
+    assert_eq!(state.workload("east").unwrap().network.as_ref(), "east");
+    assert_eq!(owner(&state, "east", "10.0.0.1"), Some("east"));
+    assert_eq!(owner(&state, "", "10.0.0.1"), Some("west"));
+    assert_eq!(owner(&state, "", "fd00::1"), Some("west"));
+    assert_eq!(owner(&state, "", "::ffff:10.0.0.1"), Some("west"));
+    assert!(state.workload_by_address("", ip("10.0.0.2")).is_none());
+    assert!(state.workload_by_address("north", ip("10.0.0.1")).is_none());
+}
+
+#[test]
+fn host_network_workloads_are_stored_but_not_indexed_by_ip() {
+    let mut state = State::new();
+    let mut host = Workload::for_test("host", "kube-system", &[ip("192.168.1.10")]);
+    host.network_mode = NetworkMode::HostNetwork;
+    state.insert_workload(host);
+    assert!(state.workload("host").is_some());
+    assert!(state.workload_by_address("", ip("192.168.1.10")).is_none());
+}
+
+#[test]
+fn replacing_a_workload_reindexes_its_addresses_and_services() {
+    let mut state = State::new();
+    let mut old = Workload::for_test("pod", "default", &[ip("10.0.0.1")]);
+    old.services.insert(
+        key("default/a.default.svc.cluster.local"),
+        Default::default(),
+    );
+    state.insert_workload(old);
+    let mut new = Workload::for_test("pod", "default", &[ip("10.0.0.2")]);
+    new.services.insert(
+        key("default/b.default.svc.cluster.local"),
+        Default::default(),
+    );
+    let replaced = state.insert_workload(new);
+
+    assert_eq!(replaced.unwrap().addresses, [ip("10.0.0.1")]);
+    assert!(state.workload_by_address("", ip("10.0.0.1")).is_none());
+    assert_eq!(owner(&state, "", "10.0.0.2"), Some("pod"));
+    assert!(uids(state.endpoints(&key("default/a.default.svc.cluster.local"))).is_empty());
+    assert_eq!(
+        uids(state.endpoints(&key("default/b.default.svc.cluster.local"))),
+        ["pod"]
+    );
+
+    assert!(state.remove_workload("pod").is_some());
+    assert!(state.remove_workload("pod").is_none());
+    assert!(state.workload_by_address("", ip("10.0.0.2")).is_none());
+    assert!(uids(state.endpoints(&key("default/b.default.svc.cluster.local"))).is_empty());
+}
+
+#[test]
+fn removing_the_older_owner_of_a_shared_ip_keeps_the_newer_indexed() {
+    let mut state = State::new();
+    state.insert_workload(Workload::for_test("old", "default", &[ip("10.0.0.1")]));
+    state.insert_workload(Workload::for_test("new", "default", &[ip("10.0.0.1")]));
+    assert_eq!(owner(&state, "", "10.0.0.1"), Some("new"));
+    state.remove_workload("old");
+    assert_eq!(owner(&state, "", "10.0.0.1"), Some("new"));
+}
+
+#[test]
+fn endpoints_come_from_workload_service_maps_in_either_arrival_order() {
+    let echo = key("default/echo.default.svc.cluster.local");
+    let mut state = State::new();
+    for uid in ["pod-c", "pod-a"] {
+        let mut workload = Workload::for_test(uid, "default", &[]);
+        workload.services.insert(echo.clone(), Default::default());
+        state.insert_workload(workload);
+    }
+    state.insert_workload(Workload::for_test("other", "default", &[]));
+    // The service arrives after its endpoints.
+    state.insert_service(Service::for_test(
+        "default",
+        "echo.default.svc.cluster.local",
+        &[],
+        &[],
+    ));
+    assert_eq!(uids(state.endpoints(&echo)), ["pod-a", "pod-c"]);
+    // Removing the service does not forget which workloads name it.
+    state.remove_service(&echo);
+    assert_eq!(uids(state.endpoints(&echo)), ["pod-a", "pod-c"]);
+}
+
+#[test]
+fn services_are_found_by_key_vip_and_hostname() {
+    let mut state = State::new();
+    state.insert_service(Service::for_test(
+        "default",
+        "echo.default.svc.cluster.local",
+        &[ip("10.96.0.1")],
+        &[(80, 8080)],
+    ));
+    let echo = key("default/echo.default.svc.cluster.local");
+    assert_eq!(state.service(&echo).unwrap().ports.get(&80), Some(&8080));
+    assert_eq!(
+        state.service_by_vip("", ip("10.96.0.1")).unwrap().key(),
+        echo
+    );
+    assert!(state.service_by_vip("other", ip("10.96.0.1")).is_none());
+    assert_eq!(
+        state
+            .service_by_hostname("echo.default.svc.cluster.local")
+            .unwrap()
+            .key(),
+        echo
+    );
+
+    // A replacement with a new VIP drops the old one.
+    state.insert_service(Service::for_test(
+        "default",
+        "echo.default.svc.cluster.local",
+        &[ip("10.96.0.2")],
+        &[],
+    ));
+    assert!(state.service_by_vip("", ip("10.96.0.1")).is_none());
+    assert!(state.service_by_vip("", ip("10.96.0.2")).is_some());
+    state.remove_service(&echo);
+    assert!(state.service_by_vip("", ip("10.96.0.2")).is_none());
+    assert!(
+        state
+            .service_by_hostname("echo.default.svc.cluster.local")
+            .is_none()
+    );
+}
+
+#[test]
+fn host_vips_win_over_cidr_vips_and_the_longest_prefix_wins() {
+    let mut state = State::new();
+    let mut wide = Service::for_test("default", "wide", &[], &[]);
+    wide.cidr_vips.push(NetworkCidr {
+        network: "".into(),
+        cidr: Cidr::new(ip("10.0.0.0"), 8).unwrap(),
+    });
+    let mut narrow = Service::for_test("default", "narrow", &[], &[]);
+    narrow.cidr_vips.push(NetworkCidr {
+        network: "".into(),
+        cidr: Cidr::new(ip("10.1.0.0"), 16).unwrap(),
+    });
+    state.insert_service(wide);
+    state.insert_service(narrow);
+    state.insert_service(Service::for_test("default", "host", &[ip("10.1.2.3")], &[]));
+    let hostname = |addr: &str| {
+        state
+            .service_by_vip("", ip(addr))
+            .map(|s| s.hostname.to_string())
+    };
+    assert_eq!(hostname("10.1.2.3").as_deref(), Some("host"));
+    assert_eq!(hostname("10.1.2.4").as_deref(), Some("narrow"));
+    assert_eq!(hostname("10.2.0.1").as_deref(), Some("wide"));
+    assert_eq!(hostname("11.0.0.1"), None);
+}
+
+#[test]
+fn the_canonical_service_wins_a_hostname_shared_across_namespaces() {
+    let mut state = State::new();
+    state.insert_service(Service::for_test("alpha", "db.example.com", &[], &[]));
+    let mut canonical = Service::for_test("zeta", "db.example.com", &[], &[]);
+    canonical.canonical = true;
+    state.insert_service(canonical);
+    assert_eq!(state.services_by_hostname("db.example.com").count(), 2);
+    assert_eq!(
+        state
+            .service_by_hostname("db.example.com")
+            .unwrap()
+            .namespace
+            .as_ref(),
+        "zeta"
+    );
+
+    state.remove_service(&key("zeta/db.example.com"));
+    assert_eq!(
+        state
+            .service_by_hostname("db.example.com")
+            .unwrap()
+            .namespace
+            .as_ref(),
+        "alpha"
+    );
+}
+
+#[test]
+fn policies_are_indexed_by_scope() {
+    let mut state = State::new();
+    state.insert_policy(
+        "istio-system/mesh".into(),
+        Policy::for_test("istio-system", "mesh", Scope::Global),
+    );
+    state.insert_policy(
+        "default/ns".into(),
+        Policy::for_test("default", "ns", Scope::Namespace),
+    );
+    state.insert_policy(
+        "default/sel".into(),
+        Policy::for_test("default", "sel", Scope::WorkloadSelector),
+    );
+    let names = |policies: Vec<&Arc<Policy>>| -> Vec<String> {
+        policies.iter().map(|p| p.name.to_string()).collect()
+    };
+    assert_eq!(names(state.global_policies().collect()), ["mesh"]);
+    assert_eq!(names(state.namespace_policies("default").collect()), ["ns"]);
+    assert!(state.namespace_policies("istio-system").next().is_none());
+    assert_eq!(state.policy("default/sel").unwrap().name.as_ref(), "sel");
+
+    // Re-scoping a policy moves it between indexes; order is by resource name.
+    state.insert_policy(
+        "default/ns".into(),
+        Policy::for_test("default", "ns", Scope::Global),
+    );
+    assert_eq!(names(state.global_policies().collect()), ["ns", "mesh"]);
+    assert!(state.namespace_policies("default").next().is_none());
+    state.remove_policy("istio-system/mesh");
+    assert_eq!(names(state.global_policies().collect()), ["ns"]);
+}
+
+#[test]
+fn replace_all_forgets_everything_not_given() {
+    let mut state = State::new();
+    state.insert_workload(Workload::for_test("gone", "default", &[ip("10.0.0.1")]));
+    state.insert_service(Service::for_test(
+        "default",
+        "gone",
+        &[ip("10.96.0.1")],
+        &[],
+    ));
+    state.insert_policy(
+        "default/gone".into(),
+        Policy::for_test("default", "gone", Scope::Global),
+    );
+
+    state.replace_all(
+        [Workload::for_test("kept", "default", &[ip("10.0.0.2")])],
+        [Service::for_test(
+            "default",
+            "kept",
+            &[ip("10.96.0.2")],
+            &[],
+        )],
+        [(
+            Arc::from("default/kept"),
+            Policy::for_test("default", "kept", Scope::Global),
+        )],
+    );
+    assert!(state.workload_by_address("", ip("10.0.0.1")).is_none());
+    assert!(state.service_by_vip("", ip("10.96.0.1")).is_none());
+    assert!(state.policy("default/gone").is_none());
+    assert_eq!(state.workloads().count(), 1);
+    assert_eq!(state.services().count(), 1);
+    assert_eq!(state.policies().count(), 1);
+    assert_eq!(state.global_policies().count(), 1);
+}
+
+#[test]
+fn address_resources_decode_to_a_workload_or_a_service_or_are_rejected() {
+    use ztunnel_proto::istio::workload as proto;
+    let workload = proto::Address {
+        r#type: Some(proto::address::Type::Workload(proto::Workload {
+            uid: "pod".into(),
+            namespace: "default".into(),
+            addresses: vec![vec![10, 0, 0, 1]],
+            ..Default::default()
+        })),
+    };
+    let service = proto::Address {
+        r#type: Some(proto::address::Type::Service(proto::Service {
+            namespace: "default".into(),
+            hostname: "echo".into(),
+            ..Default::default()
+        })),
+    };
+    let mut state = State::new();
+    state.insert_address(AddressResource::try_from(&workload).unwrap());
+    state.insert_address(AddressResource::try_from(&service).unwrap());
+    assert!(state.workload_by_address("", ip("10.0.0.1")).is_some());
+    assert!(state.service(&key("default/echo")).is_some());
+
+    let empty = AddressResource::try_from(&proto::Address { r#type: None }).unwrap_err();
+    assert_eq!(
+        empty.to_string(),
+        "address has neither workload nor service"
+    );
+}

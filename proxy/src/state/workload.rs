@@ -1,0 +1,367 @@
+//! The typed workload (WIRE.md §8) and its conversion from
+//! `istio.workload.Workload`, applying the §7 rejection rules.
+//!
+//! Where a workload is stored and looked up is `state.rs`'s business.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ztunnel_certs::identity::{Identity, IdentityError};
+use ztunnel_proto::istio::workload as proto;
+
+use super::ResourceError;
+use super::network::{GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto};
+
+/// Trust domain of a workload that names none (WIRE.md §2).
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// Service account of a workload that names none (WIRE.md §2).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+/// Cluster of a workload that names none (WIRE.md §2).
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+
+/// Service port → target port.
+pub type PortMap = BTreeMap<u16, u16>;
+
+/// One workload (a pod, a VM) as the proxy needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// Store key; equals the xDS resource name.
+    pub uid: Arc<str>,
+    /// Pod name, for logs and metrics.
+    pub name: Arc<str>,
+    /// Kubernetes namespace; part of the identity.
+    pub namespace: Arc<str>,
+    /// The workload's IPs, canonical form.
+    pub addresses: Vec<IpAddr>,
+    /// Hostname, for workloads reached by name rather than IP.
+    pub hostname: Arc<str>,
+    /// Network the addresses belong to; empty is the default network.
+    pub network: Arc<str>,
+    /// Whether traffic to it is tunnelled over HBONE or sent as plain TCP.
+    pub protocol: InboundProtocol,
+    /// Trust domain of its identity; never empty.
+    pub trust_domain: Arc<str>,
+    /// Service account of its identity; never empty.
+    pub service_account: Arc<str>,
+    /// Waypoint that traffic to it goes through, when one is set.
+    pub waypoint: Option<GatewayAddress>,
+    /// East-west gateway that fronts it when it is on another network.
+    pub network_gateway: Option<GatewayAddress>,
+    /// Kubernetes node it runs on; tells local workloads from remote ones.
+    pub node: Arc<str>,
+    /// Canonical service name, for telemetry.
+    pub canonical_name: Arc<str>,
+    /// Canonical revision, for telemetry.
+    pub canonical_revision: Arc<str>,
+    /// Kind of controller that owns it, for telemetry.
+    pub workload_type: WorkloadType,
+    /// Controller name, for telemetry.
+    pub workload_name: Arc<str>,
+    /// The workload terminates HBONE itself.
+    pub native_tunnel: bool,
+    /// Authorization resource names that select this workload.
+    pub authorization_policies: Vec<Arc<str>>,
+    /// Unhealthy workloads are not picked as service endpoints.
+    pub status: HealthStatus,
+    /// Cluster it belongs to; never empty.
+    pub cluster_id: Arc<str>,
+    /// Services it is an endpoint of, each with its own port mapping.
+    pub services: BTreeMap<NamespacedHostname, PortMap>,
+    /// How inbound traffic is handed to the application, when not plain.
+    pub application_tunnel: Option<ApplicationTunnel>,
+    /// Where it runs, for locality-aware load balancing and telemetry.
+    pub locality: Locality,
+    /// Host-network workloads share the node's IP and are not looked up by IP.
+    pub network_mode: NetworkMode,
+    /// Relative weight among endpoints; 1 unless set.
+    pub capacity: u32,
+}
+
+impl Workload {
+    /// The SPIFFE identity the workload's certificates carry. Built on each
+    /// call: callers on the hot path keep the result.
+    pub fn identity(&self) -> Result<Identity, IdentityError> {
+        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+}
+
+/// How a workload accepts inbound traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum InboundProtocol {
+    /// Plain TCP: no ztunnel in front of it, or not meshed.
+    #[default]
+    Tcp,
+    /// HBONE on port 15008.
+    Hbone,
+}
+
+/// Whether a workload may receive traffic for its services.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HealthStatus {
+    /// Ready to receive traffic.
+    #[default]
+    Healthy,
+    /// Not ready; skipped when picking an endpoint.
+    Unhealthy,
+}
+
+/// The network namespace a workload lives in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum NetworkMode {
+    /// Its own pod network.
+    #[default]
+    Standard,
+    /// The node's network; its IP is the node's, so it is never looked up by IP.
+    HostNetwork,
+}
+
+/// Kind of controller owning a workload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WorkloadType {
+    /// A Deployment (also the fallback for unknown values).
+    #[default]
+    Deployment,
+    /// A CronJob.
+    CronJob,
+    /// A bare pod.
+    Pod,
+    /// A Job.
+    Job,
+}
+
+impl WorkloadType {
+    /// Lower-case name, as used in the local file and in telemetry.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadType::Deployment => "deployment",
+            WorkloadType::CronJob => "cronjob",
+            WorkloadType::Pod => "pod",
+            WorkloadType::Job => "job",
+        }
+    }
+}
+
+/// How the destination ztunnel hands traffic to the application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ApplicationTunnel {
+    /// The wrapping protocol.
+    pub protocol: ApplicationTunnelProtocol,
+    /// Port to deliver to; `None` keeps the original port.
+    pub port: Option<u16>,
+}
+
+/// Wrapping used towards the application.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ApplicationTunnelProtocol {
+    /// Plain bytes.
+    #[default]
+    None,
+    /// A PROXY protocol header first.
+    Proxy,
+}
+
+/// Where a workload runs; empty parts are unknown.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Locality {
+    /// Cloud region.
+    pub region: Arc<str>,
+    /// Zone inside the region.
+    pub zone: Arc<str>,
+    /// Subzone inside the zone.
+    pub subzone: Arc<str>,
+}
+
+/// `value`, or `default` when `value` is empty.
+pub(crate) fn or_default(value: &str, default: &str) -> Arc<str> {
+    if value.is_empty() {
+        default.into()
+    } else {
+        value.into()
+    }
+}
+
+impl TryFrom<&proto::Workload> for Workload {
+    type Error = ResourceError;
+
+    fn try_from(workload: &proto::Workload) -> Result<Self, Self::Error> {
+        let addresses = workload
+            .addresses
+            .iter()
+            .map(|bytes| ip_from_bytes(bytes))
+            .collect::<Result<_, _>>()?;
+        let services = workload
+            .services
+            .iter()
+            .map(|(key, ports)| Ok((key.parse()?, port_map_from_proto(&ports.ports)?)))
+            .collect::<Result<_, ResourceError>>()?;
+        Ok(Workload {
+            uid: workload.uid.as_str().into(),
+            name: workload.name.as_str().into(),
+            namespace: workload.namespace.as_str().into(),
+            addresses,
+            hostname: workload.hostname.as_str().into(),
+            network: workload.network.as_str().into(),
+            protocol: protocol_from_proto(workload.tunnel_protocol)?,
+            trust_domain: or_default(&workload.trust_domain, DEFAULT_TRUST_DOMAIN),
+            service_account: or_default(&workload.service_account, DEFAULT_SERVICE_ACCOUNT),
+            waypoint: workload
+                .waypoint
+                .as_ref()
+                .map(GatewayAddress::try_from)
+                .transpose()?,
+            network_gateway: workload
+                .network_gateway
+                .as_ref()
+                .map(GatewayAddress::try_from)
+                .transpose()?,
+            node: workload.node.as_str().into(),
+            canonical_name: workload.canonical_name.as_str().into(),
+            canonical_revision: workload.canonical_revision.as_str().into(),
+            workload_type: workload_type_from_proto(workload.workload_type),
+            workload_name: workload.workload_name.as_str().into(),
+            native_tunnel: workload.native_tunnel,
+            authorization_policies: workload
+                .authorization_policies
+                .iter()
+                .map(|name| name.as_str().into())
+                .collect(),
+            status: status_from_proto(workload.status)?,
+            cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
+            services,
+            application_tunnel: workload
+                .application_tunnel
+                .as_ref()
+                .map(application_tunnel_from_proto)
+                .transpose()?,
+            locality: workload
+                .locality
+                .as_ref()
+                .map(locality_from_proto)
+                .unwrap_or_default(),
+            network_mode: network_mode_from_proto(workload.network_mode)?,
+            capacity: workload.capacity.unwrap_or(1),
+        })
+    }
+}
+
+/// Ports of a `PortList` or a `Service`; a later duplicate wins.
+pub(crate) fn port_map_from_proto(ports: &[proto::Port]) -> Result<PortMap, ResourceError> {
+    ports
+        .iter()
+        .map(|port| {
+            Ok((
+                port_from_proto(port.service_port)?,
+                port_from_proto(port.target_port)?,
+            ))
+        })
+        .collect()
+}
+
+fn protocol_from_proto(value: i32) -> Result<InboundProtocol, ResourceError> {
+    match proto::TunnelProtocol::try_from(value) {
+        Ok(proto::TunnelProtocol::None) => Ok(InboundProtocol::Tcp),
+        Ok(proto::TunnelProtocol::Hbone) => Ok(InboundProtocol::Hbone),
+        Ok(proto::TunnelProtocol::LegacyIstioMtls) => Err(ResourceError::LegacyIstioMtls),
+        Err(unknown) => Err(ResourceError::UnknownEnum {
+            field: "tunnel_protocol",
+            value: unknown,
+        }),
+    }
+}
+
+fn status_from_proto(value: i32) -> Result<HealthStatus, ResourceError> {
+    match proto::WorkloadStatus::try_from(value) {
+        Ok(proto::WorkloadStatus::Healthy) => Ok(HealthStatus::Healthy),
+        Ok(proto::WorkloadStatus::Unhealthy) => Ok(HealthStatus::Unhealthy),
+        Err(unknown) => Err(ResourceError::UnknownEnum {
+            field: "status",
+            value: unknown,
+        }),
+    }
+}
+
+fn network_mode_from_proto(value: i32) -> Result<NetworkMode, ResourceError> {
+    match proto::NetworkMode::try_from(value) {
+        Ok(proto::NetworkMode::Standard) => Ok(NetworkMode::Standard),
+        Ok(proto::NetworkMode::HostNetwork) => Ok(NetworkMode::HostNetwork),
+        Err(unknown) => Err(ResourceError::UnknownEnum {
+            field: "network_mode",
+            value: unknown,
+        }),
+    }
+}
+
+/// Unknown values read as `DEPLOYMENT` (WIRE.md §8): the type only labels telemetry.
+fn workload_type_from_proto(value: i32) -> WorkloadType {
+    match proto::WorkloadType::try_from(value) {
+        Ok(proto::WorkloadType::Cronjob) => WorkloadType::CronJob,
+        Ok(proto::WorkloadType::Pod) => WorkloadType::Pod,
+        Ok(proto::WorkloadType::Job) => WorkloadType::Job,
+        Ok(proto::WorkloadType::Deployment) | Err(_) => WorkloadType::Deployment,
+    }
+}
+
+fn application_tunnel_from_proto(
+    tunnel: &proto::ApplicationTunnel,
+) -> Result<ApplicationTunnel, ResourceError> {
+    use proto::application_tunnel::Protocol;
+    let protocol = match Protocol::try_from(tunnel.protocol) {
+        Ok(Protocol::None) => ApplicationTunnelProtocol::None,
+        Ok(Protocol::Proxy) => ApplicationTunnelProtocol::Proxy,
+        Err(unknown) => {
+            return Err(ResourceError::UnknownEnum {
+                field: "application_tunnel.protocol",
+                value: unknown,
+            });
+        }
+    };
+    let port = Some(port_from_proto(tunnel.port)?).filter(|port| *port != 0);
+    Ok(ApplicationTunnel { protocol, port })
+}
+
+fn locality_from_proto(locality: &proto::Locality) -> Locality {
+    Locality {
+        region: locality.region.as_str().into(),
+        zone: locality.zone.as_str().into(),
+        subzone: locality.subzone.as_str().into(),
+    }
+}
+
+#[cfg(test)]
+impl Workload {
+    /// A healthy plain-TCP workload on the default network with default
+    /// identity parts and no services, for tests to adjust.
+    pub(crate) fn for_test(uid: &str, namespace: &str, addresses: &[IpAddr]) -> Self {
+        Workload {
+            uid: uid.into(),
+            name: uid.into(),
+            namespace: namespace.into(),
+            addresses: addresses.to_vec(),
+            hostname: "".into(),
+            network: "".into(),
+            protocol: InboundProtocol::Tcp,
+            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
+            service_account: DEFAULT_SERVICE_ACCOUNT.into(),
+            waypoint: None,
+            network_gateway: None,
+            node: "".into(),
+            canonical_name: "".into(),
+            canonical_revision: "".into(),
+            workload_type: WorkloadType::Deployment,
+            workload_name: "".into(),
+            native_tunnel: false,
+            authorization_policies: Vec::new(),
+            status: HealthStatus::Healthy,
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            services: BTreeMap::new(),
+            application_tunnel: None,
+            locality: Locality::default(),
+            network_mode: NetworkMode::Standard,
+            capacity: 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
