@@ -1,5 +1,424 @@
-//! Configuration sources. Only the local config file is here for now; the
-//! typed environment and flag configuration comes later, and is then the one
-//! place that reads the environment.
+//! The proxy's configuration, parsed once at start-up from environment
+//! variables with flags to override them, into typed values. The variable
+//! names are istio/ztunnel's wherever the meaning is the same, so that a
+//! deployment moves over unchanged. This is the one module that reads the
+//! environment (through clap); the rest of the proxy gets a [`Config`].
+//!
+//! The local workload file's format lives in `config/local.rs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
 
 pub mod local;
+mod value;
+
+pub use value::{ValueError, WorkloadInfo, parse_duration};
+
+/// How the proxy captures traffic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// One proxy per node, opening listeners inside each pod's network
+    /// namespace handed over by the node agent (ZDS).
+    Shared,
+    /// One proxy for one workload, with ordinary sockets in the current
+    /// network namespace.
+    Dedicated(WorkloadInfo),
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object a line.
+    Json,
+}
+
+/// The whole configuration, typed.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Shared (in-pod) or dedicated.
+    pub mode: ProxyMode,
+    /// Workloads, services and policies from a local file, reloaded on change.
+    pub local_xds_path: Option<PathBuf>,
+    /// The xDS server; `None` when configuration comes only from the file.
+    pub xds_address: Option<String>,
+    /// The CA, always over TLS.
+    pub ca_address: String,
+    /// The only root the CA's serving certificate is trusted through.
+    pub ca_root_ca: PathBuf,
+    /// Service-account token file, re-read on every CA request.
+    pub auth_token: PathBuf,
+    /// Sent as `clusterid` to the CA and xDS; the default cluster of workloads.
+    pub cluster_id: String,
+    /// Trust domain of the proxy's own identity and of its peers.
+    pub trust_domain: String,
+    /// Node whose workloads count as local; `None` makes every workload local.
+    pub node_name: Option<String>,
+    /// SO_MARK on every socket the proxy opens, so capture rules skip them.
+    pub packet_mark: Option<u32>,
+    /// Worker threads of the data-plane runtime.
+    pub worker_threads: usize,
+    /// Connection pool limits.
+    pub pool: PoolSettings,
+    /// HTTP/2 windows and frame size for HBONE, both directions.
+    pub http2: Http2Settings,
+    /// Requested workload certificate lifetime.
+    pub secret_ttl: Duration,
+    /// Where the listeners bind.
+    pub listeners: Listeners,
+    /// `RUST_LOG`-style filter.
+    pub log_filter: String,
+    /// Text or JSON logs.
+    pub log_format: LogFormat,
+    /// How long a drain waits for connections to finish before closing them.
+    pub drain_deadline: Duration,
+}
+
+/// Connection pool limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Streams per h2 connection; the peer's own limit caps it further.
+    pub max_streams_per_connection: u32,
+    /// How long an unused connection is kept.
+    pub unused_release_timeout: Duration,
+    /// Connections one pool key may spread its streams over.
+    pub max_connections_per_key: usize,
+}
+
+/// HTTP/2 windows and frame size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Settings {
+    /// Initial stream flow-control window, bytes.
+    pub stream_window: u32,
+    /// Connection flow-control window, bytes.
+    pub connection_window: u32,
+    /// Largest frame we accept, bytes.
+    pub frame_size: u32,
+}
+
+/// Listener addresses. Defaults are the Istio ports; they are configurable so
+/// that several dedicated proxies can share one host during development.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listeners {
+    /// Outbound capture (15001).
+    pub outbound: SocketAddr,
+    /// Inbound plaintext capture (15006).
+    pub inbound_plaintext: SocketAddr,
+    /// Inbound HBONE (15008).
+    pub inbound: SocketAddr,
+    /// Admin (15000), localhost only.
+    pub admin: SocketAddr,
+    /// Prometheus (15020).
+    pub stats: SocketAddr,
+    /// Readiness (15021).
+    pub readiness: SocketAddr,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Flags or environment did not parse; clap's message says which.
+    #[error(transparent)]
+    Args(#[from] clap::Error),
+    /// A value parsed by type but is not acceptable.
+    #[error("{name}: {source}")]
+    Value {
+        /// The environment variable (and flag) at fault.
+        name: &'static str,
+        /// What is wrong with it.
+        source: ValueError,
+    },
+}
+
+/// The command line. Each option also reads the environment variable shown
+/// in `--help`; a flag wins over the variable.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ztunnel",
+    version,
+    about = "Node-level zero-trust tunnel proxy (HBONE)"
+)]
+struct Args {
+    /// `shared` (in-pod, one proxy per node) or `dedicated` (one workload).
+    #[arg(long, env = "PROXY_MODE", default_value = "shared")]
+    proxy_mode: String,
+    /// The dedicated workload, `namespace/name/service-account`.
+    #[arg(long, env = "PROXY_WORKLOAD_INFO")]
+    proxy_workload_info: Option<String>,
+    /// Local workloads/services/policies file (YAML), reloaded on change.
+    #[arg(long, env = "LOCAL_XDS_PATH")]
+    local_xds_path: Option<PathBuf>,
+    /// xDS server address; empty means no xDS.
+    #[arg(long, env = "XDS_ADDRESS", default_value = "")]
+    xds_address: String,
+    /// CA address (TLS).
+    #[arg(
+        long,
+        env = "CA_ADDRESS",
+        default_value = "https://istiod.istio-system.svc:15012"
+    )]
+    ca_address: String,
+    /// PEM root the CA's certificate must chain to.
+    #[arg(
+        long,
+        env = "CA_ROOT_CA",
+        default_value = "./var/run/secrets/istio/root-cert.pem"
+    )]
+    ca_root_ca: PathBuf,
+    /// Service-account token file sent as the CA's Bearer token.
+    #[arg(
+        long,
+        env = "AUTH_TOKEN",
+        default_value = "./var/run/secrets/tokens/istio-token"
+    )]
+    auth_token: PathBuf,
+    /// Cluster ID sent to the CA and used for workloads without one.
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    cluster_id: String,
+    /// Trust domain.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    trust_domain: String,
+    /// Node whose workloads are local; unset makes every workload local.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// SO_MARK for the proxy's own sockets [default: 1337 in shared mode, none in dedicated].
+    #[arg(long, env = "PACKET_MARK")]
+    packet_mark: Option<u32>,
+    /// Data-plane worker threads.
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2)]
+    worker_threads: usize,
+    /// Most streams on one pooled HBONE connection.
+    #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    pool_max_streams_per_connection: u32,
+    /// How long an unused pooled connection is kept.
+    #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT", default_value = "5m")]
+    pool_unused_release_timeout: String,
+    /// Connections one destination key may spread streams over.
+    #[arg(long, env = "POOL_MAX_CONNECTIONS_PER_KEY", default_value_t = 4)]
+    pool_max_connections_per_key: usize,
+    /// HTTP/2 initial stream window, bytes.
+    #[arg(long, env = "HTTP2_STREAM_WINDOW_SIZE", default_value_t = 4 * 1024 * 1024)]
+    http2_stream_window_size: u32,
+    /// HTTP/2 connection window, bytes.
+    #[arg(long, env = "HTTP2_CONNECTION_WINDOW_SIZE", default_value_t = 16 * 1024 * 1024)]
+    http2_connection_window_size: u32,
+    /// HTTP/2 max frame size, bytes.
+    #[arg(long, env = "HTTP2_FRAME_SIZE", default_value_t = 1024 * 1024)]
+    http2_frame_size: u32,
+    /// Requested workload certificate lifetime.
+    #[arg(long, env = "SECRET_TTL", default_value = "24h")]
+    secret_ttl: String,
+    /// Outbound capture listener.
+    #[arg(long, env = "ZTUNNEL_OUTBOUND_ADDR", default_value = "[::]:15001")]
+    outbound_addr: SocketAddr,
+    /// Inbound plaintext capture listener.
+    #[arg(
+        long,
+        env = "ZTUNNEL_INBOUND_PLAINTEXT_ADDR",
+        default_value = "[::]:15006"
+    )]
+    inbound_plaintext_addr: SocketAddr,
+    /// Inbound HBONE listener.
+    #[arg(long, env = "ZTUNNEL_INBOUND_ADDR", default_value = "[::]:15008")]
+    inbound_addr: SocketAddr,
+    /// Admin listener (keep it on localhost).
+    #[arg(long, env = "ZTUNNEL_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    admin_addr: SocketAddr,
+    /// Prometheus listener.
+    #[arg(long, env = "ZTUNNEL_STATS_ADDR", default_value = "[::]:15020")]
+    stats_addr: SocketAddr,
+    /// Readiness listener.
+    #[arg(long, env = "ZTUNNEL_READINESS_ADDR", default_value = "[::]:15021")]
+    readiness_addr: SocketAddr,
+    /// Log filter, e.g. `info,access=debug`.
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    log: String,
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "plain")]
+    log_format: LogFormat,
+    /// Drain deadline on SIGTERM: connections still open then are closed.
+    #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value = "5s")]
+    drain_deadline: String,
+}
+
+/// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
+const SHARED_MODE_PACKET_MARK: u32 = 1337;
+
+impl Config {
+    /// Parses the process's flags and environment.
+    pub fn from_env_and_args() -> Result<Config, ConfigError> {
+        Config::from_args(std::env::args_os())
+    }
+
+    /// Parses the given command line; each option not on it falls back to its
+    /// environment variable, then to the default.
+    pub fn from_args<I, T>(args: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Args::try_parse_from(args)?.into_config()
+    }
+}
+
+impl Args {
+    fn into_config(self) -> Result<Config, ConfigError> {
+        let value = |name: &'static str| move |source| ConfigError::Value { name, source };
+        let mode = match self.proxy_mode.as_str() {
+            "shared" => ProxyMode::Shared,
+            "dedicated" => {
+                let info = self
+                    .proxy_workload_info
+                    .as_deref()
+                    .ok_or(ValueError::Missing)
+                    .and_then(str::parse)
+                    .map_err(value("PROXY_WORKLOAD_INFO"))?;
+                ProxyMode::Dedicated(info)
+            }
+            other => {
+                return Err(ConfigError::Value {
+                    name: "PROXY_MODE",
+                    source: ValueError::Choice(other.to_owned(), "shared, dedicated"),
+                });
+            }
+        };
+        let packet_mark = match (&mode, self.packet_mark) {
+            (_, Some(mark)) => Some(mark),
+            (ProxyMode::Shared, None) => Some(SHARED_MODE_PACKET_MARK),
+            (ProxyMode::Dedicated(_), None) => None,
+        };
+        if self.worker_threads == 0 {
+            return Err(ConfigError::Value {
+                name: "ZTUNNEL_WORKER_THREADS",
+                source: ValueError::Zero,
+            });
+        }
+        Ok(Config {
+            mode,
+            local_xds_path: self.local_xds_path,
+            xds_address: Some(self.xds_address).filter(|address| !address.is_empty()),
+            ca_address: self.ca_address,
+            ca_root_ca: self.ca_root_ca,
+            auth_token: self.auth_token,
+            cluster_id: self.cluster_id,
+            trust_domain: self.trust_domain,
+            node_name: self.node_name.filter(|name| !name.is_empty()),
+            packet_mark,
+            worker_threads: self.worker_threads,
+            pool: PoolSettings {
+                max_streams_per_connection: self.pool_max_streams_per_connection.max(1),
+                unused_release_timeout: parse_duration(&self.pool_unused_release_timeout)
+                    .map_err(value("POOL_UNUSED_RELEASE_TIMEOUT"))?,
+                max_connections_per_key: self.pool_max_connections_per_key.max(1),
+            },
+            http2: Http2Settings {
+                stream_window: self.http2_stream_window_size,
+                connection_window: self.http2_connection_window_size,
+                frame_size: self.http2_frame_size,
+            },
+            secret_ttl: parse_duration(&self.secret_ttl).map_err(value("SECRET_TTL"))?,
+            listeners: Listeners {
+                outbound: self.outbound_addr,
+                inbound_plaintext: self.inbound_plaintext_addr,
+                inbound: self.inbound_addr,
+                admin: self.admin_addr,
+                stats: self.stats_addr,
+                readiness: self.readiness_addr,
+            },
+            log_filter: self.log,
+            log_format: self.log_format,
+            drain_deadline: parse_duration(&self.drain_deadline)
+                .map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flags only: tests never touch the process environment, and none of
+    /// these variables is set where tests run.
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        Config::from_args(std::iter::once("ztunnel").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn dedicated_mode_needs_its_workload() {
+        let config = parse(&[
+            "--proxy-mode",
+            "dedicated",
+            "--proxy-workload-info",
+            "default/client-0/client",
+        ])
+        .unwrap();
+        let ProxyMode::Dedicated(info) = &config.mode else {
+            panic!("mode {:?}", config.mode);
+        };
+        assert_eq!(
+            (&*info.namespace, &*info.name, &*info.service_account),
+            ("default", "client-0", "client")
+        );
+        assert_eq!(config.packet_mark, None);
+
+        let error = parse(&["--proxy-mode", "dedicated"]).unwrap_err();
+        assert!(
+            error.to_string().starts_with("PROXY_WORKLOAD_INFO"),
+            "{error}"
+        );
+        let error = parse(&[
+            "--proxy-mode",
+            "dedicated",
+            "--proxy-workload-info",
+            "default/client-0",
+        ])
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("namespace/name/service-account"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn defaults_follow_istio() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.mode, ProxyMode::Shared);
+        assert_eq!(config.packet_mark, Some(1337));
+        assert_eq!(config.xds_address, None);
+        assert_eq!(config.cluster_id, "Kubernetes");
+        assert_eq!(config.trust_domain, "cluster.local");
+        assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(config.pool.max_streams_per_connection, 100);
+        assert_eq!(config.pool.unused_release_timeout, Duration::from_secs(300));
+        assert_eq!(config.http2.stream_window, 4 << 20);
+        assert_eq!(config.http2.connection_window, 16 << 20);
+        assert_eq!(config.http2.frame_size, 1 << 20);
+        assert_eq!(config.listeners.inbound.port(), 15008);
+        assert_eq!(config.listeners.admin, "127.0.0.1:15000".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--proxy-mode", "sidecar"], "PROXY_MODE"),
+            (&["--secret-ttl", "soon"], "SECRET_TTL"),
+            (
+                &["--pool-unused-release-timeout=-1s"],
+                "POOL_UNUSED_RELEASE_TIMEOUT",
+            ),
+            (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
+        ];
+        for (args, name) in cases {
+            let error = parse(args).unwrap_err();
+            assert!(error.to_string().starts_with(name), "{args:?}: {error}");
+        }
+        assert!(matches!(
+            parse(&["--packet-mark", "x"]),
+            Err(ConfigError::Args(_))
+        ));
+    }
+}

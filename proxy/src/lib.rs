@@ -6,4 +6,5 @@
 
 pub mod config;
 pub mod rbac;
+pub mod socket;
 pub mod state;

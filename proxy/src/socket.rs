@@ -1,0 +1,131 @@
+//! Where the proxy's sockets come from. The data path asks a
+//! [`SocketFactory`] for listeners and outgoing sockets and never creates
+//! them itself, so the same core serves a dedicated proxy (ordinary sockets
+//! here) and the in-pod mode (sockets made inside each pod's network
+//! namespace, issue 4). Also reads the original destination of a redirected
+//! connection.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Backlog of each listener: enough for a burst of pod connections while
+/// the accept loop is busy, the kernel caps it at `somaxconn` anyway.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// Makes the sockets of one proxied workload.
+pub trait SocketFactory: Send + Sync + 'static {
+    /// A bound, listening TCP socket.
+    fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener>;
+
+    /// An unconnected TCP socket for `destination`'s family, optionally bound
+    /// to `source` (port 0). The caller connects it.
+    fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket>;
+}
+
+/// Ordinary sockets in the current network namespace, each carrying the
+/// packet mark so that capture rules skip the proxy's own traffic.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalSockets {
+    /// SO_MARK for every socket; `None` sets none.
+    pub mark: Option<u32>,
+}
+
+impl SocketFactory for LocalSockets {
+    fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        if addr.is_ipv6() {
+            // One dual-stack socket on [::]: IPv4 peers show as ::ffff:a.b.c.d.
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.set_tcp_nodelay(true)?;
+        if let Some(mark) = self.mark {
+            socket.set_mark(mark)?;
+        }
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        TcpListener::from_std(socket.into())
+    }
+
+    fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
+        let socket = match destination {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        socket.set_nodelay(true)?;
+        if let Some(mark) = self.mark {
+            SockRef::from(&socket).set_mark(mark)?;
+        }
+        if let Some(source) = source {
+            socket.bind(SocketAddr::new(source, 0))?;
+        }
+        Ok(socket)
+    }
+}
+
+/// The destination a REDIRECT rule rewrote: `SO_ORIGINAL_DST` for IPv4,
+/// `IP6T_SO_ORIGINAL_DST` for IPv6. On a connection that was not redirected
+/// the kernel answers ENOENT.
+pub fn original_destination(stream: &TcpStream) -> io::Result<SocketAddr> {
+    let socket = SockRef::from(stream);
+    let local = stream.local_addr()?;
+    let is_v4 = match local.ip() {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(ip) => ip.to_ipv4_mapped().is_some(),
+    };
+    let original = if is_v4 {
+        socket.original_dst_v4()?
+    } else {
+        socket.original_dst_v6()?
+    };
+    let original = original.as_socket().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidData, "original destination is not IP")
+    })?;
+    Ok(canonical(original))
+}
+
+/// Maps `::ffff:a.b.c.d` to `a.b.c.d`, so that lookups see one form.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => addr,
+        },
+        SocketAddr::V4(_) => addr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_addresses_become_ipv4() {
+        let cases = [
+            ("[::ffff:198.18.0.1]:80", "198.18.0.1:80"),
+            ("198.18.0.1:80", "198.18.0.1:80"),
+            ("[::1]:80", "[::1]:80"),
+        ];
+        for (input, want) in cases {
+            let input: SocketAddr = input.parse().unwrap();
+            assert_eq!(canonical(input), want.parse().unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_was_not_redirected_has_no_original_destination() {
+        let sockets = LocalSockets::default();
+        let listener = sockets
+            .tcp_listener("127.0.0.1:0".parse().unwrap())
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = sockets.tcp_socket(addr, None).unwrap().connect(addr);
+        let (client, accepted) = tokio::join!(client, listener.accept());
+        let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        assert!(original_destination(&server).is_err());
+    }
+}

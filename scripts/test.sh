@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command (README): installs the system tools the end-to-end tests
+# use when they are missing and we are root, then runs every test in the
+# workspace. Tests that need root or these tools skip with a printed reason
+# where they cannot run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v iptables >/dev/null || need+=(iptables)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+fi
+exec cargo test --workspace "$@"

@@ -1,0 +1,155 @@
+//! Network namespaces that clean up after themselves, veth pairs between
+//! them, and running code or processes inside one.
+//!
+//! Every namespace gets a unique name (`zt-<tag>-<pid>-<n>`) and is deleted
+//! on drop, also when a test fails, so runs never collide or leak.
+
+use std::fs::File;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, bail};
+use nix::sched::{CloneFlags, setns};
+
+/// Tells why end-to-end tests cannot run here, if they cannot: they need
+/// root (CAP_NET_ADMIN, CAP_SYS_ADMIN), `ip` and `iptables`. Tests print the
+/// reason and skip; CI runs as root with both installed.
+pub fn unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN".into());
+    }
+    for tool in ["ip", "iptables"] {
+        let found = Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Some(format!(
+                "`{tool}` is not installed (apt-get install iproute2 iptables)"
+            ));
+        }
+    }
+    None
+}
+
+/// Runs a command and fails with its stderr if it exits non-zero.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<Output> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !output.status.success() {
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(output)
+}
+
+/// A network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Creates a namespace with loopback up.
+    pub fn create(tag: &str) -> anyhow::Result<NetNs> {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("zt-{tag}-{}-{n}", std::process::id());
+        run("ip", &["netns", "add", &name])?;
+        let ns = NetNs { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name, as `ip netns` knows it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs a command inside the namespace and waits for it.
+    pub fn exec(&self, command: &[&str]) -> anyhow::Result<Output> {
+        let mut args = vec!["netns", "exec", &self.name];
+        args.extend_from_slice(command);
+        run("ip", &args)
+    }
+
+    /// A command that will run inside the namespace; the caller adds
+    /// arguments, environment and stdio, then spawns it.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+
+    /// Runs `f` on a new thread that has entered the namespace, and returns
+    /// its result. Sockets created there belong to the namespace and may be
+    /// used from any thread afterwards.
+    pub fn run<F, R>(&self, f: F) -> anyhow::Result<R>
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let file = File::open(&path).with_context(|| format!("opening {path}"))?;
+                    setns(&file, CloneFlags::CLONE_NEWNET).context("setns")?;
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
+        })
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting a namespace also removes the veth ends inside it.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Joins two namespaces with a veth pair, giving each end an address in
+/// CIDR form (from 198.18.0.0/15) and bringing both up.
+pub fn veth_pair(a: &NetNs, a_cidr: &str, b: &NetNs, b_cidr: &str) -> anyhow::Result<()> {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Interface names are at most 15 bytes; the namespace keeps them apart.
+    let (a_if, b_if) = (
+        format!("va{}x{n}", std::process::id() % 100_000),
+        format!("vb{}x{n}", std::process::id() % 100_000),
+    );
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            &a_if,
+            "netns",
+            a.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &b_if,
+            "netns",
+            b.name(),
+        ],
+    )?;
+    for (ns, interface, cidr) in [(a, &a_if, a_cidr), (b, &b_if, b_cidr)] {
+        ns.exec(&["ip", "addr", "add", cidr, "dev", interface])?;
+        ns.exec(&["ip", "link", "set", interface, "up"])?;
+    }
+    Ok(())
+}
