@@ -1,0 +1,178 @@
+//! A real CA for end-to-end tests: `ztunnel-ca`'s server, run in-process on
+//! its own runtime thread with a socket bound inside a test namespace, a
+//! generated root, a pod registry file the test can rewrite, and pod-bound
+//! tokens minted with the CA's own token key. Stopping it is how tests
+//! produce a CA outage.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use tokio::sync::oneshot;
+use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
+use ztunnel_certs::ca::metrics::CaMetrics;
+use ztunnel_certs::ca::registry::FileRegistry;
+use ztunnel_certs::ca::token::{PodToken, TokenSigner};
+use ztunnel_certs::ca::{CaConfig, server};
+use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+
+use crate::netns::NetNs;
+
+/// How often the CA re-reads the registry file: short, so tests that move a
+/// pod see the change quickly.
+const REGISTRY_POLL: Duration = Duration::from_millis(100);
+
+/// A pod whose token a test mints.
+#[derive(Debug, Clone)]
+pub struct PodRef<'a> {
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Service account.
+    pub service_account: &'a str,
+    /// Pod name.
+    pub name: &'a str,
+    /// Pod UID.
+    pub uid: &'a str,
+    /// Node, for the token's node claim.
+    pub node: Option<&'a str>,
+}
+
+/// A running CA. Dropping it stops the server.
+pub struct TestCa {
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    signer: TokenSigner,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestCa {
+    /// Starts a CA listening on `addr` inside `ns`, with the pod registry
+    /// `pods` (the YAML list the CA reads).
+    pub fn start(ns: &NetNs, addr: SocketAddr, trust_domain: &str, pods: &str) -> anyhow::Result<Self> {
+        ztunnel_certs::tls::install_provider();
+        let dir = tempfile::tempdir()?;
+        let root = generate_root(trust_domain, SystemTime::now())?;
+        std::fs::write(dir.path().join("root-cert.pem"), &root.cert_pem)?;
+        let issuer = Arc::new(Issuer::new(&SigningMaterial {
+            root_cert_pem: root.cert_pem,
+            root_key_pem: Some(root.key_pem),
+            ..SigningMaterial::default()
+        })?);
+        let pods_path = dir.path().join("pods.yaml");
+        std::fs::write(&pods_path, pods)?;
+        let registry = Arc::new(FileRegistry::load(&pods_path)?);
+        let signer = TokenSigner::generate()?;
+        let hour = Duration::from_secs(3600);
+        let config = CaConfig {
+            trust_domain: trust_domain.into(),
+            issuer,
+            ttl: TtlPolicy::new(24 * hour, 90 * 24 * hour),
+            token_keys: signer.verifying_keys()?,
+            token_policy: TokenPolicy::default(),
+            trusted_node_accounts: vec!["istio-system/ztunnel".parse()?],
+            registry: Arc::clone(&registry) as _,
+            metrics: Arc::new(CaMetrics::new()),
+            serving_dns_names: vec!["localhost".into()],
+            serving_ips: vec![addr.ip()],
+        };
+        let listener = ns.run(|| std::net::TcpListener::bind(addr))?.context("binding the CA")?;
+        listener.set_nonblocking(true)?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("test-ca".into())
+            .spawn(move || serve(config, listener, registry, stopped))?;
+        Ok(TestCa {
+            addr,
+            dir,
+            signer,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The gRPC address, as `https://ip:port` for `CA_ADDRESS`.
+    pub fn address(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// The root certificate file, for `CA_ROOT_CA`.
+    pub fn root_cert_path(&self) -> PathBuf {
+        self.dir.path().join("root-cert.pem")
+    }
+
+    /// The registry file; rewriting it changes what the CA authorizes.
+    pub fn pods_path(&self) -> PathBuf {
+        self.dir.path().join("pods.yaml")
+    }
+
+    /// Mints a pod-bound token and writes it to `path`.
+    pub fn write_token(&self, pod: &PodRef<'_>, path: &Path) -> anyhow::Result<()> {
+        let token = self.signer.mint(
+            &PodToken {
+                issuer: DEFAULT_ISSUER.into(),
+                audiences: vec![DEFAULT_AUDIENCE.into()],
+                namespace: pod.namespace.into(),
+                service_account: pod.service_account.into(),
+                pod_name: pod.name.into(),
+                pod_uid: pod.uid.into(),
+                node_name: pod.node.map(Into::into),
+                ttl: Duration::from_secs(3600),
+            },
+            SystemTime::now(),
+        )?;
+        std::fs::write(path, token)?;
+        Ok(())
+    }
+
+    /// Stops the server and waits for it: new CA calls fail from now on.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for TestCa {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The CA's runtime thread.
+fn serve(
+    config: CaConfig,
+    listener: std::net::TcpListener,
+    registry: Arc<FileRegistry>,
+    stopped: oneshot::Receiver<()>,
+) {
+    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async move {
+        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+            return;
+        };
+        let (watch_stop, watch_stopped) = oneshot::channel::<()>();
+        tokio::spawn(registry.watch(REGISTRY_POLL, async move {
+            let _ = watch_stopped.await;
+        }));
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(error) = server::serve(config, listener, shutdown).await {
+            eprintln!("test CA stopped: {error}");
+        }
+        let _ = watch_stop.send(());
+    });
+}
