@@ -4,7 +4,17 @@
 //! The pure core so far: `state` (workloads, services, policies and upstream
 //! selection), `rbac` (L4 authorization) and `config` (the local config file).
 
+pub mod access_log;
+pub mod admin;
 pub mod config;
+pub mod discovery;
+pub mod drain;
+pub mod identity;
+pub mod inbound;
+pub mod metrics;
+pub mod outbound;
 pub mod rbac;
+pub mod readiness;
 pub mod socket;
 pub mod state;
+pub mod telemetry;

@@ -52,7 +52,12 @@ pub struct TestCa {
 impl TestCa {
     /// Starts a CA listening on `addr` inside `ns`, with the pod registry
     /// `pods` (the YAML list the CA reads).
-    pub fn start(ns: &NetNs, addr: SocketAddr, trust_domain: &str, pods: &str) -> anyhow::Result<Self> {
+    pub fn start(
+        ns: &NetNs,
+        addr: SocketAddr,
+        trust_domain: &str,
+        pods: &str,
+    ) -> anyhow::Result<Self> {
         ztunnel_certs::tls::install_provider();
         let dir = tempfile::tempdir()?;
         let root = generate_root(trust_domain, SystemTime::now())?;
@@ -79,7 +84,9 @@ impl TestCa {
             serving_dns_names: vec!["localhost".into()],
             serving_ips: vec![addr.ip()],
         };
-        let listener = ns.run(|| std::net::TcpListener::bind(addr))?.context("binding the CA")?;
+        let listener = ns
+            .run(|| std::net::TcpListener::bind(addr))?
+            .context("binding the CA")?;
         listener.set_nonblocking(true)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()

@@ -1,0 +1,314 @@
+//! The proxy's own HTTP servers: admin (127.0.0.1:15000: `/config_dump`,
+//! `/logging`, `/quitquitquit`) and stats (15020: `/metrics`,
+//! `/stats/prometheus`), and the small HTTP/1 accept loop they and the
+//! readiness server (readiness.rs) share. What the config dump contains is
+//! the caller's [`ConfigDump`]; how metrics are named is metrics.rs.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use ztunnel_certs::cert::{Certificate, WorkloadCertificate};
+
+use crate::drain::DrainWatcher;
+use crate::metrics;
+use crate::telemetry::LogHandle;
+
+/// Response body of every admin-side server.
+pub type Body = Full<Bytes>;
+
+/// A slow or idle client may hold a connection this long before sending
+/// its request headers; bounds what an idle scraper can keep open.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Open connections per server. Scrapers, probes and an operator need a
+/// handful; the bound keeps a flood from using up the admin runtime.
+const MAX_CONNECTIONS: usize = 64;
+
+/// After a failed `accept` (e.g. out of file descriptors) wait this long
+/// before the next, so the loop does not spin.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// The Prometheus text format as prometheus-client writes it.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Errors of admin requests, each answered as 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AdminError {
+    /// A `%` escape in the query string is not two hex digits, or the
+    /// decoded bytes are not UTF-8.
+    #[error("malformed query string")]
+    MalformedQuery,
+}
+
+/// What `/config_dump` shows: workloads, services, policies and
+/// certificates, as the proxy's state renders them. Implementations must
+/// never include private keys; [`certificate_dump`] gives the safe view of
+/// a certificate.
+pub trait ConfigDump: Send + Sync {
+    /// The current configuration as JSON.
+    fn config_dump(&self) -> serde_json::Value;
+}
+
+/// What the admin server needs from the rest of the proxy.
+#[derive(Clone)]
+pub struct Admin {
+    /// Source of `/config_dump`.
+    pub config: Arc<dyn ConfigDump>,
+    /// Changes the log filter for `/logging`.
+    pub logs: LogHandle,
+    /// Called by `POST /quitquitquit`; it should start the drain (e.g. by
+    /// waking the task that owns the `DrainTrigger`) and return at once.
+    pub quit: Arc<dyn Fn() + Send + Sync>,
+}
+
+/// The safe view of one certificate: identities and validity, no keys.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CertificateView {
+    /// The SPIFFE identities of its URI SANs.
+    pub identities: Vec<String>,
+    /// Start of validity, RFC 3339.
+    pub not_before: String,
+    /// Expiry, RFC 3339.
+    pub not_after: String,
+    /// Whether it is a CA certificate.
+    pub is_ca: bool,
+}
+
+/// A workload certificate as `/config_dump` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CertificateDump {
+    /// The identity the certificate was issued for.
+    pub identity: Option<String>,
+    /// When the proxy will fetch a replacement, RFC 3339.
+    pub refresh_at: String,
+    /// The leaf, then the intermediates.
+    pub chain: Vec<CertificateView>,
+}
+
+/// The dump of a workload certificate, never its private key.
+pub fn certificate_dump(certificate: &WorkloadCertificate, now: SystemTime) -> CertificateDump {
+    let chain = std::iter::once(certificate.leaf())
+        .chain(certificate.intermediates())
+        .map(certificate_view)
+        .collect();
+    CertificateDump {
+        identity: certificate.identity().map(ToString::to_string),
+        refresh_at: rfc3339(certificate.refresh_at(now)),
+        chain,
+    }
+}
+
+fn certificate_view(certificate: &Certificate) -> CertificateView {
+    CertificateView {
+        identities: certificate
+            .identities()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        not_before: rfc3339(certificate.not_before()),
+        not_after: rfc3339(certificate.not_after()),
+        is_ca: certificate.is_ca(),
+    }
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    time::OffsetDateTime::from(at)
+        .format(&time::format_description::well_known::Rfc3339)
+        // Only years past 9999 fail to format; certificates do not get there.
+        .unwrap_or_else(|_| "out of range".to_owned())
+}
+
+impl Admin {
+    fn respond(&self, request: &Request<Incoming>) -> Response<Body> {
+        match (request.method(), request.uri().path()) {
+            (&Method::GET, "/config_dump") => self.config_dump(),
+            (&Method::GET | &Method::POST, "/logging") => {
+                self.logging(request.uri().query().unwrap_or(""))
+            }
+            (&Method::POST, "/quitquitquit") => {
+                tracing::info!("shutdown requested through /quitquitquit");
+                (self.quit)();
+                text(StatusCode::OK, "OK\n".to_owned())
+            }
+            (_, "/config_dump" | "/logging" | "/quitquitquit") => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed\n".to_owned(),
+            ),
+            _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
+        }
+    }
+
+    fn config_dump(&self) -> Response<Body> {
+        match serde_json::to_vec_pretty(&self.config.config_dump()) {
+            Ok(json) => with_type(StatusCode::OK, json, "application/json"),
+            Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+        }
+    }
+
+    fn logging(&self, query: &str) -> Response<Body> {
+        let level = match query_value(query, "level") {
+            Ok(level) => level,
+            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        };
+        let answer = match level {
+            Some(level) => self.logs.set_filter(&level),
+            None => self.logs.current(),
+        };
+        match answer {
+            Ok(filter) => {
+                tracing::info!(%filter, "log filter");
+                text(StatusCode::OK, format!("{filter}\n"))
+            }
+            Err(crate::telemetry::TelemetryError::InvalidFilter { filter, source }) => text(
+                StatusCode::BAD_REQUEST,
+                format!("invalid level {filter:?}: {source}\n"),
+            ),
+            Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+        }
+    }
+}
+
+/// Serves the admin endpoints on `listener` until `drain` signals.
+pub async fn serve_admin(listener: TcpListener, admin: Admin, drain: DrainWatcher) {
+    serve_http(listener, drain, move |request| admin.respond(request)).await;
+}
+
+/// Serves `/metrics` and `/stats/prometheus` from `registry` on `listener`
+/// until `drain` signals.
+pub async fn serve_stats(listener: TcpListener, registry: Arc<Registry>, drain: DrainWatcher) {
+    serve_http(listener, drain, move |request| {
+        match (request.method(), request.uri().path()) {
+            (&Method::GET, "/metrics" | "/stats/prometheus") => match metrics::encode(&registry) {
+                Ok(encoded) => with_type(StatusCode::OK, encoded.into_bytes(), OPENMETRICS),
+                Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+            },
+            _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
+        }
+    })
+    .await;
+}
+
+/// The value of `key` in a query string, percent-decoded (`+` is a space).
+fn query_value(query: &str, key: &str) -> Result<Option<String>, AdminError> {
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if percent_decode(name)? == key {
+            return percent_decode(value).map(Some);
+        }
+    }
+    Ok(None)
+}
+
+fn percent_decode(text: &str) -> Result<String, AdminError> {
+    let mut decoded = Vec::with_capacity(text.len());
+    let mut bytes = text.bytes();
+    while let Some(byte) = bytes.next() {
+        decoded.push(match byte {
+            b'+' => b' ',
+            b'%' => {
+                let high = bytes.next().and_then(hex_digit);
+                let low = bytes.next().and_then(hex_digit);
+                match (high, low) {
+                    (Some(high), Some(low)) => high << 4 | low,
+                    _ => return Err(AdminError::MalformedQuery),
+                }
+            }
+            other => other,
+        });
+    }
+    String::from_utf8(decoded).map_err(|_| AdminError::MalformedQuery)
+}
+
+fn hex_digit(byte: u8) -> Option<u8> {
+    char::from(byte)
+        .to_digit(16)
+        .and_then(|digit| u8::try_from(digit).ok())
+}
+
+/// A plain-text response.
+pub(crate) fn text(status: StatusCode, body: String) -> Response<Body> {
+    with_type(status, body.into_bytes(), "text/plain; charset=utf-8")
+}
+
+fn with_type(status: StatusCode, body: Vec<u8>, content_type: &'static str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// Accepts HTTP/1 connections on `listener` and answers each request with
+/// `respond`, until `drain` signals: then it stops accepting, lets open
+/// connections finish their request, and cuts them when the drain is forced.
+/// At most [`MAX_CONNECTIONS`] are served at once; the next waits its turn.
+pub(crate) async fn serve_http<F>(listener: TcpListener, drain: DrainWatcher, respond: F)
+where
+    F: Fn(&Request<Incoming>) -> Response<Body> + Send + Sync + 'static,
+{
+    let respond = Arc::new(respond);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            () = drain.signaled() => break,
+            permit = Arc::clone(&slots).acquire_owned() => permit,
+        };
+        // The semaphore is never closed, so this only ends the loop in theory.
+        let Ok(permit) = permit else { break };
+        let accepted = tokio::select! {
+            () = drain.signaled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "admin accept failed");
+                tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+                continue;
+            }
+        };
+        let respond = Arc::clone(&respond);
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = service_fn(move |request| {
+                let response = respond(&request);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let finished = tokio::select! {
+                finished = connection.as_mut() => finished,
+                () = drain.signaled() => {
+                    connection.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        finished = connection.as_mut() => finished,
+                        () = drain.forced() => Ok(()),
+                    }
+                }
+            };
+            if let Err(error) = finished {
+                tracing::debug!(%error, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

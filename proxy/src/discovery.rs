@@ -1,0 +1,177 @@
+//! The proxy's shared view of workloads, services and policies, and where it
+//! comes from: the local file now (reloaded when it changes), delta xDS later.
+//! Both feed the same [`State`] through [`SharedState`], whose version
+//! counter tells watchers (the policy re-check, certificate prefetch) that
+//! something changed.
+//!
+//! The file's format lives in `config/local.rs`; the store in `state.rs`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::local::{self, LocalConfigError};
+use crate::state::State;
+
+/// How often the local file is checked for changes. A second is quick
+/// enough for an operator's edit and costs one small read.
+pub const LOCAL_FILE_POLL: Duration = Duration::from_secs(1);
+
+/// The state every task reads, plus a change counter.
+#[derive(Clone)]
+pub struct SharedState {
+    state: Arc<RwLock<State>>,
+    version: watch::Sender<u64>,
+}
+
+impl SharedState {
+    /// Wraps an initial state.
+    pub fn new(state: State) -> Self {
+        SharedState {
+            state: Arc::new(RwLock::new(state)),
+            version: watch::Sender::new(0),
+        }
+    }
+
+    /// A read view. Hold it briefly: writers wait for it.
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
+        // A panic while writing leaves the state as it was before the write
+        // started or after it ended; reading it stays sound.
+        self.state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Changes the state and tells watchers.
+    pub fn update(&self, change: impl FnOnce(&mut State)) {
+        {
+            let mut state = self
+                .state
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            change(&mut state);
+        }
+        self.version.send_modify(|version| *version += 1);
+    }
+
+    /// A receiver that sees every change after this call.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+}
+
+/// Loads the local file at start-up: an invalid file is a start-up error
+/// naming the file, line and problem.
+pub fn load_local_file(path: &Path) -> Result<(State, String), LocalConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let config = local::parse(&text, path)?;
+    Ok((config.into_state(), text))
+}
+
+/// Watches the local file and replaces the state when its content changes.
+/// A bad edit keeps the last good state and logs why. Ends when `stop`
+/// resolves.
+pub async fn watch_local_file(
+    path: PathBuf,
+    mut last_text: String,
+    shared: SharedState,
+    interval: Duration,
+    stop: impl Future<Output = ()>,
+) {
+    let mut stop = std::pin::pin!(stop);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = ticker.tick() => {}
+        }
+        let text = match tokio::fs::read_to_string(&path).await {
+            Ok(text) => text,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "cannot read the local config file; keeping the last good state");
+                continue;
+            }
+        };
+        if text == last_text {
+            continue;
+        }
+        match local::parse(&text, &path) {
+            Ok(config) => {
+                shared.update(|state| config.apply(state));
+                tracing::info!(path = %path.display(), "local config file reloaded");
+            }
+            Err(error) => {
+                tracing::error!(%error, "invalid local config file; keeping the last good state");
+            }
+        }
+        last_text = text;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE: &str = "\
+workloads:
+- uid: uid-a
+  name: a
+  namespace: default
+  workloadIps: [198.18.0.10]
+  protocol: HBONE
+  services: {}
+";
+
+    #[tokio::test]
+    async fn a_bad_edit_keeps_the_last_good_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("local.yaml");
+        std::fs::write(&path, ONE).unwrap();
+        let (state, text) = load_local_file(&path).unwrap();
+        let shared = SharedState::new(state);
+        let mut changes = shared.subscribe();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(watch_local_file(
+            path.clone(),
+            text,
+            shared.clone(),
+            Duration::from_millis(10),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+
+        std::fs::write(&path, "workloads: [ {uid: x, bogus: 1} ]").unwrap();
+        // Twenty polls: the watcher has read the bad edit by then.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            shared.read().workload("uid-a").is_some(),
+            "bad edit must keep state"
+        );
+        assert!(!changes.has_changed().unwrap());
+
+        std::fs::write(&path, ONE.replace("uid-a", "uid-b")).unwrap();
+        changes.changed().await.unwrap();
+        assert!(shared.read().workload("uid-a").is_none());
+        assert!(shared.read().workload("uid-b").is_some());
+
+        stop.send(()).unwrap();
+        watcher.await.unwrap();
+    }
+
+    #[test]
+    fn an_invalid_file_at_start_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("local.yaml");
+        std::fs::write(&path, "workloads:\n- uid: a\n  surprise: 1\n").unwrap();
+        let error = load_local_file(&path).err().unwrap().to_string();
+        assert!(error.contains("local.yaml"), "{error}");
+        assert!(error.contains("line"), "{error}");
+    }
+}

@@ -1,0 +1,297 @@
+//! Prometheus metrics with the names and labels of WIRE.md §10, and the
+//! per-connection API the data path calls ([`Metrics::open`] →
+//! [`ConnectionMetrics`]).
+//!
+//! Everything registers on one [`Registry`] at start-up; the stats server
+//! (admin.rs) then encodes it. A module with metrics of its own (DNS, xDS)
+//! registers them on the same registry, under [`istio_registry`] when the
+//! names are Istio's or with a `ztunnel_` name when they are ours.
+//! The traffic label set lives in `metrics/labels.rs`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+mod labels;
+
+pub use labels::{
+    LabelValue, LocalityLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels, TrafficLabels,
+};
+
+/// Why a connection failed, as the `response_flags` label shows it. The one
+/// place an error is mapped to a flag is the data path's error type; this
+/// only names the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ResponseFlags {
+    /// No failure.
+    #[default]
+    None,
+    /// Refused by an authorization policy.
+    Deny,
+    /// Upstream connect failed, or another failure with no flag of its own.
+    Connect,
+    /// The TLS handshake with the peer failed.
+    TlsFailure,
+    /// The HTTP/2 handshake of an HBONE connection failed.
+    H2HandshakeFailure,
+    /// Refused by a network policy.
+    NetworkPolicy,
+    /// The peer's identity was not the one expected.
+    IdentityError,
+    /// The peer's certificate was revoked.
+    CertRevoked,
+}
+
+impl ResponseFlags {
+    /// The label value of WIRE.md §10.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "-",
+            Self::Deny => "DENY",
+            Self::Connect => "CONNECT",
+            Self::TlsFailure => "TLS_FAILURE",
+            Self::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
+            Self::NetworkPolicy => "NETWORK_POLICY",
+            Self::IdentityError => "IDENTITY_ERROR",
+            Self::CertRevoked => "CERT_REVOKED",
+        }
+    }
+}
+
+impl EncodeLabelValue for ResponseFlags {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
+}
+
+/// Labels of the metrics that only tell the reporting side apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReporterLabels {
+    /// Which side of the connection counted it.
+    pub reporter: Reporter,
+}
+
+/// Labels of `istio_build`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BuildLabels {
+    component: &'static str,
+    tag: String,
+}
+
+/// The proxy's connection metrics. Cheap to clone: every family is shared.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    opened: Family<TrafficLabels, Counter>,
+    closed: Family<TrafficLabels, Counter>,
+    sent_bytes: Family<TrafficLabels, Counter>,
+    received_bytes: Family<TrafficLabels, Counter>,
+    failed: Family<TrafficLabels, Counter>,
+    sockets_open: Family<ReporterLabels, Gauge>,
+    policy_closed: Family<ReporterLabels, Counter>,
+}
+
+/// The `istio_` sub-registry, for other modules' Istio-named metrics (DNS,
+/// xDS). prometheus-client adds `_total` to counters itself, so register
+/// `dns_requests`, not `dns_requests_total`.
+pub fn istio_registry(registry: &mut Registry) -> &mut Registry {
+    registry.sub_registry_with_prefix("istio")
+}
+
+impl Metrics {
+    /// Registers the connection metrics and `istio_build` (`tag` is our
+    /// version) on `registry`.
+    pub fn register(registry: &mut Registry, tag: &str) -> Self {
+        let metrics = Self {
+            opened: Family::default(),
+            closed: Family::default(),
+            sent_bytes: Family::default(),
+            received_bytes: Family::default(),
+            failed: Family::default(),
+            sockets_open: Family::default(),
+            policy_closed: Family::default(),
+        };
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: "ztunnel",
+                tag: tag.to_owned(),
+            })
+            .set(1);
+
+        let istio = istio_registry(registry);
+        // Base names: prometheus-client adds the `_total` of WIRE.md itself.
+        let traffic = [
+            (
+                "tcp_connections_opened",
+                "Connections opened",
+                &metrics.opened,
+            ),
+            (
+                "tcp_connections_closed",
+                "Connections closed",
+                &metrics.closed,
+            ),
+            (
+                "tcp_sent_bytes",
+                "Bytes sent to the peer that opened the connection",
+                &metrics.sent_bytes,
+            ),
+            (
+                "tcp_received_bytes",
+                "Bytes received from the peer that opened the connection",
+                &metrics.received_bytes,
+            ),
+            (
+                "tcp_connections_failed",
+                "Connections closed with a response flag",
+                &metrics.failed,
+            ),
+        ];
+        for (name, help, family) in traffic {
+            istio.register(name, help, family.clone());
+        }
+        istio.register(
+            "tcp_sockets_open",
+            "Connections open now",
+            metrics.sockets_open.clone(),
+        );
+        istio.register("build", "Proxy build", build);
+        registry.register(
+            "ztunnel_policy_closed_connections",
+            "Open connections closed because a policy change no longer allows them",
+            metrics.policy_closed.clone(),
+        );
+        metrics
+    }
+
+    /// Counts a connection as opened and returns the handle that counts its
+    /// bytes and its close. `labels.response_flags` should be `None` here;
+    /// the outcome is given to [`ConnectionMetrics::close`].
+    pub fn open(&self, labels: TrafficLabels) -> ConnectionMetrics {
+        self.opened.get_or_create(&labels).inc();
+        self.sockets_open
+            .get_or_create(&ReporterLabels {
+                reporter: labels.reporter,
+            })
+            .inc();
+        // The byte counters are looked up once so the copy loop only does
+        // an atomic add; they keep the labels of the open.
+        let sent = self.sent_bytes.get_or_create(&labels).clone();
+        let received = self.received_bytes.get_or_create(&labels).clone();
+        ConnectionMetrics {
+            metrics: self.clone(),
+            labels,
+            sent,
+            received,
+            sent_total: AtomicU64::new(0),
+            received_total: AtomicU64::new(0),
+            closed: false,
+        }
+    }
+
+    /// Counts a connection that a policy re-check closed.
+    pub fn record_policy_close(&self, reporter: Reporter) {
+        self.policy_closed
+            .get_or_create(&ReporterLabels { reporter })
+            .inc();
+    }
+}
+
+/// One connection's metrics, from open to close. `Sync`, so the two copy
+/// directions can count through a shared reference. Dropping it without
+/// [`ConnectionMetrics::close`] (a cancelled task) still counts the close,
+/// with no response flag.
+#[derive(Debug)]
+pub struct ConnectionMetrics {
+    metrics: Metrics,
+    labels: TrafficLabels,
+    sent: Counter,
+    received: Counter,
+    /// Per-connection totals for the access log; the counters above are
+    /// shared with every connection of the same labels.
+    sent_total: AtomicU64,
+    received_total: AtomicU64,
+    closed: bool,
+}
+
+/// Bytes moved by one connection, as reported at its close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteTotals {
+    /// Bytes sent towards the side that opened the connection.
+    pub sent: u64,
+    /// Bytes received from the side that opened the connection.
+    pub received: u64,
+}
+
+impl ConnectionMetrics {
+    /// Counts bytes sent towards the side that opened the connection.
+    pub fn add_sent(&self, bytes: u64) {
+        self.sent.inc_by(bytes);
+        self.sent_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts bytes received from the side that opened the connection.
+    pub fn add_received(&self, bytes: u64) {
+        self.received.inc_by(bytes);
+        self.received_total.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The labels the connection was opened with.
+    pub fn labels(&self) -> &TrafficLabels {
+        &self.labels
+    }
+
+    /// Bytes so far.
+    pub fn totals(&self) -> ByteTotals {
+        ByteTotals {
+            sent: self.sent_total.load(Ordering::Relaxed),
+            received: self.received_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts the close with its outcome, and the failure when `flags` is
+    /// not `None`. Returns the connection's byte totals for the access log.
+    pub fn close(mut self, flags: ResponseFlags) -> ByteTotals {
+        self.record_close(flags);
+        self.totals()
+    }
+
+    fn record_close(&mut self, flags: ResponseFlags) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.labels.response_flags = flags;
+        self.metrics.closed.get_or_create(&self.labels).inc();
+        if flags != ResponseFlags::None {
+            self.metrics.failed.get_or_create(&self.labels).inc();
+        }
+        self.metrics
+            .sockets_open
+            .get_or_create(&ReporterLabels {
+                reporter: self.labels.reporter,
+            })
+            .dec();
+    }
+}
+
+impl Drop for ConnectionMetrics {
+    fn drop(&mut self) {
+        self.record_close(ResponseFlags::None);
+    }
+}
+
+/// The registry in the Prometheus text format (OpenMetrics flavour), for
+/// the stats server.
+pub fn encode(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry)?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests;

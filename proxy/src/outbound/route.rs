@@ -1,0 +1,242 @@
+//! The outbound decision, as a pure function: given the original destination
+//! of a captured connection, tunnel it over HBONE (to whom, with what
+//! `:authority`, expecting which identities), pass it through as plain TCP,
+//! or refuse it. Moving the bytes is `outbound.rs`'s business.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ztunnel_certs::identity::Identity;
+
+use crate::state::{Destination, InboundProtocol, Service, State, Workload, select_upstream};
+
+/// The port every HBONE workload accepts tunnels on (WIRE.md §1).
+pub const HBONE_PORT: u16 = 15008;
+
+/// Ports a connection must never be sent back to: ztunnel's own listeners.
+pub const PROXY_PORTS: [u16; 3] = [15001, 15006, HBONE_PORT];
+
+/// Where a captured outbound connection goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Through an HBONE tunnel.
+    Hbone(HboneRoute),
+    /// As plain TCP to `target`; `workload` is the destination when known.
+    Passthrough {
+        /// The address to dial.
+        target: SocketAddr,
+        /// The known destination workload, for metrics and logs.
+        workload: Option<Arc<Workload>>,
+        /// The service whose VIP was dialled, if any.
+        service: Option<Arc<Service>>,
+    },
+    /// Not at all.
+    Refuse(Refusal),
+}
+
+/// An HBONE tunnel to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HboneRoute {
+    /// The peer ztunnel's HBONE listener: the workload IP, port 15008.
+    pub dial: SocketAddr,
+    /// The CONNECT `:authority`: the workload IP and target port.
+    pub authority: SocketAddr,
+    /// Identities the peer may present.
+    pub expected: Vec<Identity>,
+    /// The destination workload.
+    pub workload: Arc<Workload>,
+    /// The service whose VIP was dialled, if any.
+    pub service: Option<Arc<Service>>,
+}
+
+/// Why an outbound connection is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The destination is one of the proxy's own ports on loopback.
+    #[error("attempted recursive call to ourselves")]
+    SelfCall,
+    /// A service VIP with no endpoint to send to.
+    #[error("no healthy endpoint for service {0}")]
+    NoHealthyEndpoint(Arc<str>),
+    /// The destination workload's identity cannot be built from its fields.
+    #[error("destination workload {0} has no valid identity")]
+    NoIdentity(Arc<str>),
+}
+
+/// Decides where a connection from a workload on `network` to `dst` goes.
+/// `pick` spreads connections to a service across its endpoints.
+pub fn route(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Route {
+    if dst.ip().is_loopback() && PROXY_PORTS.contains(&dst.port()) {
+        return Route::Refuse(Refusal::SelfCall);
+    }
+    match select_upstream(state, network, dst, pick) {
+        Destination::Workload(upstream) => match upstream.protocol() {
+            InboundProtocol::Hbone => match upstream.expected_identities() {
+                Ok(expected) => Route::Hbone(HboneRoute {
+                    dial: SocketAddr::new(upstream.addr.ip(), HBONE_PORT),
+                    authority: upstream.addr,
+                    expected,
+                    workload: upstream.workload,
+                    service: upstream.service,
+                }),
+                Err(_) => Route::Refuse(Refusal::NoIdentity(upstream.workload.uid.clone())),
+            },
+            InboundProtocol::Tcp => Route::Passthrough {
+                target: upstream.addr,
+                workload: Some(upstream.workload),
+                service: upstream.service,
+            },
+        },
+        Destination::NoHealthyEndpoint { service } => {
+            Route::Refuse(Refusal::NoHealthyEndpoint(service.hostname.clone()))
+        }
+        // A port the service does not declare reaches the VIP as is, as an
+        // unknown destination would.
+        Destination::UnknownServicePort { service, .. } => Route::Passthrough {
+            target: dst,
+            workload: None,
+            service: Some(service),
+        },
+        Destination::Unknown => Route::Passthrough {
+            target: dst,
+            workload: None,
+            service: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::local;
+
+    const STATE: &str = r#"
+workloads:
+- uid: uid-server
+  name: server-0
+  namespace: default
+  serviceAccount: server
+  workloadIps: [198.18.1.10]
+  protocol: HBONE
+  services:
+    default/echo.default.svc.cluster.local: {80: 8080}
+- uid: uid-legacy
+  name: legacy-0
+  namespace: default
+  workloadIps: [198.18.1.20]
+  protocol: TCP
+  services: {}
+- uid: uid-sick
+  name: sick-0
+  namespace: default
+  workloadIps: [198.18.1.30]
+  protocol: HBONE
+  status: Unhealthy
+  services:
+    default/sick.default.svc.cluster.local: {80: 8080}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/198.19.0.10"]
+  ports: {80: 8080}
+  subjectAltNames: ["spiffe://cluster.local/ns/default/sa/echo-alias"]
+- name: sick
+  namespace: default
+  hostname: sick.default.svc.cluster.local
+  vips: ["/198.19.0.30"]
+  ports: {80: 8080}
+"#;
+
+    fn state() -> State {
+        local::parse(STATE, Path::new("test.yaml"))
+            .unwrap()
+            .into_state()
+    }
+
+    fn id(text: &str) -> Identity {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn routes() {
+        let state = state();
+        let route = |dst: &str| route(&state, "", dst.parse().unwrap(), 0);
+
+        let Route::Hbone(direct) = route("198.18.1.10:8080") else {
+            panic!("workload IP must tunnel");
+        };
+        assert_eq!(direct.dial, "198.18.1.10:15008".parse().unwrap());
+        assert_eq!(direct.authority, "198.18.1.10:8080".parse().unwrap());
+        assert_eq!(
+            direct.expected,
+            [id("spiffe://cluster.local/ns/default/sa/server")]
+        );
+        assert!(direct.service.is_none());
+
+        let Route::Hbone(via_vip) = route("198.19.0.10:80") else {
+            panic!("service VIP must tunnel to its endpoint");
+        };
+        assert_eq!(via_vip.dial, "198.18.1.10:15008".parse().unwrap());
+        assert_eq!(
+            via_vip.authority,
+            "198.18.1.10:8080".parse().unwrap(),
+            "port mapped"
+        );
+        assert_eq!(
+            via_vip.expected,
+            [
+                id("spiffe://cluster.local/ns/default/sa/server"),
+                id("spiffe://cluster.local/ns/default/sa/echo-alias"),
+            ]
+        );
+
+        let cases: &[(&str, Route)] = &[
+            ("127.0.0.1:15001", Route::Refuse(Refusal::SelfCall)),
+            ("127.0.0.1:15006", Route::Refuse(Refusal::SelfCall)),
+            ("127.0.0.1:15008", Route::Refuse(Refusal::SelfCall)),
+            ("[::1]:15008", Route::Refuse(Refusal::SelfCall)),
+            (
+                "198.19.0.30:80",
+                Route::Refuse(Refusal::NoHealthyEndpoint(
+                    "sick.default.svc.cluster.local".into(),
+                )),
+            ),
+            (
+                "198.18.9.9:80",
+                Route::Passthrough {
+                    target: "198.18.9.9:80".parse().unwrap(),
+                    workload: None,
+                    service: None,
+                },
+            ),
+            (
+                "127.0.0.1:8080",
+                Route::Passthrough {
+                    target: "127.0.0.1:8080".parse().unwrap(),
+                    workload: None,
+                    service: None,
+                },
+            ),
+        ];
+        for (dst, want) in cases {
+            assert_eq!(&route(dst), want, "{dst}");
+        }
+
+        // A workload that speaks plain TCP gets plain TCP.
+        let Route::Passthrough {
+            target, workload, ..
+        } = route("198.18.1.20:9000")
+        else {
+            panic!("TCP workload must pass through");
+        };
+        assert_eq!(target, "198.18.1.20:9000".parse().unwrap());
+        assert_eq!(workload.unwrap().name.as_ref(), "legacy-0");
+
+        // A non-loopback address on a proxy port is tunnelled normally; the
+        // peer refuses it.
+        assert!(matches!(route("198.18.1.10:15008"), Route::Hbone(_)));
+    }
+}

@@ -1,0 +1,291 @@
+//! The operations surface over real HTTP on 127.0.0.1: readiness, metrics,
+//! the admin endpoints, and the drain they stop on.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use ztunnel_proxy::admin::{self, Admin, ConfigDump};
+use ztunnel_proxy::config::LogFormat;
+use ztunnel_proxy::drain::{self, DrainOutcome};
+use ztunnel_proxy::metrics::{Metrics, Reporter, ResponseFlags, SecurityPolicy, TrafficLabels};
+use ztunnel_proxy::readiness::{self, Ready};
+use ztunnel_proxy::telemetry::{self, LogHandle, LogOptions};
+
+/// Bounds every request, so a broken server fails the test instead of hanging it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
+struct Answer {
+    status: u16,
+    body: String,
+}
+
+/// One HTTP/1.1 request with `Connection: close`; reads the whole answer.
+async fn request(addr: SocketAddr, method: &str, path: &str) -> Answer {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        String::from_utf8(raw).unwrap()
+    };
+    let raw = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .expect("request timed out");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("no end of headers");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("no status code");
+    Answer {
+        status,
+        body: body.to_owned(),
+    }
+}
+
+async fn local_listener() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+struct FixedDump(serde_json::Value);
+
+impl ConfigDump for FixedDump {
+    fn config_dump(&self) -> serde_json::Value {
+        self.0.clone()
+    }
+}
+
+/// An admin server with a fixed dump, a log handle, and a quit that wakes `quit`.
+async fn start_admin(
+    dump: serde_json::Value,
+) -> (
+    SocketAddr,
+    LogHandle,
+    Arc<Notify>,
+    drain::DrainTrigger,
+    tokio::task::JoinHandle<()>,
+) {
+    let options = LogOptions {
+        filter: "info".to_owned(),
+        format: LogFormat::Plain,
+    };
+    let (dispatch, logs) = telemetry::subscriber(&options, std::io::sink).unwrap();
+    // The reload handle only works while its subscriber lives; it lives as
+    // long as the test process, like the real one.
+    std::mem::forget(dispatch);
+    let quit = Arc::new(Notify::new());
+    let admin = Admin {
+        config: Arc::new(FixedDump(dump)),
+        logs: logs.clone(),
+        quit: Arc::new({
+            let quit = Arc::clone(&quit);
+            move || quit.notify_one()
+        }),
+    };
+    let (listener, addr) = local_listener().await;
+    let (trigger, watcher) = drain::channel();
+    let server = tokio::spawn(admin::serve_admin(listener, admin, watcher));
+    (addr, logs, quit, trigger, server)
+}
+
+#[tokio::test]
+async fn readiness_answers_503_with_pending_tasks_until_the_last_guard_drops() {
+    let ready = Ready::new();
+    let listeners = ready.register_task("listeners");
+    let certificates = ready.register_task("workload certificates");
+    let (listener, addr) = local_listener().await;
+    let (_trigger, watcher) = drain::channel();
+    tokio::spawn(readiness::serve(listener, ready.clone(), watcher));
+
+    let answer = request(addr, "GET", "/healthz/ready").await;
+    assert_eq!(answer.status, 503);
+    assert!(answer.body.contains("listeners"), "{}", answer.body);
+    assert!(answer.body.contains("workload certificates"));
+
+    drop(listeners);
+    let answer = request(addr, "GET", "/healthz/ready").await;
+    assert_eq!(answer.status, 503);
+    assert!(!answer.body.contains("listeners"));
+
+    drop(certificates);
+    assert_eq!(request(addr, "GET", "/healthz/ready").await.status, 200);
+    assert_eq!(request(addr, "GET", "/other").await.status, 404);
+}
+
+#[tokio::test]
+async fn metrics_show_wire_names_and_labels_in_order() {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry, "0.1.0-test");
+    let mut labels = TrafficLabels::new(Reporter::Destination);
+    labels.source.principal = "spiffe://cluster.local/ns/a/sa/client".into();
+    labels.destination.workload = "server".into();
+    labels.security_policy = SecurityPolicy::MutualTls;
+    let connection = metrics.open(labels.clone());
+    connection.add_sent(100);
+    connection.add_received(42);
+    connection.close(ResponseFlags::None);
+    metrics.open(labels).close(ResponseFlags::Deny);
+
+    let (listener, addr) = local_listener().await;
+    let (_trigger, watcher) = drain::channel();
+    tokio::spawn(admin::serve_stats(listener, Arc::new(registry), watcher));
+
+    for path in ["/metrics", "/stats/prometheus"] {
+        let answer = request(addr, "GET", path).await;
+        assert_eq!(answer.status, 200);
+        let text = answer.body;
+        let opened = text
+            .lines()
+            .find(|line| line.starts_with("istio_tcp_connections_opened_total{"))
+            .unwrap_or_else(|| panic!("no opened counter in {text}"));
+        assert!(opened.starts_with("istio_tcp_connections_opened_total{reporter=\"destination\","));
+        assert!(opened.ends_with("} 2"), "{opened}");
+        let names: Vec<&str> = opened
+            .split_once('{')
+            .and_then(|(_, rest)| rest.rsplit_once('}'))
+            .map(|(labels, _)| labels)
+            .unwrap()
+            .split("\",")
+            .map(|pair| pair.split_once('=').unwrap().0)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "reporter",
+                "source_workload",
+                "source_canonical_service",
+                "source_canonical_revision",
+                "source_workload_namespace",
+                "source_principal",
+                "source_app",
+                "source_version",
+                "source_cluster",
+                "destination_service",
+                "destination_service_namespace",
+                "destination_service_name",
+                "destination_workload",
+                "destination_canonical_service",
+                "destination_canonical_revision",
+                "destination_workload_namespace",
+                "destination_principal",
+                "destination_app",
+                "destination_version",
+                "destination_cluster",
+                "request_protocol",
+                "response_flags",
+                "connection_security_policy",
+            ]
+        );
+        assert!(opened.contains("source_principal=\"spiffe://cluster.local/ns/a/sa/client\""));
+        assert!(text.contains("istio_build{component=\"ztunnel\",tag=\"0.1.0-test\"} 1"));
+        assert!(text.lines().any(|line| {
+            line.starts_with("istio_tcp_sent_bytes_total{reporter=\"destination\"")
+                && line.ends_with("} 100")
+        }));
+        let failed: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("istio_tcp_connections_failed_total{"))
+            .collect();
+        assert_eq!(failed.len(), 1, "{text}");
+        assert!(failed[0].contains("response_flags=\"DENY\""));
+        assert!(text.contains("istio_tcp_sockets_open{reporter=\"destination\"} 0"));
+    }
+}
+
+#[tokio::test]
+async fn config_dump_returns_the_providers_json() {
+    let dump = serde_json::json!({
+        "workloads": [{"name": "server", "namespace": "b"}],
+        "certificates": [{"identity": "spiffe://cluster.local/ns/b/sa/server"}],
+    });
+    let (addr, _logs, _quit, _trigger, _server) = start_admin(dump.clone()).await;
+    let answer = request(addr, "GET", "/config_dump").await;
+    assert_eq!(answer.status, 200);
+    let shown: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(shown, dump);
+    assert_eq!(request(addr, "GET", "/nothing").await.status, 404);
+}
+
+#[tokio::test]
+async fn logging_changes_the_filter_and_refuses_a_bad_one() {
+    let (addr, logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+
+    let answer = request(addr, "POST", "/logging?level=access%3Ddebug%2Cwarn").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body.trim(), "access=debug,warn");
+    assert_eq!(logs.current().unwrap(), "access=debug,warn");
+
+    let answer = request(addr, "GET", "/logging").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body.trim(), "access=debug,warn");
+
+    let answer = request(addr, "GET", "/logging?level=access%3Dloud").await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.body.contains("access=loud"), "{}", answer.body);
+    assert_eq!(logs.current().unwrap(), "access=debug,warn");
+
+    assert_eq!(request(addr, "GET", "/logging?level=%zz").await.status, 400);
+}
+
+#[tokio::test]
+async fn quitquitquit_starts_the_drain_and_the_admin_server_stops() {
+    let (addr, _logs, quit, trigger, server) = start_admin(serde_json::json!({})).await;
+    assert_eq!(request(addr, "GET", "/quitquitquit").await.status, 405);
+
+    let drained = tokio::spawn(async move {
+        quit.notified().await;
+        trigger.drain(DRAIN_DEADLINE).await
+    });
+    let answer = request(addr, "POST", "/quitquitquit").await;
+    assert_eq!(answer.status, 200);
+
+    let outcome = tokio::time::timeout(REQUEST_TIMEOUT, drained)
+        .await
+        .expect("drain did not finish")
+        .unwrap();
+    assert_eq!(outcome, DrainOutcome::Graceful);
+    tokio::time::timeout(REQUEST_TIMEOUT, server)
+        .await
+        .expect("admin server did not stop")
+        .unwrap();
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "listener still open"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_ignores_the_drain_is_forced_after_the_deadline() {
+    let (trigger, watcher) = drain::channel();
+    let cooperative = watcher.clone();
+    let polite = tokio::spawn(async move {
+        cooperative.signaled().await;
+    });
+    let start = tokio::time::Instant::now();
+    let stubborn = tokio::spawn(async move {
+        watcher.signaled().await;
+        watcher.forced().await;
+        tokio::time::Instant::now()
+    });
+
+    assert_eq!(trigger.drain(DRAIN_DEADLINE).await, DrainOutcome::Forced);
+    polite.await.unwrap();
+    assert!(stubborn.await.unwrap() >= start + DRAIN_DEADLINE);
+
+    let (trigger, watcher) = drain::channel();
+    let polite = tokio::spawn(async move { watcher.signaled().await });
+    assert_eq!(trigger.drain(DRAIN_DEADLINE).await, DrainOutcome::Graceful);
+    polite.await.unwrap();
+}
