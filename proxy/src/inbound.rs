@@ -4,3 +4,5 @@
 //! application is dialled.
 
 pub mod decision;
+pub mod listeners;
+pub mod tracker;

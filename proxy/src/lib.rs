@@ -6,15 +6,20 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod app;
 pub mod config;
+pub mod copy;
 pub mod discovery;
 pub mod drain;
+pub mod hbone;
 pub mod identity;
 pub mod inbound;
 pub mod metrics;
 pub mod outbound;
+pub mod pool;
 pub mod rbac;
 pub mod readiness;
+pub mod report;
 pub mod socket;
 pub mod state;
 pub mod telemetry;

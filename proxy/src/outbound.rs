@@ -1,5 +1,240 @@
 //! Outbound: connections a workload makes, captured on 15001. Each is routed
-//! (`outbound/route.rs`) and then tunnelled over HBONE or passed through as
-//! plain TCP.
+//! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool, or
+//! passed through as plain TCP. One function (`flags`) decides what a
+//! failure means for metrics.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::access_log::{self, Direction};
+use crate::app::{CONNECT_TIMEOUT, Proxy};
+use crate::copy::copy_bidirectional;
+use crate::hbone::{self, HboneError, WorkloadLabels, connect_headers};
+use crate::metrics::{Reporter, ResponseFlags};
+use crate::pool::{PoolError, PoolKey};
+use crate::report::{End, Opening, Report};
+use crate::socket::{canonical, original_destination};
+use crate::state::Workload;
 
 pub mod route;
+
+use route::{HboneRoute, Route};
+
+/// Why an outbound connection failed before its bytes flowed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboundError {
+    /// The local workload is not (yet) in the state.
+    #[error("unknown source workload")]
+    UnknownSource,
+    /// The source identity's certificate is not available.
+    #[error("no certificate for the source workload: {0}")]
+    Certificate(String),
+    /// The TLS client configuration could not be built.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] ztunnel_certs::tls::TlsError),
+    /// Connecting to the peer or the destination failed.
+    #[error("connect: {0}")]
+    Connect(#[from] std::io::Error),
+    /// The connect did not finish in time.
+    #[error("connect timed out")]
+    Timeout,
+    /// The HBONE connection or CONNECT failed.
+    #[error("HBONE: {0}")]
+    Hbone(#[from] HboneError),
+    /// The pool could not provide a stream.
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+    /// The CONNECT headers could not be built.
+    #[error("headers: {0}")]
+    Headers(#[from] hbone::HeaderError),
+}
+
+/// The `response_flags` of a failure: the one place that maps errors.
+fn flags(error: &OutboundError) -> ResponseFlags {
+    match error {
+        OutboundError::UnknownSource | OutboundError::Certificate(_) => {
+            ResponseFlags::IdentityError
+        }
+        OutboundError::Hbone(HboneError::Tls(_)) => ResponseFlags::TlsFailure,
+        OutboundError::Hbone(HboneError::Status(status)) if status.as_u16() == 401 => {
+            ResponseFlags::Deny
+        }
+        OutboundError::Hbone(HboneError::H2(_)) => ResponseFlags::H2HandshakeFailure,
+        OutboundError::Pool(PoolError::Dial(error)) => match error.as_ref() {
+            HboneError::Tls(_) => ResponseFlags::TlsFailure,
+            HboneError::H2(_) => ResponseFlags::H2HandshakeFailure,
+            _ => ResponseFlags::Connect,
+        },
+        _ => ResponseFlags::Connect,
+    }
+}
+
+/// Accepts captured connections until the drain.
+pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
+    let drain = proxy.drain.clone();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = drain.signaled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "outbound accept failed");
+                    continue;
+                }
+            },
+        };
+        let proxy = Arc::clone(&proxy);
+        tokio::spawn(async move { handle(&proxy, tcp, canonical(peer)).await });
+    }
+}
+
+async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
+    let target = match original_destination(&tcp) {
+        Ok(target) => target,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "no original destination on 15001");
+            return;
+        }
+    };
+    let route = route::route(&proxy.state.read(), "", target, proxy.pick());
+    let source = proxy.local_workload();
+    match route {
+        Route::Refuse(refusal) => access_log::failed(peer, target, Direction::Outbound, &refusal),
+        Route::Passthrough {
+            target,
+            workload,
+            service,
+        } => {
+            let report = Report::open(
+                &proxy.metrics,
+                Opening {
+                    reporter: Reporter::Source,
+                    direction: Direction::Outbound,
+                    source: End {
+                        addr: peer,
+                        workload: source.as_deref(),
+                        identity: None,
+                    },
+                    destination: End {
+                        addr: target,
+                        workload: workload.as_deref(),
+                        identity: None,
+                    },
+                    service: service.as_deref(),
+                    hbone_addr: None,
+                },
+            );
+            match dial(proxy, target).await {
+                Ok(mut upstream) => {
+                    finish(report, copy_bidirectional(&mut tcp, &mut upstream).await)
+                }
+                Err(error) => report.close(0, 0, flags(&error), Some(&error)),
+            }
+        }
+        Route::Hbone(route) => {
+            let source_identity = source
+                .as_ref()
+                .and_then(|workload| workload.identity().ok());
+            let destination_identity = route.expected.first();
+            let report = Report::open(
+                &proxy.metrics,
+                Opening {
+                    reporter: Reporter::Source,
+                    direction: Direction::Outbound,
+                    source: End {
+                        addr: peer,
+                        workload: source.as_deref(),
+                        identity: source_identity.as_ref(),
+                    },
+                    destination: End {
+                        addr: route.authority,
+                        workload: Some(&route.workload),
+                        identity: destination_identity,
+                    },
+                    service: route.service.as_deref(),
+                    hbone_addr: Some(route.dial),
+                },
+            );
+            match tunnel(proxy, source.as_deref(), peer, &route).await {
+                Ok(mut stream) => finish(report, copy_bidirectional(&mut tcp, &mut stream).await),
+                Err(error) => report.close(0, 0, flags(&error), Some(&error)),
+            }
+        }
+    }
+}
+
+/// Closes a report with the copy's outcome: app to peer is what the client
+/// sent (received by the server).
+fn finish(report: Report, result: Result<crate::copy::Transferred, crate::copy::CopyError>) {
+    match result {
+        Ok(moved) => report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, None),
+        Err(error) => {
+            let moved = error.transferred();
+            report.close(
+                moved.b_to_a,
+                moved.a_to_b,
+                ResponseFlags::None,
+                Some(&error),
+            );
+        }
+    }
+}
+
+/// A marked TCP connection to `target`, bounded in time.
+async fn dial(proxy: &Proxy, target: SocketAddr) -> Result<TcpStream, OutboundError> {
+    let socket = proxy.sockets.tcp_socket(target, None)?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
+        Ok(result) => Ok(result?),
+        Err(_elapsed) => Err(OutboundError::Timeout),
+    }
+}
+
+/// Opens a CONNECT stream to `route` on a pooled HBONE connection.
+async fn tunnel(
+    proxy: &Proxy,
+    source: Option<&Workload>,
+    client: SocketAddr,
+    route: &HboneRoute,
+) -> Result<hbone::H2Stream, OutboundError> {
+    let source = source.ok_or(OutboundError::UnknownSource)?;
+    let identity = source
+        .identity()
+        .map_err(|error| OutboundError::Certificate(error.to_string()))?;
+    let certificate = proxy
+        .identities
+        .fetch_certificate(&identity)
+        .await
+        .map_err(|error| OutboundError::Certificate(error.to_string()))?;
+    let source_ip = source.addresses.first().copied().unwrap_or(client.ip());
+    let key = PoolKey::new(identity, route.expected.clone(), route.dial, source_ip);
+    let tls = Arc::new(ztunnel_certs::tls::client_config(
+        &certificate,
+        route.expected.clone(),
+    )?);
+    let dial = || async {
+        let tcp = dial(proxy, route.dial).await.map_err(|error| match error {
+            OutboundError::Connect(error) => HboneError::Tls(error),
+            other => HboneError::Tls(std::io::Error::other(other.to_string())),
+        })?;
+        hbone::connect(tcp, tls, &proxy.h2).await
+    };
+    let checkout = tokio::time::timeout(CONNECT_TIMEOUT, proxy.pool.checkout(&key, dial))
+        .await
+        .map_err(|_elapsed| OutboundError::Timeout)??;
+    let labels = WorkloadLabels {
+        cluster_id: &source.cluster_id,
+        namespace: &source.namespace,
+        workload_type: source.workload_type.as_str(),
+        workload_name: &source.workload_name,
+        canonical_name: &source.canonical_name,
+        canonical_revision: &source.canonical_revision,
+        region: &source.locality.region,
+        zone: &source.locality.zone,
+    };
+    let service = route.service.as_ref().map(|service| &*service.hostname);
+    let headers = connect_headers(&labels, client, service)?;
+    let authority = route.authority.to_string();
+    Ok(checkout.send_connect(&authority, headers).await?)
+}

@@ -1,0 +1,195 @@
+//! The assembled proxy: what every listener shares ([`Proxy`]), and start-up
+//! of a dedicated proxy — state from the local file, certificates from the
+//! CA, the three data-plane listeners, the policy re-check, and the admin,
+//! stats and readiness servers. Shutdown is one drain (`drain.rs`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use rand::Rng;
+use ztunnel_certs::identity::Identity;
+
+use crate::config::{Config, WorkloadInfo};
+use crate::discovery::{self, SharedState};
+use crate::drain::DrainWatcher;
+use crate::hbone::H2Settings;
+use crate::identity::ca_client::{CaClient, CaClientConfig};
+use crate::identity::manager::IdentityManager;
+use crate::inbound::tracker::Tracker;
+use crate::metrics::{Metrics, Reporter};
+use crate::pool::{Pool, PoolConfig};
+use crate::socket::SocketFactory;
+use crate::state::{State, Workload};
+
+mod start;
+
+pub use start::run;
+
+/// How long a peer may take to finish the TLS handshake: bounds the sockets
+/// a slow or hostile client can hold open before it is identified.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long dialing an upstream (application or peer ztunnel) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every connection handler of one proxied workload shares.
+pub struct Proxy {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Workloads, services and policies.
+    pub state: SharedState,
+    /// Certificates.
+    pub identities: IdentityManager,
+    /// Traffic metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where sockets come from.
+    pub sockets: Arc<dyn SocketFactory>,
+    /// HBONE HTTP/2 settings.
+    pub h2: H2Settings,
+    /// Outbound HBONE connections.
+    pub pool: Pool,
+    /// Open inbound connections, for policy re-checks.
+    pub tracker: Tracker,
+    /// The workload this proxy serves.
+    pub workload: WorkloadInfo,
+    /// Ends every task.
+    pub drain: DrainWatcher,
+}
+
+impl Proxy {
+    /// The served workload as the state knows it now.
+    pub fn local_workload(&self) -> Option<Arc<Workload>> {
+        find_workload(&self.state.read(), &self.workload)
+    }
+
+    /// Whether `workload` is the one this proxy serves.
+    pub fn is_local(&self, workload: &Workload) -> bool {
+        *workload.namespace == *self.workload.namespace && *workload.name == *self.workload.name
+    }
+
+    /// A random number that spreads connections over endpoints.
+    pub fn pick(&self) -> u64 {
+        rand::rng().random()
+    }
+}
+
+/// The state's workload for `info`: same namespace and name, and the
+/// service account too when the state sets one.
+pub fn find_workload(state: &State, info: &WorkloadInfo) -> Option<Arc<Workload>> {
+    state
+        .workloads()
+        .find(|workload| {
+            *workload.namespace == *info.namespace
+                && *workload.name == *info.name
+                && *workload.service_account == *info.service_account
+        })
+        .cloned()
+}
+
+/// The pool limits from the configuration.
+pub fn pool_config(config: &Config) -> PoolConfig {
+    PoolConfig {
+        max_streams_per_connection: config.pool.max_streams_per_connection as usize,
+        max_connections_per_key: config.pool.max_connections_per_key,
+        unused_release_timeout: config.pool.unused_release_timeout,
+        ..PoolConfig::default()
+    }
+}
+
+/// HTTP/2 settings from the configuration.
+pub fn h2_settings(config: &Config) -> H2Settings {
+    H2Settings {
+        stream_window: config.http2.stream_window,
+        connection_window: config.http2.connection_window,
+        max_frame_size: config.http2.frame_size,
+        client_send_buffer: config.http2.stream_window as usize,
+        ..H2Settings::default()
+    }
+}
+
+/// Builds the CA client from the configuration, for the proxy's own
+/// identity.
+pub fn ca_client(config: &Config, own_identity: Identity) -> anyhow::Result<CaClient> {
+    let ca_config = CaClientConfig {
+        address: config.ca_address.clone(),
+        root_ca: config.ca_root_ca.clone(),
+        token: Some(config.auth_token.clone()),
+        cluster_id: config.cluster_id.clone(),
+        secret_ttl: config.secret_ttl,
+        own_identity,
+        server_name: None,
+    };
+    CaClient::new(&ca_config).context("CA client configuration")
+}
+
+/// Loads the initial state: from the local file when configured (an invalid
+/// file fails start-up), else empty until xDS delivers it.
+pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<String>)> {
+    match &config.local_xds_path {
+        Some(path) => {
+            let (state, text) = discovery::load_local_file(path)?;
+            Ok((state, Some(text)))
+        }
+        None => Ok((State::new(), None)),
+    }
+}
+
+/// Re-checks open inbound connections whenever the state changes, closing
+/// those no longer allowed (each closure logged and counted).
+pub async fn recheck_policies(proxy: Arc<Proxy>) {
+    let mut changes = proxy.state.subscribe();
+    let drain = proxy.drain.clone();
+    loop {
+        tokio::select! {
+            () = drain.signaled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+        let closed = proxy.tracker.recheck(&proxy.state.read());
+        for closed in closed {
+            tracing::info!(
+                src.addr = %closed.connection.source_ip,
+                dst.workload = %closed.connection.destination_workload,
+                reason = %closed.reason,
+                "connection closed: no longer allowed by policy"
+            );
+            proxy.metrics.record_policy_close(Reporter::Destination);
+        }
+    }
+}
+
+/// Binds a listener or says which address failed.
+pub fn bind(
+    sockets: &dyn SocketFactory,
+    addr: SocketAddr,
+    what: &str,
+) -> anyhow::Result<tokio::net::TcpListener> {
+    sockets
+        .tcp_listener(addr)
+        .with_context(|| format!("binding the {what} listener on {addr}"))
+}
+
+/// The metrics registry with the proxy's metrics registered.
+pub fn metrics_registry() -> (Registry, Metrics) {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry, env!("CARGO_PKG_VERSION"));
+    (registry, metrics)
+}
+
+/// Waits for SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT; stop with /quitquitquit");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+}

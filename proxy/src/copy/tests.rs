@@ -1,0 +1,168 @@
+//! Copy behaviour over in-memory duplex pipes and loopback TCP.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// Pipe capacity for the duplex tests: small, so that a large transfer must
+/// interleave reads and writes many times.
+const PIPE: usize = 4096;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+#[tokio::test]
+async fn counts_bytes_in_each_direction() {
+    let (mut client, mut proxy_a) = duplex(PIPE);
+    let (mut proxy_b, mut server) = duplex(PIPE);
+    let copy = tokio::spawn(async move { copy_bidirectional(&mut proxy_a, &mut proxy_b).await });
+
+    client.write_all(b"hello server").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut request = Vec::new();
+    server.read_to_end(&mut request).await.unwrap();
+    server.write_all(b"hi").await.unwrap();
+    server.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    client.read_to_end(&mut reply).await.unwrap();
+
+    assert_eq!(request, b"hello server");
+    assert_eq!(reply, b"hi");
+    let transferred = copy.await.unwrap().unwrap();
+    assert_eq!(
+        transferred,
+        Transferred {
+            a_to_b: 12,
+            b_to_a: 2
+        }
+    );
+}
+
+#[tokio::test]
+async fn half_close_lets_the_reply_through() {
+    let (mut client, mut proxy_a) = duplex(PIPE);
+    let (mut proxy_b, mut server) = duplex(PIPE);
+    let copy = tokio::spawn(async move { copy_bidirectional(&mut proxy_a, &mut proxy_b).await });
+    let reply = pattern(100_000);
+
+    // The client says everything, then closes its write side.
+    client.write_all(b"request").await.unwrap();
+    client.shutdown().await.unwrap();
+    // The server only answers after seeing EOF.
+    let server_side = tokio::spawn({
+        let reply = reply.clone();
+        async move {
+            let mut request = Vec::new();
+            server.read_to_end(&mut request).await.unwrap();
+            server.write_all(&reply).await.unwrap();
+            server.shutdown().await.unwrap();
+            request
+        }
+    });
+    let mut received = Vec::new();
+    client.read_to_end(&mut received).await.unwrap();
+
+    assert_eq!(server_side.await.unwrap(), b"request");
+    assert_eq!(received, reply);
+    assert_eq!(copy.await.unwrap().unwrap().b_to_a, reply.len() as u64);
+}
+
+#[tokio::test]
+async fn large_transfer_over_tcp_arrives_intact_both_ways() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_addr = listener.local_addr().unwrap();
+    // An echo server: the far side of the copy.
+    let echo = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let (mut read, mut write) = socket.split();
+        tokio::io::copy(&mut read, &mut write).await.unwrap();
+        write.shutdown().await.unwrap();
+    });
+    let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let front_addr = front.local_addr().unwrap();
+    let proxy = tokio::spawn(async move {
+        let (mut inbound, _) = front.accept().await.unwrap();
+        let mut outbound = TcpStream::connect(echo_addr).await.unwrap();
+        copy_bidirectional(&mut inbound, &mut outbound).await
+    });
+
+    let data = pattern(8 * 1024 * 1024 + 17);
+    let client = TcpStream::connect(front_addr).await.unwrap();
+    let (mut read, mut write) = client.into_split();
+    let sender = tokio::spawn({
+        let data = data.clone();
+        async move {
+            write.write_all(&data).await.unwrap();
+            write.shutdown().await.unwrap();
+        }
+    });
+    let mut echoed = Vec::new();
+    read.read_to_end(&mut echoed).await.unwrap();
+    sender.await.unwrap();
+    echo.await.unwrap();
+
+    assert!(echoed == data, "echoed bytes differ from the sent bytes");
+    let transferred = proxy.await.unwrap().unwrap();
+    assert_eq!(transferred.a_to_b, data.len() as u64);
+    assert_eq!(transferred.b_to_a, data.len() as u64);
+}
+
+#[tokio::test]
+async fn a_reset_counts_as_a_close_and_keeps_the_counts() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        socket.write_all(b"bye").await.unwrap();
+        // Zero linger turns the close into an RST.
+        socket.set_zero_linger().unwrap();
+        drop(socket);
+    });
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut local, mut far) = duplex(PIPE);
+    peer.await.unwrap();
+    // The local side closes too, so that both directions finish.
+    far.shutdown().await.unwrap();
+
+    let result = copy_bidirectional(&mut tcp, &mut local).await;
+    let transferred = match result {
+        Ok(transferred) => transferred,
+        // Writing our EOF to the reset socket may fail; the counts survive.
+        Err(error @ CopyError::Write { .. }) => error.transferred(),
+        Err(error) => panic!("a reset must not be a read failure: {error}"),
+    };
+    assert_eq!(transferred.a_to_b, 3);
+    let mut received = Vec::new();
+    far.read_to_end(&mut received).await.unwrap();
+    assert_eq!(received, b"bye");
+}
+
+/// Runs one direction to completion over sources that never block.
+fn run_one_way(source: &[u8]) -> OneWay {
+    let mut way = OneWay::new();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut reader = source;
+    let mut writer = tokio::io::sink();
+    // A slice reader and the sink never pend, so one poll runs to the end.
+    match way.poll(&mut cx, Pin::new(&mut reader), Pin::new(&mut writer)) {
+        Poll::Ready(Ok(())) => way,
+        Poll::Ready(Err(_)) => panic!("copying to a sink failed"),
+        Poll::Pending => panic!("a slice reader pended"),
+    }
+}
+
+#[test]
+fn bulk_traffic_grows_the_buffer_to_the_cap() {
+    let way = run_one_way(&pattern(4 * MAX_BUFFER));
+    assert_eq!(way.buffer.len(), MAX_BUFFER);
+    assert_eq!(way.moved, 4 * MAX_BUFFER as u64);
+}
+
+#[test]
+fn small_traffic_keeps_the_small_buffer() {
+    let way = run_one_way(b"ping");
+    assert_eq!(way.buffer.len(), INITIAL_BUFFER);
+    assert_eq!(way.moved, 4);
+}

@@ -1,0 +1,248 @@
+//! The request headers an HBONE CONNECT carries (WIRE.md §4): `baggage`
+//! with the source workload's labels, `forwarded` with the client address,
+//! and a fresh W3C `traceparent`.
+//!
+//! The builders take plain data; filling it from the workload state is the
+//! caller's job.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue};
+
+/// `baggage` request header name.
+pub const BAGGAGE: HeaderName = HeaderName::from_static("baggage");
+/// `forwarded` request header name (RFC 7239).
+pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+/// `traceparent` request header name (W3C Trace Context).
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// A header value could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    /// A label or hostname holds bytes a header may not carry (control
+    /// characters, non-visible ASCII).
+    #[error("header value holds bytes a header may not carry: {0}")]
+    InvalidValue(#[from] InvalidHeaderValue),
+}
+
+/// The source workload's labels, as `baggage` reports them. Empty fields are
+/// left out of the header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkloadLabels<'a> {
+    /// `CLUSTER_ID`.
+    pub cluster_id: &'a str,
+    /// The workload's namespace.
+    pub namespace: &'a str,
+    /// The lower-case `WorkloadType` name: `deployment`, `cronjob`, `pod` or `job`.
+    pub workload_type: &'a str,
+    /// The workload (controller) name.
+    pub workload_name: &'a str,
+    /// The canonical service name.
+    pub canonical_name: &'a str,
+    /// The canonical revision.
+    pub canonical_revision: &'a str,
+    /// The cloud region of the workload's node.
+    pub region: &'a str,
+    /// The availability zone of the workload's node.
+    pub zone: &'a str,
+}
+
+/// The three headers every outgoing CONNECT carries.
+pub fn connect_headers(
+    labels: &WorkloadLabels<'_>,
+    client: SocketAddr,
+    service_hostname: Option<&str>,
+) -> Result<HeaderMap, HeaderError> {
+    let mut headers = HeaderMap::with_capacity(3);
+    headers.insert(BAGGAGE, baggage(labels)?);
+    headers.insert(FORWARDED, forwarded(client, service_hostname)?);
+    headers.insert(TRACEPARENT, traceparent());
+    Ok(headers)
+}
+
+/// `baggage`: comma-joined `key=value` in the WIRE.md §4 order, empty values
+/// omitted.
+pub fn baggage(labels: &WorkloadLabels<'_>) -> Result<HeaderValue, HeaderError> {
+    let mut value = String::with_capacity(160);
+    push_pair(&mut value, &["k8s.cluster.name"], labels.cluster_id);
+    push_pair(&mut value, &["k8s.namespace.name"], labels.namespace);
+    // Without a type the workload name has no key to go under.
+    if !labels.workload_type.is_empty() {
+        let key = ["k8s.", labels.workload_type, ".name"];
+        push_pair(&mut value, &key, labels.workload_name);
+    }
+    push_pair(&mut value, &["service.name"], labels.canonical_name);
+    push_pair(&mut value, &["service.version"], labels.canonical_revision);
+    push_pair(&mut value, &["cloud.region"], labels.region);
+    push_pair(&mut value, &["cloud.availability_zone"], labels.zone);
+    Ok(HeaderValue::try_from(value)?)
+}
+
+/// Appends `,key=item` (no comma first), unless `item` is empty.
+fn push_pair(value: &mut String, key: &[&str], item: &str) {
+    if item.is_empty() {
+        return;
+    }
+    if !value.is_empty() {
+        value.push(',');
+    }
+    key.iter().for_each(|part| value.push_str(part));
+    value.push('=');
+    value.push_str(item);
+}
+
+/// `forwarded`: `for="<ip:port>"` (IPv6 in brackets), then
+/// `;host=<hostname>` when a Service is the intended target.
+pub fn forwarded(
+    client: SocketAddr,
+    service_hostname: Option<&str>,
+) -> Result<HeaderValue, HeaderError> {
+    let mut value = String::with_capacity(64);
+    // `SocketAddr`'s Display already brackets IPv6; writing to a String
+    // cannot fail.
+    let _ = write!(value, "for=\"{client}\"");
+    if let Some(host) = service_hostname {
+        value.push_str(";host=");
+        value.push_str(host);
+    }
+    Ok(HeaderValue::try_from(value)?)
+}
+
+/// A fresh `traceparent`: version 00, a random trace id and parent id, flags
+/// 00 (not sampled).
+pub fn traceparent() -> HeaderValue {
+    traceparent_from(rand::random(), rand::random())
+}
+
+/// `traceparent` for the given ids; split out so that the format is testable.
+fn traceparent_from(trace_id: u128, parent_id: u64) -> HeaderValue {
+    let mut value = String::with_capacity(55);
+    let _ = write!(value, "00-{trace_id:032x}-{parent_id:016x}-00");
+    // Only hex digits and dashes: always a valid header value.
+    HeaderValue::try_from(value).unwrap_or(HeaderValue::from_static(
+        "00-00000000000000000000000000000000-0000000000000000-00",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: WorkloadLabels<'static> = WorkloadLabels {
+        cluster_id: "Kubernetes",
+        namespace: "default",
+        workload_type: "deployment",
+        workload_name: "productpage-v1",
+        canonical_name: "productpage",
+        canonical_revision: "v1",
+        region: "eu-west-1",
+        zone: "eu-west-1a",
+    };
+
+    #[test]
+    fn baggage_lists_labels_in_wire_order_without_empty_ones() {
+        let cases = [
+            (
+                FULL,
+                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
+                 k8s.deployment.name=productpage-v1,service.name=productpage,\
+                 service.version=v1,cloud.region=eu-west-1,cloud.availability_zone=eu-west-1a",
+            ),
+            (
+                WorkloadLabels {
+                    region: "",
+                    zone: "",
+                    canonical_revision: "",
+                    ..FULL
+                },
+                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
+                 k8s.deployment.name=productpage-v1,service.name=productpage",
+            ),
+            (
+                WorkloadLabels {
+                    workload_type: "pod",
+                    cluster_id: "",
+                    ..FULL
+                },
+                "k8s.namespace.name=default,k8s.pod.name=productpage-v1,\
+                 service.name=productpage,service.version=v1,cloud.region=eu-west-1,\
+                 cloud.availability_zone=eu-west-1a",
+            ),
+            // No type: the workload name has no key to go under.
+            (
+                WorkloadLabels {
+                    workload_type: "",
+                    region: "",
+                    zone: "",
+                    ..FULL
+                },
+                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
+                 service.name=productpage,service.version=v1",
+            ),
+            (WorkloadLabels::default(), ""),
+        ];
+        for (labels, expected) in cases {
+            assert_eq!(baggage(&labels).unwrap(), expected, "{labels:?}");
+        }
+    }
+
+    #[test]
+    fn forwarded_quotes_the_client_and_brackets_ipv6() {
+        let cases = [
+            ("10.0.0.1:45000", None, "for=\"10.0.0.1:45000\""),
+            ("[::1]:80", None, "for=\"[::1]:80\""),
+            (
+                "[fd00::5]:8080",
+                Some("reviews.default.svc.cluster.local"),
+                "for=\"[fd00::5]:8080\";host=reviews.default.svc.cluster.local",
+            ),
+            (
+                "10.0.0.1:1",
+                Some("a.b.svc"),
+                "for=\"10.0.0.1:1\";host=a.b.svc",
+            ),
+        ];
+        for (client, host, expected) in cases {
+            let client: SocketAddr = client.parse().unwrap();
+            assert_eq!(forwarded(client, host).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn labels_with_control_characters_are_refused() {
+        let labels = WorkloadLabels {
+            namespace: "bad\nname",
+            ..FULL
+        };
+        assert!(baggage(&labels).is_err());
+        let client: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        assert!(forwarded(client, Some("evil\r\nx: y")).is_err());
+    }
+
+    #[test]
+    fn traceparent_has_the_w3c_shape() {
+        assert_eq!(
+            traceparent_from(0xabc, 0x12),
+            "00-00000000000000000000000000000abc-0000000000000012-00"
+        );
+        let value = traceparent();
+        let text = value.to_str().unwrap();
+        let parts: Vec<&str> = text.split('-').collect();
+        assert_eq!(parts.len(), 4);
+        assert_eq!((parts[0], parts[3]), ("00", "00"));
+        assert_eq!(parts[1].len(), 32);
+        assert_eq!(parts[2].len(), 16);
+        assert!(text.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()));
+        assert_ne!(traceparent(), value, "ids are random for each connection");
+    }
+
+    #[test]
+    fn connect_headers_carry_all_three() {
+        let client: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        let headers = connect_headers(&FULL, client, None).unwrap();
+        assert!(headers.contains_key(BAGGAGE));
+        assert_eq!(headers[FORWARDED], "for=\"10.0.0.1:1\"");
+        assert!(headers.contains_key(TRACEPARENT));
+    }
+}

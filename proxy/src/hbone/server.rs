@@ -1,0 +1,287 @@
+//! The accepting side of HBONE: the TLS accept with its handshake timeout,
+//! the h2 server with our bounds, the checks of each request (WIRE.md §4
+//! "Server handling"), and the copy between the tunnel and the upstream.
+//!
+//! What the tunnel may reach (authorization, the upstream dial) is the
+//! [`InboundHandler`]'s decision; this module only speaks h2.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use ztunnel_certs::identity::Identity;
+use ztunnel_certs::tls::peer_identity;
+
+use crate::copy::{CopyError, Direction, Transferred, copy_bidirectional};
+use crate::drain::DrainWatcher;
+use crate::hbone::stream::H2Stream;
+use crate::hbone::{Authority, H2Settings, keepalive};
+
+/// Why an inbound HBONE connection failed before or while serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The TLS handshake failed: no client certificate, unknown CA, foreign
+    /// trust domain, or a broken connection.
+    #[error("TLS handshake failed: {0}")]
+    Tls(#[source] std::io::Error),
+    /// The client did not finish the TLS handshake in time.
+    #[error("TLS handshake timed out after {0:?}")]
+    HandshakeTimeout(Duration),
+    /// The client certificate carries no SPIFFE identity.
+    #[error("client certificate carries no SPIFFE identity")]
+    NoPeerIdentity,
+    /// The h2 handshake or the connection failed.
+    #[error("HTTP/2: {0}")]
+    H2(#[from] h2::Error),
+}
+
+/// A CONNECT that passed the protocol checks, for the handler to admit.
+#[derive(Debug, Clone)]
+pub struct InboundRequest {
+    /// The client's SPIFFE identity from its certificate.
+    pub peer_identity: Identity,
+    /// Where the tunnel should lead.
+    pub authority: Authority,
+    /// The TCP peer of the HBONE connection (the client node's ztunnel).
+    pub peer_addr: SocketAddr,
+    /// The local address the HBONE connection arrived on: the destination
+    /// workload's IP, which an `ip:port` authority must match.
+    pub local_addr: SocketAddr,
+    /// The request headers (`baggage`, `forwarded`, `traceparent`, ...).
+    pub headers: HeaderMap,
+}
+
+/// Why the handler refused a tunnel; each maps to one `:status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InboundRefusal {
+    /// The request is malformed for this destination (e.g. the authority IP
+    /// is not the local workload's): 400.
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// Authorization denied the connection: 401.
+    #[error("denied by authorization policy")]
+    Denied,
+    /// The destination is unknown or cannot be reached: 503.
+    #[error("unavailable: {0}")]
+    Unavailable(&'static str),
+}
+
+impl InboundRefusal {
+    /// The `:status` sent for this refusal (WIRE.md §4).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            InboundRefusal::BadRequest(_) => StatusCode::BAD_REQUEST,
+            InboundRefusal::Denied => StatusCode::UNAUTHORIZED,
+            InboundRefusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// What the server asks of the proxy for each tunnel: admit it and connect
+/// the upstream, then hear how it ended.
+pub trait InboundHandler: Send + Sync + 'static {
+    /// The connected upstream; a wrapper type can carry per-tunnel context
+    /// (start time, policy watch) through to [`InboundHandler::closed`].
+    type Upstream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// Authorizes `request` and connects the upstream. The client gets its
+    /// 200 only once this returns `Ok`.
+    fn open(
+        &self,
+        request: &InboundRequest,
+    ) -> impl Future<Output = Result<Self::Upstream, InboundRefusal>> + Send;
+
+    /// Called once the copy ended, with the bytes moved (`a_to_b` is client
+    /// to upstream), for metrics and the access log.
+    fn closed(
+        &self,
+        request: InboundRequest,
+        upstream: Self::Upstream,
+        result: Result<Transferred, CopyError>,
+    );
+}
+
+/// Accepts TLS on `tcp` within `timeout` and returns the stream and the
+/// client's identity. `config` (from `ztunnel_certs::tls::server_config`)
+/// requires and verifies the client certificate.
+pub async fn accept_tls(
+    tcp: TcpStream,
+    config: Arc<ServerConfig>,
+    timeout: Duration,
+) -> Result<(TlsStream<TcpStream>, Identity), ServerError> {
+    let accept = TlsAcceptor::from(config).accept(tcp);
+    let stream = tokio::time::timeout(timeout, accept)
+        .await
+        .map_err(|_elapsed| ServerError::HandshakeTimeout(timeout))?
+        .map_err(ServerError::Tls)?;
+    let identity = peer_identity(stream.get_ref().1).ok_or(ServerError::NoPeerIdentity)?;
+    Ok((stream, identity))
+}
+
+/// Serves HBONE on an accepted TLS connection until the client closes it,
+/// or the drain ends it: on the drain signal GOAWAY goes out and open
+/// streams finish; when the drain is forced, the rest are cut.
+pub async fn serve_connection<S, H>(
+    tls: S,
+    peer_identity: Identity,
+    addresses: (SocketAddr, SocketAddr),
+    settings: &H2Settings,
+    handler: Arc<H>,
+    drain: DrainWatcher,
+) -> Result<(), ServerError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: InboundHandler,
+{
+    let (peer_addr, local_addr) = addresses;
+    let mut connection = h2::server::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.server_max_header_list)
+        .max_concurrent_streams(settings.server_max_concurrent_streams)
+        .max_send_buffer_size(settings.server_send_buffer)
+        .handshake::<_, Bytes>(tls)
+        .await?;
+    let ping_pong = connection.ping_pong();
+    let (interval, timeout) = (settings.keepalive_interval, settings.keepalive_timeout);
+    let keepalive = async move {
+        match ping_pong {
+            Some(ping_pong) => keepalive(ping_pong, interval, timeout).await,
+            // Taken already: no keepalive, so only the connection ends it.
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(keepalive);
+    let context = StreamContext {
+        peer_identity,
+        peer_addr,
+        local_addr,
+        max_write: settings.max_frame_size as usize,
+    };
+    let mut streams = JoinSet::new();
+    let mut draining = false;
+    // Bounded by the connection: `accept` returns `None` once it is closed,
+    // and h2 caps the streams in flight at the advertised maximum.
+    loop {
+        tokio::select! {
+            accepted = connection.accept() => match accepted {
+                Some(Ok((request, respond))) => {
+                    let handler = Arc::clone(&handler);
+                    let context = context.clone();
+                    streams.spawn(async move {
+                        serve_stream(request, respond, &context, handler.as_ref()).await;
+                    });
+                }
+                Some(Err(error)) => return Err(ServerError::H2(error)),
+                None => break,
+            },
+            () = drain.signaled(), if !draining => {
+                draining = true;
+                connection.graceful_shutdown();
+            }
+            () = drain.forced() => {
+                connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+                break;
+            }
+            () = &mut keepalive => break,
+            Some(_done) = streams.join_next(), if !streams.is_empty() => {}
+        }
+    }
+    streams.shutdown().await;
+    Ok(())
+}
+
+/// What every stream on one connection shares.
+#[derive(Debug, Clone)]
+struct StreamContext {
+    peer_identity: Identity,
+    peer_addr: SocketAddr,
+    local_addr: SocketAddr,
+    max_write: usize,
+}
+
+/// Checks one request, asks the handler, answers, and copies.
+async fn serve_stream<H: InboundHandler>(
+    request: Request<h2::RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    context: &StreamContext,
+    handler: &H,
+) {
+    let authority = match check_request(&request) {
+        Ok(authority) => authority,
+        Err(reason) => {
+            tracing::debug!(reason, method = %request.method(), "refusing HBONE request");
+            send_status(&mut respond, StatusCode::BAD_REQUEST);
+            return;
+        }
+    };
+    let (parts, body) = request.into_parts();
+    let inbound = InboundRequest {
+        peer_identity: context.peer_identity.clone(),
+        authority,
+        peer_addr: context.peer_addr,
+        local_addr: context.local_addr,
+        headers: parts.headers,
+    };
+    let mut upstream = match handler.open(&inbound).await {
+        Ok(upstream) => upstream,
+        Err(refusal) => {
+            tracing::debug!(%refusal, peer = %inbound.peer_identity, "HBONE tunnel refused");
+            send_status(&mut respond, refusal.status());
+            return;
+        }
+    };
+    let ok = Response::new(());
+    let send = match respond.send_response(ok, false) {
+        Ok(send) => send,
+        Err(error) => {
+            // The client reset the stream while the upstream was dialed.
+            let result = Err(CopyError::Read {
+                direction: Direction::AToB,
+                transferred: Transferred::default(),
+                source: std::io::Error::other(error),
+            });
+            handler.closed(inbound, upstream, result);
+            return;
+        }
+    };
+    let mut tunnel = H2Stream::new(send, body, context.max_write, None);
+    let result = copy_bidirectional(&mut tunnel, &mut upstream).await;
+    handler.closed(inbound, upstream, result);
+}
+
+/// The protocol checks before the handler sees a request: CONNECT only, and
+/// an `ip:port` or `host:port` authority.
+fn check_request(request: &Request<h2::RecvStream>) -> Result<Authority, &'static str> {
+    if request.method() != Method::CONNECT {
+        return Err("method is not CONNECT");
+    }
+    let authority = request
+        .uri()
+        .authority()
+        .ok_or("CONNECT without :authority")?;
+    authority
+        .as_str()
+        .parse::<Authority>()
+        .map_err(|_invalid| "authority is neither ip:port nor host:port")
+}
+
+/// Answers with `status` and ends the stream.
+fn send_status(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    if let Err(error) = respond.send_response(response, true) {
+        tracing::debug!(%error, "sending the refusal failed");
+    }
+}

@@ -1,0 +1,336 @@
+//! The inbound listeners' accept loops: HBONE on 15008 (TLS with the local
+//! workload's certificate, then the HBONE server with our handler) and
+//! plaintext on 15006 (original destination, authorization without an
+//! identity). Both dial the application only after admission.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use ztunnel_certs::identity::Identity;
+
+use crate::access_log::{self, Direction};
+use crate::app::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
+use crate::copy::{CopyError, Transferred, copy_bidirectional};
+use crate::hbone::{
+    Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
+};
+use crate::inbound::decision::{Admitted, Arrival, Refusal, admit};
+use crate::inbound::tracker::TrackedGuard;
+use crate::metrics::{Reporter, ResponseFlags};
+use crate::report::{End, Opening, Report};
+use crate::socket::{canonical, original_destination};
+
+/// An admitted, connected application socket with what its close reports.
+pub struct Upstream {
+    stream: TcpStream,
+    report: Option<Report>,
+    _tracked: Option<TrackedGuard>,
+}
+
+impl AsyncRead for Upstream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Upstream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// Why an admitted connection could not reach the application.
+#[derive(Debug, thiserror::Error)]
+#[error("dialing the application at {addr}: {source}")]
+pub struct DialError {
+    /// The application address.
+    addr: SocketAddr,
+    /// What failed.
+    source: io::Error,
+}
+
+/// Admits an arrival and dials the application.
+async fn open_upstream(
+    proxy: &Proxy,
+    arrival: &Arrival,
+    direction_peer: Option<&Identity>,
+) -> Result<Upstream, OpenError> {
+    let admitted = {
+        let state = proxy.state.read();
+        admit(&state, "", |workload| proxy.is_local(workload), arrival)
+    };
+    let admitted = match admitted {
+        Ok(admitted) => admitted,
+        Err(refusal) => {
+            let src = SocketAddr::new(arrival.source_ip, 0);
+            access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
+            let flags = match refusal {
+                Refusal::Denied(_) => ResponseFlags::Deny,
+                _ => ResponseFlags::Connect,
+            };
+            let report = open_report(proxy, arrival, None, direction_peer);
+            report.close(0, 0, flags, Some(&refusal));
+            return Err(OpenError::Refused(refusal));
+        }
+    };
+    let Admitted {
+        workload,
+        upstream,
+        connection,
+        dry_run,
+    } = admitted;
+    for matched in dry_run {
+        tracing::info!(?matched, "dry-run policy matched");
+    }
+    let report = open_report(proxy, arrival, Some(&workload), direction_peer);
+    let dial = async {
+        let socket = proxy.sockets.tcp_socket(upstream, None)?;
+        socket.connect(upstream).await
+    };
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(source)) => {
+            let error = DialError {
+                addr: upstream,
+                source,
+            };
+            report.close(0, 0, ResponseFlags::Connect, Some(&error));
+            return Err(OpenError::Dial);
+        }
+        Err(_elapsed) => {
+            let error = DialError {
+                addr: upstream,
+                source: io::ErrorKind::TimedOut.into(),
+            };
+            report.close(0, 0, ResponseFlags::Connect, Some(&error));
+            return Err(OpenError::Dial);
+        }
+    };
+    let tracked = match proxy.tracker.track(connection, &stream) {
+        Ok(guard) => Some(guard),
+        Err(error) => {
+            tracing::warn!(%error, "connection cannot be re-checked on policy change");
+            None
+        }
+    };
+    Ok(Upstream {
+        stream,
+        report: Some(report),
+        _tracked: tracked,
+    })
+}
+
+/// An inbound failure before the copy started.
+enum OpenError {
+    /// Not admitted.
+    Refused(Refusal),
+    /// Admitted, but the application could not be dialled.
+    Dial,
+}
+
+fn open_report(
+    proxy: &Proxy,
+    arrival: &Arrival,
+    workload: Option<&crate::state::Workload>,
+    peer: Option<&Identity>,
+) -> Report {
+    let state = proxy.state.read();
+    let source = state.workload_by_address("", arrival.source_ip).cloned();
+    let local = proxy.local_workload();
+    let own = local.as_ref().and_then(|workload| workload.identity().ok());
+    Report::open(
+        &proxy.metrics,
+        Opening {
+            reporter: Reporter::Destination,
+            direction: Direction::Inbound,
+            source: End {
+                addr: SocketAddr::new(arrival.source_ip, 0),
+                workload: source.as_deref(),
+                identity: peer,
+            },
+            destination: End {
+                addr: arrival.target,
+                workload: workload.or(local.as_deref()),
+                identity: peer.and(own.as_ref()),
+            },
+            service: None,
+            hbone_addr: None,
+        },
+    )
+}
+
+/// Closes a report with the copy's outcome; client to server is received.
+fn close_report(upstream: &mut Upstream, result: &Result<Transferred, CopyError>) {
+    let Some(report) = upstream.report.take() else {
+        return;
+    };
+    match result {
+        Ok(moved) => report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, None),
+        Err(error) => {
+            let moved = error.transferred();
+            report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, Some(error));
+        }
+    }
+}
+
+/// The HBONE server's handler.
+pub struct HboneInbound {
+    proxy: Arc<Proxy>,
+}
+
+impl InboundHandler for HboneInbound {
+    type Upstream = Upstream;
+
+    async fn open(&self, request: &InboundRequest) -> Result<Upstream, InboundRefusal> {
+        let Authority::Address(target) = &request.authority else {
+            return Err(InboundRefusal::Unavailable(
+                "hostname authorities are not served",
+            ));
+        };
+        let arrival = Arrival {
+            peer_identity: Some(request.peer_identity.clone()),
+            source_ip: canonical(request.peer_addr).ip(),
+            local_ip: canonical(request.local_addr).ip(),
+            target: canonical(*target),
+        };
+        match open_upstream(&self.proxy, &arrival, Some(&request.peer_identity)).await {
+            Ok(upstream) => Ok(upstream),
+            Err(OpenError::Refused(refusal)) => Err(match refusal.status() {
+                400 => InboundRefusal::BadRequest("authority does not match the destination"),
+                401 => InboundRefusal::Denied,
+                _ => InboundRefusal::Unavailable("unknown destination or recursive call"),
+            }),
+            Err(OpenError::Dial) => Err(InboundRefusal::Unavailable("application unreachable")),
+        }
+    }
+
+    fn closed(
+        &self,
+        _request: InboundRequest,
+        mut upstream: Upstream,
+        result: Result<Transferred, CopyError>,
+    ) {
+        close_report(&mut upstream, &result);
+    }
+}
+
+/// Accepts HBONE connections until the drain; each is served on its own task.
+pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
+    let handler = Arc::new(HboneInbound {
+        proxy: Arc::clone(&proxy),
+    });
+    let drain = proxy.drain.clone();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = drain.signaled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "HBONE accept failed");
+                    continue;
+                }
+            },
+        };
+        let proxy = Arc::clone(&proxy);
+        let handler = Arc::clone(&handler);
+        tokio::spawn(async move {
+            let local = match tcp.local_addr() {
+                Ok(local) => local,
+                Err(_) => return,
+            };
+            let Some(workload) = proxy.local_workload() else {
+                tracing::warn!(%peer, "HBONE connection before the local workload is known");
+                return;
+            };
+            let certificate = match workload.identity() {
+                Ok(identity) => proxy.identities.fetch_certificate(&identity).await,
+                Err(error) => {
+                    tracing::warn!(%error, "local workload has no valid identity");
+                    return;
+                }
+            };
+            let config = match certificate.map(|cert| ztunnel_certs::tls::server_config(&cert)) {
+                Ok(Ok(config)) => Arc::new(config),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "cannot build the HBONE server TLS config");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "no certificate for the local workload");
+                    return;
+                }
+            };
+            let (tls, peer_identity) = match accept_tls(tcp, config, TLS_HANDSHAKE_TIMEOUT).await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%peer, %error, "HBONE TLS handshake failed");
+                    return;
+                }
+            };
+            let drain = proxy.drain.clone();
+            if let Err(error) =
+                serve_connection(tls, peer_identity, (peer, local), &proxy.h2, handler, drain).await
+            {
+                tracing::debug!(%peer, %error, "HBONE connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Accepts captured plaintext connections until the drain.
+pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
+    let drain = proxy.drain.clone();
+    loop {
+        let (mut tcp, peer) = tokio::select! {
+            () = drain.signaled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "plaintext accept failed");
+                    continue;
+                }
+            },
+        };
+        let proxy = Arc::clone(&proxy);
+        tokio::spawn(async move {
+            let target = match original_destination(&tcp) {
+                Ok(target) => target,
+                Err(error) => {
+                    tracing::warn!(%peer, %error, "no original destination on 15006");
+                    return;
+                }
+            };
+            let arrival = Arrival {
+                peer_identity: None,
+                source_ip: canonical(peer).ip(),
+                local_ip: target.ip(),
+                target,
+            };
+            // A refusal closes the connection (dropping it), as istio does.
+            let Ok(mut upstream) = open_upstream(&proxy, &arrival, None).await else {
+                return;
+            };
+            let result = copy_bidirectional(&mut tcp, &mut upstream).await;
+            close_report(&mut upstream, &result);
+        });
+    }
+}

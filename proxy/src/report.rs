@@ -1,0 +1,142 @@
+//! What a proxied connection reports: its metrics (WIRE.md §10 traffic
+//! labels) and its access-log lines, built from the workloads at either end.
+//! The data path opens a [`Report`] when a connection starts and closes it
+//! with the outcome; the metric and log formats live in `metrics.rs` and
+//! `access_log.rs`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ztunnel_certs::identity::Identity;
+
+use crate::access_log::{self, ConnectionLog, Direction, Outcome, PeerLog};
+use crate::metrics::{
+    ConnectionMetrics, Metrics, PeerLabels, Reporter, ResponseFlags, SecurityPolicy, ServiceLabels,
+    TrafficLabels,
+};
+use crate::state::{Service, Workload};
+
+/// One end of a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct End<'a> {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// The workload there, when known.
+    pub workload: Option<&'a Workload>,
+    /// Its verified identity (mTLS only).
+    pub identity: Option<&'a Identity>,
+}
+
+/// A connection being reported.
+pub struct Report {
+    metrics: ConnectionMetrics,
+    log: ConnectionLog,
+    started: Instant,
+}
+
+/// Everything a report is opened with.
+#[derive(Debug, Clone, Copy)]
+pub struct Opening<'a> {
+    /// Which proxy reports: the client's (`source`) or the server's.
+    pub reporter: Reporter,
+    /// Outbound or inbound.
+    pub direction: Direction,
+    /// The client end.
+    pub source: End<'a>,
+    /// The server end.
+    pub destination: End<'a>,
+    /// The service the client dialled, if any.
+    pub service: Option<&'a Service>,
+    /// The HBONE address the tunnel went to, when tunnelled.
+    pub hbone_addr: Option<SocketAddr>,
+}
+
+impl Report {
+    /// Counts the connection as opened and logs it at DEBUG.
+    pub fn open(metrics: &Metrics, opening: Opening<'_>) -> Report {
+        let mut labels = TrafficLabels::new(opening.reporter);
+        labels.source = peer_labels(&opening.source);
+        labels.destination = peer_labels(&opening.destination);
+        if let Some(service) = opening.service {
+            labels.destination_service = ServiceLabels {
+                service: service.hostname.clone().into(),
+                namespace: service.namespace.clone().into(),
+                name: service.name.clone().into(),
+            };
+        }
+        let mtls = opening.source.identity.is_some() || opening.destination.identity.is_some();
+        if mtls {
+            labels.security_policy = SecurityPolicy::MutualTls;
+        }
+        let log = ConnectionLog {
+            src_addr: opening.source.addr,
+            src: peer_log(&opening.source),
+            dst_addr: opening.destination.addr,
+            dst_hbone_addr: opening.hbone_addr,
+            dst_service: opening.service.map(|service| service.hostname.clone()),
+            dst: peer_log(&opening.destination),
+            direction: opening.direction,
+        };
+        access_log::opened(&log);
+        Report {
+            metrics: metrics.open(labels),
+            log,
+            started: Instant::now(),
+        }
+    }
+
+    /// Counts the bytes, closes the connection's metrics with `flags`, and
+    /// writes the `connection complete` line.
+    pub fn close(
+        self,
+        sent: u64,
+        received: u64,
+        flags: ResponseFlags,
+        error: Option<&(dyn std::error::Error + '_)>,
+    ) {
+        self.metrics.add_sent(sent);
+        self.metrics.add_received(received);
+        self.metrics.close(flags);
+        access_log::complete(
+            &self.log,
+            &Outcome {
+                bytes_sent: sent,
+                bytes_recv: received,
+                duration: self.started.elapsed(),
+                error,
+            },
+        );
+    }
+}
+
+fn peer_labels(end: &End<'_>) -> PeerLabels {
+    let mut labels = PeerLabels::default();
+    if let Some(workload) = end.workload {
+        let workload_name = if workload.workload_name.is_empty() {
+            workload.name.clone()
+        } else {
+            workload.workload_name.clone()
+        };
+        labels.workload = workload_name.into();
+        labels.canonical_service = workload.canonical_name.clone().into();
+        labels.canonical_revision = workload.canonical_revision.clone().into();
+        labels.workload_namespace = workload.namespace.clone().into();
+        labels.app = workload.canonical_name.clone().into();
+        labels.version = workload.canonical_revision.clone().into();
+        labels.cluster = workload.cluster_id.clone().into();
+    }
+    if let Some(identity) = end.identity {
+        labels.principal = Arc::<str>::from(identity.as_str()).into();
+    }
+    labels
+}
+
+fn peer_log(end: &End<'_>) -> PeerLog {
+    PeerLog {
+        workload: end.workload.map(|workload| workload.name.clone()),
+        namespace: end.workload.map(|workload| workload.namespace.clone()),
+        identity: end.identity.map(|identity| Arc::from(identity.as_str())),
+        cluster: end.workload.map(|workload| workload.cluster_id.clone()),
+    }
+}
