@@ -215,8 +215,8 @@ async fn tunnel(
     )?);
     let dial = || async {
         let tcp = dial(proxy, route.dial).await.map_err(|error| match error {
-            OutboundError::Connect(error) => HboneError::Tls(error),
-            other => HboneError::Tls(std::io::Error::other(other.to_string())),
+            OutboundError::Connect(error) => HboneError::Connect(error),
+            _ => HboneError::Connect(std::io::ErrorKind::TimedOut.into()),
         })?;
         hbone::connect(tcp, tls, &proxy.h2).await
     };

@@ -202,7 +202,7 @@ fn policies_deny_and_changes_apply_to_open_connections() {
     );
 
     // Allowed once the policy names the client; the connection stays open.
-    std::fs::write(mesh.config_path(), mesh::config(ALLOW_CLIENT)).unwrap();
+    mesh.set_config(&mesh::config(ALLOW_CLIENT));
     assert!(
         eventually(|| ping(&mesh, &target)),
         "allowed after the policy change"
@@ -215,7 +215,7 @@ fn policies_deny_and_changes_apply_to_open_connections() {
     open.read_exact(&mut one).unwrap();
 
     // A deny policy wins over the allow, and the open connection is closed.
-    std::fs::write(mesh.config_path(), mesh::config(DENY_CLIENT_OVER_ALLOW)).unwrap();
+    mesh.set_config(&mesh::config(DENY_CLIENT_OVER_ALLOW));
     assert!(
         eventually(|| !ping(&mesh, &target)),
         "deny wins over allow for new connections"
@@ -226,7 +226,7 @@ fn policies_deny_and_changes_apply_to_open_connections() {
     );
 
     // Removing the policies allows new connections again.
-    std::fs::write(mesh.config_path(), mesh::config("")).unwrap();
+    mesh.set_config(&mesh::config(""));
     assert!(eventually(|| ping(&mesh, &target)));
 }
 
@@ -288,4 +288,120 @@ fn cached_certificates_keep_serving_through_a_ca_outage() {
             "new connections work on cached certificates"
         );
     }
+}
+
+#[test]
+fn the_client_refuses_a_server_with_the_wrong_identity() {
+    let Some(mesh) = Mesh::start("wrong_server_identity", "") else {
+        return;
+    };
+    let _peers = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
+    let target = format!("{SERVER_IP}:8080");
+    assert!(ping(&mesh, &target));
+    // The client node now believes the server runs as another account; the
+    // real server's certificate no longer matches.
+    let imposter = mesh::config("").replace("serviceAccount: server", "serviceAccount: expected");
+    mesh.set_node_config("client", &imposter);
+    assert!(
+        eventually(|| !ping(&mesh, &target)),
+        "refused by the client"
+    );
+    assert!(
+        eventually(|| mesh.metrics(&mesh.a, CLIENT_IP).lines().any(|line| {
+            line.starts_with("istio_tcp_connections_failed_total{reporter=\"source\"")
+                && line.contains("response_flags=\"TLS_FAILURE\"")
+        })),
+        "counted as a TLS failure on the client:\n{}",
+        mesh.metrics(&mesh.a, CLIENT_IP)
+    );
+}
+
+/// Dials the server node's HBONE port with `cert` and reports
+/// whether the server let a CONNECT through (it must not).
+fn hbone_with_certificate(mesh: &Mesh, cert: &ztunnel_certs::cert::WorkloadCertificate) -> bool {
+    use std::sync::Arc;
+    let server_id: ztunnel_certs::identity::Identity =
+        "spiffe://cluster.local/ns/default/sa/server"
+            .parse()
+            .unwrap();
+    // Trust the mesh root, so only our own certificate is in question.
+    let mesh_cert = mesh
+        .ca
+        .issue(
+            &"spiffe://cluster.local/ns/default/sa/probe"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+    let mut config = ztunnel_certs::tls::client_config(&mesh_cert, vec![server_id]).unwrap();
+    let ours = ztunnel_certs::tls::client_config(
+        cert,
+        vec![
+            "spiffe://cluster.local/ns/default/sa/server"
+                .parse()
+                .unwrap(),
+        ],
+    )
+    .unwrap();
+    config.client_auth_cert_resolver = ours.client_auth_cert_resolver;
+    let addr: SocketAddr = format!("{SERVER_IP}:15008").parse().unwrap();
+    // From the server's own node: node a would capture the dial.
+    let mut tcp = mesh
+        .b
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tls =
+        rustls::ClientConnection::new(Arc::new(config), ztunnel_certs::tls::dummy_server_name())
+            .unwrap();
+    let mut stream = rustls::Stream::new(&mut tls, &mut tcp);
+    // The HTTP/2 preface; a server that accepted us answers with SETTINGS.
+    if let Err(error) = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0") {
+        eprintln!("HBONE probe refused: {error}");
+        return false;
+    }
+    let mut buf = [0u8; 9];
+    let result = stream.read_exact(&mut buf);
+    if let Err(error) = &result {
+        eprintln!("HBONE probe refused: {error}");
+    }
+    result.is_ok()
+}
+
+#[test]
+fn the_server_refuses_clients_from_an_unknown_ca_or_another_trust_domain() {
+    ztunnel_certs::tls::install_provider();
+    let Some(mesh) = Mesh::start("bad_client", "") else {
+        return;
+    };
+    let client: ztunnel_certs::identity::Identity = "spiffe://cluster.local/ns/default/sa/client"
+        .parse()
+        .unwrap();
+    // Control: a mesh-issued certificate gets an HTTP/2 answer.
+    assert!(hbone_with_certificate(
+        &mesh,
+        &mesh.ca.issue(&client).unwrap()
+    ));
+
+    let unknown_ca = ztunnel_test_support::ca::foreign_certificate(&client).unwrap();
+    assert!(
+        !hbone_with_certificate(&mesh, &unknown_ca),
+        "unknown CA refused"
+    );
+
+    let foreign: ztunnel_certs::identity::Identity = "spiffe://other.domain/ns/default/sa/client"
+        .parse()
+        .unwrap();
+    let foreign_domain = mesh.ca.issue(&foreign).unwrap();
+    assert!(
+        !hbone_with_certificate(&mesh, &foreign_domain),
+        "foreign trust domain refused"
+    );
+
+    let log = std::fs::read_to_string(mesh.dir.path().join("server.log")).unwrap();
+    assert!(
+        log.contains("HBONE TLS handshake failed"),
+        "the server logs the refusals:\n{log}"
+    );
 }

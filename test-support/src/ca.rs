@@ -17,7 +17,10 @@ use ztunnel_certs::ca::metrics::CaMetrics;
 use ztunnel_certs::ca::registry::FileRegistry;
 use ztunnel_certs::ca::token::{PodToken, TokenSigner};
 use ztunnel_certs::ca::{CaConfig, server};
-use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_certs::cert::WorkloadCertificate;
+use ztunnel_certs::csr::CertRequest;
+use ztunnel_certs::identity::Identity;
+use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root};
 
 use crate::netns::NetNs;
 
@@ -43,6 +46,7 @@ pub struct PodRef<'a> {
 /// A running CA. Dropping it stops the server.
 pub struct TestCa {
     addr: SocketAddr,
+    issuer: Arc<Issuer>,
     dir: tempfile::TempDir,
     signer: TokenSigner,
     stop: Option<oneshot::Sender<()>>,
@@ -67,6 +71,7 @@ impl TestCa {
             root_key_pem: Some(root.key_pem),
             ..SigningMaterial::default()
         })?);
+        let own_issuer = Arc::clone(&issuer);
         let pods_path = dir.path().join("pods.yaml");
         std::fs::write(&pods_path, pods)?;
         let registry = Arc::new(FileRegistry::load(&pods_path)?);
@@ -94,6 +99,7 @@ impl TestCa {
             .spawn(move || serve(config, listener, registry, stopped))?;
         Ok(TestCa {
             addr,
+            issuer: own_issuer,
             dir,
             signer,
             stop: Some(stop),
@@ -135,6 +141,13 @@ impl TestCa {
         Ok(())
     }
 
+    /// Signs a certificate for any identity directly with the CA's root,
+    /// bypassing authorization: how a test makes a peer whose chain is valid
+    /// but whose identity the mesh must still refuse.
+    pub fn issue(&self, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
+        issue_with(&self.issuer, identity)
+    }
+
     /// Stops the server and waits for it: new CA calls fail from now on.
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -150,6 +163,33 @@ impl Drop for TestCa {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A certificate for `identity` from a root of its own, unknown to the mesh.
+pub fn foreign_certificate(identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
+    let root = generate_root(identity.trust_domain(), SystemTime::now())?;
+    let issuer = Issuer::new(&SigningMaterial {
+        root_cert_pem: root.cert_pem,
+        root_key_pem: Some(root.key_pem),
+        ..SigningMaterial::default()
+    })?;
+    issue_with(&issuer, identity)
+}
+
+fn issue_with(issuer: &Issuer, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
+    let request = CertRequest::generate(identity)?;
+    let signing = SigningRequest::from_pem(request.csr_pem())?;
+    let chain = issuer.sign_workload(
+        &signing,
+        identity,
+        Duration::from_secs(3600),
+        SystemTime::now(),
+    )?;
+    Ok(WorkloadCertificate::from_ca_response(
+        &chain,
+        request.private_key(),
+        Some(identity),
+    )?)
 }
 
 /// The CA's runtime thread.

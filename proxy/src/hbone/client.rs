@@ -24,6 +24,9 @@ use crate::hbone::{H2Settings, keepalive};
 /// Why an HBONE connection or a CONNECT on it failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HboneError {
+    /// The TCP connection to the peer's HBONE port failed or timed out.
+    #[error("connecting to the HBONE peer: {0}")]
+    Connect(#[source] std::io::Error),
     /// The TLS handshake failed: a wrong server identity, an unknown CA, or a
     /// broken connection.
     #[error("TLS handshake failed: {0}")]

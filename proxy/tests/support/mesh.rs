@@ -159,7 +159,9 @@ impl Mesh {
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("local.yaml"), config(policies)).unwrap();
+        for node in ["client", "server"] {
+            std::fs::write(dir.path().join(format!("{node}.yaml")), config(policies)).unwrap();
+        }
         let pod = |name, uid, node| PodRef {
             namespace: "default",
             service_account: name,
@@ -192,8 +194,16 @@ impl Mesh {
         Some(mesh)
     }
 
-    pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("local.yaml")
+    /// Rewrites both proxies' local config files.
+    pub fn set_config(&self, text: &str) {
+        self.set_node_config("client", text);
+        self.set_node_config("server", text);
+    }
+
+    /// Rewrites one proxy's local config file (`client` or `server`).
+    pub fn set_node_config(&self, node: &str, text: &str) {
+        let path: PathBuf = self.dir.path().join(format!("{node}.yaml"));
+        std::fs::write(path, text).unwrap();
     }
 
     fn wait_ready(&self, ns: &NetNs, ip: &str) {
@@ -238,7 +248,7 @@ fn spawn(ns: &NetNs, ca: &TestCa, dir: &Path, workload: &str) -> Process {
             "PROXY_WORKLOAD_INFO",
             format!("default/{workload}/{workload}"),
         )
-        .env("LOCAL_XDS_PATH", dir.join("local.yaml"))
+        .env("LOCAL_XDS_PATH", dir.join(format!("{workload}.yaml")))
         .env("CA_ADDRESS", ca.address())
         .env("CA_ROOT_CA", ca.root_cert_path())
         .env("AUTH_TOKEN", dir.join(format!("{workload}.token")))
