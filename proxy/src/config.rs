@@ -76,6 +76,25 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How long a drain waits for connections to finish before closing them.
     pub drain_deadline: Duration,
+    /// Shared (in-pod) mode settings; unused in dedicated mode.
+    pub inpod: InpodSettings,
+}
+
+/// How the shared (in-pod) mode reaches the node agent and opens pod sockets
+/// (WIRE.md §5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InpodSettings {
+    /// The node agent's ZDS socket (SOCK_SEQPACKET) to connect to.
+    pub uds: PathBuf,
+    /// SO_REUSEPORT on in-pod listeners, so that an old and a new ztunnel can
+    /// hold the same pod ports during a rollout.
+    pub port_reuse: bool,
+    /// IP_TRANSPARENT on in-pod listeners: `None` tries and carries on
+    /// without it, `Some(true)` makes a failure fatal, `Some(false)` skips it.
+    pub original_source: Option<bool>,
+    /// Whether the wildcard address is the dual-stack `[::]` rather than
+    /// `0.0.0.0`.
+    pub ipv6_enabled: bool,
 }
 
 /// Connection pool limits.
@@ -243,6 +262,23 @@ struct Args {
     /// Drain deadline on SIGTERM: connections still open then are closed.
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value = "5s")]
     drain_deadline: String,
+    /// Shared mode: the node agent's ZDS socket.
+    #[arg(
+        long,
+        env = "INPOD_UDS",
+        default_value = "/var/run/ztunnel/ztunnel.sock"
+    )]
+    inpod_uds: PathBuf,
+    /// Shared mode: SO_REUSEPORT on the in-pod listeners.
+    #[arg(long, env = "INPOD_PORT_REUSE", default_value_t = true, action = clap::ArgAction::Set)]
+    inpod_port_reuse: bool,
+    /// Shared mode: IP_TRANSPARENT on the in-pod listeners, so the app sees
+    /// the client's IP [default: best effort; true: required; false: off].
+    #[arg(long, env = "ENABLE_ORIG_SRC", action = clap::ArgAction::Set)]
+    enable_orig_src: Option<bool>,
+    /// Listen on the dual-stack `[::]` (true) or on `0.0.0.0` (false) in pods.
+    #[arg(long, env = "IPV6_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
+    ipv6_enabled: bool,
 }
 
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
@@ -333,6 +369,12 @@ impl Args {
             log_format: self.log_format,
             drain_deadline: parse_duration(&self.drain_deadline)
                 .map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
+            inpod: InpodSettings {
+                uds: self.inpod_uds,
+                port_reuse: self.inpod_port_reuse,
+                original_source: self.enable_orig_src,
+                ipv6_enabled: self.ipv6_enabled,
+            },
         })
     }
 }
@@ -399,6 +441,12 @@ mod tests {
         assert_eq!(config.http2.frame_size, 1 << 20);
         assert_eq!(config.listeners.inbound.port(), 15008);
         assert_eq!(config.listeners.admin, "127.0.0.1:15000".parse().unwrap());
+        assert_eq!(
+            config.inpod.uds,
+            PathBuf::from("/var/run/ztunnel/ztunnel.sock")
+        );
+        assert!(config.inpod.port_reuse && config.inpod.ipv6_enabled);
+        assert_eq!(config.inpod.original_source, None);
     }
 
     #[test]

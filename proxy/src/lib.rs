@@ -14,6 +14,7 @@ pub mod drain;
 pub mod hbone;
 pub mod identity;
 pub mod inbound;
+pub mod inpod;
 pub mod metrics;
 pub mod outbound;
 pub mod pool;

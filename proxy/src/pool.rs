@@ -366,32 +366,28 @@ impl Pool {
         let slots = inner.keys.entry(key.clone()).or_default();
         self.sweep(slots, now);
         let views: Vec<SlotView> = slots.iter().map(view).collect();
-        let step: Option<std::convert::Infallible> =
-            match (choose(&views, &self.config), slots.as_mut_slice()) {
-                (Choice::Use(index), slots) | (Choice::Wait(index), slots) => {
-                    match slots.get_mut(index).map(|slot| &mut slot.state) {
-                        Some(SlotState::Open {
-                            connection,
-                            idle_since,
-                        }) => {
-                            *idle_since = None;
-                            let slot = connection.reserve();
-                            return Step::Done(Checkout {
-                                connection: connection.clone(),
-                                slot,
-                            });
-                        }
-                        Some(SlotState::Dialing { waiters, done }) => {
-                            *waiters += 1;
-                            return Step::Wait(done.clone());
-                        }
-                        // `choose` only returns indices of `views`.
-                        None => None,
-                    }
-                }
-                (Choice::Dial, _) => None,
-            };
-        debug_assert!(step.is_none());
+        let chosen = match choose(&views, &self.config) {
+            Choice::Use(index) | Choice::Wait(index) => slots.get_mut(index),
+            Choice::Dial => None,
+        };
+        match chosen.map(|slot| &mut slot.state) {
+            Some(SlotState::Open {
+                connection,
+                idle_since,
+            }) => {
+                *idle_since = None;
+                let slot = connection.reserve();
+                return Step::Done(Checkout {
+                    connection: connection.clone(),
+                    slot,
+                });
+            }
+            Some(SlotState::Dialing { waiters, done }) => {
+                *waiters += 1;
+                return Step::Wait(done.clone());
+            }
+            None => {}
+        }
         let (sender, done) = watch::channel(None);
         slots.push(Slot {
             id: next_id,
@@ -496,3 +492,6 @@ impl Drop for DialGuard {
         // Dropping the sender wakes the waiters with an error: decide again.
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1 @@
+//! Pod network namespaces and the sockets made inside them. Being written.

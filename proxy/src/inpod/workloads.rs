@@ -1,0 +1,1 @@
+//! The per-pod proxies of the shared mode. Being written.

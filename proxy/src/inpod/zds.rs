@@ -1,0 +1,1 @@
+//! The ZDS session with the node agent (WIRE.md §5). Being written.
