@@ -24,6 +24,9 @@ use crate::pool::{Pool, PoolConfig};
 use crate::socket::SocketFactory;
 use crate::state::{State, Workload};
 
+mod dedicated;
+mod dump;
+mod shared;
 mod start;
 
 pub use start::run;
@@ -62,7 +65,11 @@ pub struct Proxy {
 impl Proxy {
     /// The served workload as the state knows it now.
     pub fn local_workload(&self) -> Option<Arc<Workload>> {
-        find_workload(&self.state.read(), &self.workload)
+        find_node_workload(
+            &self.state.read(),
+            &self.workload,
+            self.config.node_name.as_deref(),
+        )
     }
 
     /// Whether `workload` is the one this proxy serves.
@@ -79,12 +86,23 @@ impl Proxy {
 /// The state's workload for `info`: same namespace and name, and the
 /// service account too when the state sets one.
 pub fn find_workload(state: &State, info: &WorkloadInfo) -> Option<Arc<Workload>> {
+    find_node_workload(state, info, None)
+}
+
+/// [`find_workload`] among the workloads of `node` only, when it is set
+/// (`NODE_NAME`): the in-pod match of WIRE.md §5.
+pub fn find_node_workload(
+    state: &State,
+    info: &WorkloadInfo,
+    node: Option<&str>,
+) -> Option<Arc<Workload>> {
     state
         .workloads()
         .find(|workload| {
             *workload.namespace == *info.namespace
                 && *workload.name == *info.name
                 && *workload.service_account == *info.service_account
+                && node.is_none_or(|node| *workload.node == *node)
         })
         .cloned()
 }
@@ -110,9 +128,9 @@ pub fn h2_settings(config: &Config) -> H2Settings {
     }
 }
 
-/// Builds the CA client from the configuration, for the proxy's own
-/// identity.
-pub fn ca_client(config: &Config, own_identity: Identity) -> anyhow::Result<CaClient> {
+/// Builds the CA client from the configuration; `own_identity` is the
+/// dedicated workload's, `None` in shared mode (always impersonate).
+pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Result<CaClient> {
     let ca_config = CaClientConfig {
         address: config.ca_address.clone(),
         root_ca: config.ca_root_ca.clone(),

@@ -5,7 +5,7 @@
 //! Who the two sides are is the caller's business; this module only moves
 //! bytes. The HBONE stream adapter lives in `hbone/stream.rs`.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -64,15 +64,22 @@ pub enum CopyError {
         /// The underlying error.
         source: io::Error,
     },
+    /// The proxy stopped the copy: its drain was forced, or the workload
+    /// it served was removed.
+    #[error("stopped by the proxy after {transferred:?}")]
+    Stopped {
+        /// Bytes moved before the stop.
+        transferred: Transferred,
+    },
 }
 
 impl CopyError {
     /// The bytes moved before the copy stopped.
     pub fn transferred(&self) -> Transferred {
         match self {
-            CopyError::Read { transferred, .. } | CopyError::Write { transferred, .. } => {
-                *transferred
-            }
+            CopyError::Read { transferred, .. }
+            | CopyError::Write { transferred, .. }
+            | CopyError::Stopped { transferred } => *transferred,
         }
     }
 }
@@ -86,9 +93,33 @@ where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    copy_bidirectional_until(a, b, std::future::pending()).await
+}
+
+/// [`copy_bidirectional`] that gives up with [`CopyError::Stopped`] as soon
+/// as `stop` resolves; the caller then drops both sides, which closes them.
+pub async fn copy_bidirectional_until<A, B, S>(
+    a: &mut A,
+    b: &mut B,
+    stop: S,
+) -> Result<Transferred, CopyError>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    S: Future<Output = ()>,
+{
     let mut a_to_b = OneWay::new();
     let mut b_to_a = OneWay::new();
+    let mut stop = std::pin::pin!(stop);
     poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(CopyError::Stopped {
+                transferred: Transferred {
+                    a_to_b: a_to_b.moved,
+                    b_to_a: b_to_a.moved,
+                },
+            }));
+        }
         let forward = a_to_b.poll(cx, Pin::new(&mut *a), Pin::new(&mut *b));
         let backward = b_to_a.poll(cx, Pin::new(&mut *b), Pin::new(&mut *a));
         let transferred = Transferred {

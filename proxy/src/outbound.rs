@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy};
-use crate::copy::copy_bidirectional;
+use crate::copy::copy_bidirectional_until;
 use crate::hbone::{self, HboneError, WorkloadLabels, connect_headers};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::pool::{PoolError, PoolKey};
@@ -127,9 +127,7 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                 },
             );
             match dial(proxy, target).await {
-                Ok(mut upstream) => {
-                    finish(report, copy_bidirectional(&mut tcp, &mut upstream).await)
-                }
+                Ok(mut upstream) => finish(report, copy(proxy, &mut tcp, &mut upstream).await),
                 Err(error) => report.close(0, 0, flags(&error), Some(&error)),
             }
         }
@@ -158,11 +156,23 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                 },
             );
             match tunnel(proxy, source.as_deref(), peer, &route).await {
-                Ok(mut stream) => finish(report, copy_bidirectional(&mut tcp, &mut stream).await),
+                Ok(mut stream) => finish(report, copy(proxy, &mut tcp, &mut stream).await),
                 Err(error) => report.close(0, 0, flags(&error), Some(&error)),
             }
         }
     }
+}
+
+/// Copies until both sides close, or until the proxy's drain is forced.
+async fn copy<U>(
+    proxy: &Proxy,
+    tcp: &mut TcpStream,
+    upstream: &mut U,
+) -> Result<crate::copy::Transferred, crate::copy::CopyError>
+where
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    copy_bidirectional_until(tcp, upstream, proxy.drain.forced()).await
 }
 
 /// Closes a report with the copy's outcome: app to peer is what the client

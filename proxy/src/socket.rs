@@ -23,6 +23,14 @@ pub trait SocketFactory: Send + Sync + 'static {
     /// An unconnected TCP socket for `destination`'s family, optionally bound
     /// to `source` (port 0). The caller connects it.
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket>;
+
+    /// An unconnected socket for dialing the application on behalf of
+    /// `client`. A factory that can keep the client's IP as the source
+    /// (IP_TRANSPARENT inside a pod) does; the default dials from our own.
+    fn upstream_socket(&self, destination: SocketAddr, client: IpAddr) -> io::Result<TcpSocket> {
+        let _ = client;
+        self.tcp_socket(destination, None)
+    }
 }
 
 /// Ordinary sockets in the current network namespace, each carrying the

@@ -143,7 +143,7 @@ impl Ca {
             token,
             cluster_id: "Kubernetes".into(),
             secret_ttl,
-            own_identity: identity(ZTUNNEL),
+            own_identity: Some(identity(ZTUNNEL)),
             server_name: None,
         }
     }
@@ -245,7 +245,7 @@ async fn own_identity_is_fetched_without_impersonation() {
     let app_token = ca.dir.path().join("app-token");
     ca.write_token(&app_token, "default", "app", "app-a", "uid-app", None);
     let mut config = ca.client_config(Some(app_token), HOUR);
-    config.own_identity = identity(APP);
+    config.own_identity = Some(identity(APP));
     let (app_manager, _stop) = start_manager(&config);
     let certificate = app_manager.fetch_certificate(&identity(APP)).await.unwrap();
     assert_eq!(certificate.identity(), Some(&identity(APP)));
@@ -452,7 +452,7 @@ fn plain_http_addresses_are_refused() {
         token: None,
         cluster_id: "Kubernetes".into(),
         secret_ttl: HOUR,
-        own_identity: identity(ZTUNNEL),
+        own_identity: Some(identity(ZTUNNEL)),
         server_name: None,
     };
     assert!(matches!(

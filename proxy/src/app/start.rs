@@ -1,34 +1,61 @@
-//! Start-up of a dedicated proxy, on two runtimes: a small control runtime
-//! (configuration reload, the CA, admin, stats, readiness) and the data-plane
-//! runtime with `ZTUNNEL_WORKER_THREADS` workers that moves the bytes.
+//! Start-up, on two runtimes: a small control runtime (configuration
+//! reload, the CA, admin, stats, readiness, the ZDS session) and the
+//! data-plane runtime with `ZTUNNEL_WORKER_THREADS` workers that moves the
+//! bytes. What both modes share is here; `dedicated.rs` and `shared.rs`
+//! start their listeners.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use anyhow::bail;
-use serde_json::json;
+use anyhow::Context;
+use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use ztunnel_certs::identity::Identity;
 
-use crate::admin::{self, Admin, ConfigDump};
-use crate::app::{self, Proxy, find_workload};
+use crate::admin::{self, Admin};
+use crate::app::dump::Dump;
+use crate::app::{self, dedicated, find_workload, shared};
 use crate::config::{Config, ProxyMode};
 use crate::discovery::{self, SharedState};
-use crate::drain;
+use crate::drain::{self, DrainWatcher};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::listeners;
-use crate::inbound::tracker::Tracker;
-use crate::outbound;
-use crate::pool::Pool;
+use crate::inpod::workloads::Workloads;
+use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
-use crate::socket::{LocalSockets, SocketFactory};
-use crate::telemetry::{self, LogOptions};
+use crate::socket::LocalSockets;
+use crate::telemetry::{self, LogHandle, LogOptions};
 
-/// Runs the proxy until it is drained (SIGTERM, SIGINT or `/quitquitquit`).
+/// What both modes build on.
+pub struct Node {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Control-plane tasks.
+    pub control: Runtime,
+    /// Data-plane tasks.
+    pub data: Runtime,
+    /// Workloads, services and policies.
+    pub state: SharedState,
+    /// Certificates.
+    pub identities: IdentityManager,
+    /// Traffic metrics.
+    pub metrics: Arc<Metrics>,
+    /// Start-up tasks the readiness endpoint waits for.
+    pub ready: Ready,
+    /// The node's drain, held by every task.
+    pub drain: DrainWatcher,
+}
+
+/// What a mode started, for the admin view and the main loop.
+pub struct Started {
+    /// The shared mode's pods, for `/config_dump`.
+    pub pods: Option<Arc<Workloads>>,
+    /// Resolves with an error that must stop the process (a ZDS protocol
+    /// error); pends for ever otherwise.
+    pub fatal: tokio::sync::oneshot::Receiver<anyhow::Error>,
+}
+
+/// Runs the proxy until it is drained (SIGTERM, SIGINT or `/quitquitquit`),
+/// or until a fatal error, which is returned.
 pub fn run(config: Config) -> anyhow::Result<()> {
-    let ProxyMode::Dedicated(workload) = config.mode.clone() else {
-        bail!("PROXY_MODE=shared (in-pod) is not available yet; use PROXY_MODE=dedicated");
-    };
     let logs = telemetry::init(&LogOptions {
         filter: config.log_filter.clone(),
         format: config.log_format,
@@ -47,44 +74,28 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let config = Arc::new(config);
     let (state, text) = app::initial_state(&config)?;
-    let identity = match find_workload(&state, &workload) {
-        Some(found) => found.identity()?,
-        None => Identity::new(
-            &config.trust_domain,
-            &workload.namespace,
-            &workload.service_account,
-        )?,
+    // The dedicated workload's identity is the CA client's own; the shared
+    // mode impersonates every pod.
+    let own_identity = match &config.mode {
+        ProxyMode::Dedicated(workload) => Some(match find_workload(&state, workload) {
+            Some(found) => found.identity()?,
+            None => Identity::new(
+                &config.trust_domain,
+                &workload.namespace,
+                &workload.service_account,
+            )?,
+        }),
+        ProxyMode::Shared => None,
     };
     let state = SharedState::new(state);
     let (trigger, watcher) = drain::channel();
-    let ready = Ready::new();
-    let listeners_ready = ready.register_task("listeners");
-    let certificate_ready = ready.register_task("local workload certificate");
 
     let control_guard = control.enter();
-    let client = app::ca_client(&config, identity.clone())?;
+    let client = app::ca_client(&config, own_identity)?;
     let manager_drain = watcher.clone();
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
     control.spawn(manager_task);
-
-    let (registry, metrics) = app::metrics_registry();
-    let sockets: Arc<dyn SocketFactory> = Arc::new(LocalSockets {
-        mark: config.packet_mark,
-    });
-    let proxy = Arc::new(Proxy {
-        config: Arc::clone(&config),
-        state: state.clone(),
-        identities: identities.clone(),
-        metrics: Arc::new(metrics),
-        sockets: Arc::clone(&sockets),
-        h2: app::h2_settings(&config),
-        pool: Pool::new(app::pool_config(&config)),
-        tracker: Tracker::default(),
-        workload,
-        drain: watcher.clone(),
-    });
-
     if let (Some(path), Some(text)) = (config.local_xds_path.clone(), text) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(
@@ -95,17 +106,53 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             async move { stop.signaled().await },
         ));
     }
+    drop(control_guard);
 
-    // Control-plane servers, unmarked: nothing captures them.
-    let addrs = config.listeners;
+    let (registry, metrics) = app::metrics_registry();
+    let node = Node {
+        config: Arc::clone(&config),
+        control,
+        data,
+        state,
+        identities,
+        metrics: Arc::new(metrics),
+        ready: Ready::new(),
+        drain: watcher,
+    };
+    let started = match config.mode.clone() {
+        ProxyMode::Dedicated(workload) => dedicated::start(&node, workload)?,
+        ProxyMode::Shared => shared::start(&node)?,
+    };
+    let quit_requests = serve_operations(&node, registry, logs, started.pods.clone())?;
+    tracing::info!(mode = ?config.mode, "ztunnel serving");
+
+    // The drain counts the watchers still held: this function keeps none.
+    let Node { control, drain, .. } = node;
+    drop(drain);
+    wait_and_drain(&control, trigger, quit_requests, started.fatal, &config)
+}
+
+/// Binds and serves admin (15000), stats (15020) and readiness (15021) in
+/// the proxy's own namespace, unmarked: nothing captures them. Returns the
+/// channel `/quitquitquit` writes to.
+fn serve_operations(
+    node: &Node,
+    registry: prometheus_client::registry::Registry,
+    logs: LogHandle,
+    pods: Option<Arc<Workloads>>,
+) -> anyhow::Result<mpsc::Receiver<()>> {
+    let _guard = node.control.enter();
+    let addrs = node.config.listeners;
     let plain = LocalSockets { mark: None };
     let admin_listener = app::bind(&plain, addrs.admin, "admin")?;
     let stats_listener = app::bind(&plain, addrs.stats, "stats")?;
     let readiness_listener = app::bind(&plain, addrs.readiness, "readiness")?;
-    let (quit, mut quit_requests) = mpsc::channel::<()>(1);
+    let (quit, quit_requests) = mpsc::channel::<()>(1);
     let admin = Admin {
         config: Arc::new(Dump {
-            proxy: Arc::clone(&proxy),
+            state: node.state.clone(),
+            identities: node.identities.clone(),
+            pods,
         }),
         logs,
         quit: Arc::new(move || {
@@ -113,148 +160,50 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             let _ = quit.try_send(());
         }),
     };
-    control.spawn(admin::serve_admin(admin_listener, admin, watcher.clone()));
-    control.spawn(admin::serve_stats(
+    let drain = &node.drain;
+    node.control
+        .spawn(admin::serve_admin(admin_listener, admin, drain.clone()));
+    node.control.spawn(admin::serve_stats(
         stats_listener,
         Arc::new(registry),
-        watcher.clone(),
+        drain.clone(),
     ));
-    control.spawn(readiness::serve(readiness_listener, ready, watcher.clone()));
-    drop(control_guard);
-
-    // Data plane.
-    let data_guard = data.enter();
-    let outbound_listener = app::bind(sockets.as_ref(), addrs.outbound, "outbound")?;
-    let inbound_listener = app::bind(sockets.as_ref(), addrs.inbound, "inbound HBONE")?;
-    let plaintext_listener = app::bind(
-        sockets.as_ref(),
-        addrs.inbound_plaintext,
-        "inbound plaintext",
-    )?;
-    data.spawn(outbound::serve(Arc::clone(&proxy), outbound_listener));
-    data.spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound_listener));
-    data.spawn(listeners::serve_plaintext(
-        Arc::clone(&proxy),
-        plaintext_listener,
+    node.control.spawn(readiness::serve(
+        readiness_listener,
+        node.ready.clone(),
+        drain.clone(),
     ));
-    data.spawn(app::recheck_policies(Arc::clone(&proxy)));
-    data.spawn(
-        proxy
-            .pool
-            .clone()
-            .release_idle_until_drained(watcher.clone()),
-    );
-    drop(data_guard);
-    drop(listeners_ready);
-    tracing::info!(%identity, "ztunnel serving");
+    Ok(quit_requests)
+}
 
-    let prefetch = identities.clone();
-    let prefetch_drain = watcher.clone();
-    control.spawn(async move {
-        // Readiness waits for the first certificate; the manager retries
-        // with backoff meanwhile.
-        loop {
-            match prefetch.fetch_certificate(&identity).await {
-                Ok(_) => break,
-                Err(error) => tracing::warn!(%error, "no certificate for the local workload yet"),
-            }
-            tokio::select! {
-                () = prefetch_drain.signaled() => return,
-                () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-            }
-        }
-        drop(certificate_ready);
-    });
-    // The drain counts the watchers still held: this function keeps none.
-    drop(proxy);
-    drop(watcher);
+/// Waits for a signal, `/quitquitquit` or a fatal error, then drains.
+fn wait_and_drain(
+    control: &Runtime,
+    trigger: drain::DrainTrigger,
+    mut quit_requests: mpsc::Receiver<()>,
+    fatal: tokio::sync::oneshot::Receiver<anyhow::Error>,
+    config: &Config,
+) -> anyhow::Result<()> {
     let deadline = config.drain_deadline;
     control.block_on(async move {
-        tokio::select! {
-            () = app::wait_for_signal() => {}
-            _ = quit_requests.recv() => tracing::info!("/quitquitquit: draining"),
-        }
+        let fatal_error = tokio::select! {
+            () = app::wait_for_signal() => None,
+            _ = quit_requests.recv() => {
+                tracing::info!("/quitquitquit: draining");
+                None
+            }
+            Ok(error) = fatal => {
+                tracing::error!("{error:#}: draining and exiting");
+                Some(error)
+            }
+        };
         let outcome = trigger.drain(deadline).await;
         tracing::info!(?outcome, "drain finished");
-    });
-    Ok(())
-}
-
-/// `/config_dump`: workloads, services, policies and certificates (identity
-/// and validity only, never keys).
-struct Dump {
-    proxy: Arc<Proxy>,
-}
-
-impl ConfigDump for Dump {
-    fn config_dump(&self) -> serde_json::Value {
-        let state = self.proxy.state.read();
-        let workloads: Vec<_> = state
-            .workloads()
-            .map(|workload| {
-                json!({
-                    "uid": &*workload.uid,
-                    "name": &*workload.name,
-                    "namespace": &*workload.namespace,
-                    "addresses": workload.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "protocol": format!("{:?}", workload.protocol),
-                    "serviceAccount": &*workload.service_account,
-                    "node": &*workload.node,
-                    "status": format!("{:?}", workload.status),
-                })
-            })
-            .collect();
-        let services: Vec<_> = state
-            .services()
-            .map(|service| {
-                json!({
-                    "name": &*service.name,
-                    "namespace": &*service.namespace,
-                    "hostname": &*service.hostname,
-                })
-            })
-            .collect();
-        let policies: Vec<_> = state
-            .policies()
-            .map(|(key, policy)| {
-                json!({
-                    "key": &**key,
-                    "name": &*policy.name,
-                    "namespace": &*policy.namespace,
-                    "action": format!("{:?}", policy.action),
-                    "scope": format!("{:?}", policy.scope),
-                    "dryRun": policy.dry_run,
-                })
-            })
-            .collect();
-        let certificates: Vec<_> = self
-            .proxy
-            .identities
-            .snapshot()
-            .into_iter()
-            .map(|summary| {
-                json!({
-                    "identity": summary.identity.as_str(),
-                    "state": format!("{:?}", summary.state),
-                    "notBefore": summary.not_before.map(seconds),
-                    "notAfter": summary.not_after.map(seconds),
-                    "refreshAt": summary.refresh_at.map(seconds),
-                })
-            })
-            .collect();
-        json!({
-            "workloads": workloads,
-            "services": services,
-            "policies": policies,
-            "certificates": certificates,
-        })
-    }
-}
-
-/// Seconds since the epoch, for the dump.
-fn seconds(time: SystemTime) -> u64 {
-    time.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs())
+        match fatal_error {
+            Some(error) => Err(error).context("fatal"),
+            None => Ok(()),
+        }
+    })
 }
 
 /// Raises the soft open-file limit to the hard limit: every proxied

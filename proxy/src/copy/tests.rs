@@ -41,6 +41,34 @@ async fn counts_bytes_in_each_direction() {
 }
 
 #[tokio::test]
+async fn a_stop_ends_an_open_copy_with_its_counts_and_closes_both_sides() {
+    let (mut client, mut proxy_a) = duplex(PIPE);
+    let (mut proxy_b, mut server) = duplex(PIPE);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let copy = tokio::spawn(async move {
+        let result = copy_bidirectional_until(&mut proxy_a, &mut proxy_b, async {
+            let _ = stopped.await;
+        })
+        .await;
+        // Dropping the sides is what closes them for the peers.
+        drop((proxy_a, proxy_b));
+        result
+    });
+    client.write_all(b"ping").await.unwrap();
+    let mut request = [0; 4];
+    server.read_exact(&mut request).await.unwrap();
+    stop.send(()).unwrap();
+
+    match copy.await.unwrap() {
+        Err(CopyError::Stopped { transferred }) => assert_eq!(transferred.a_to_b, 4),
+        other => panic!("expected a stop, got {other:?}"),
+    }
+    let mut rest = Vec::new();
+    assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
+    assert_eq!(server.read_to_end(&mut rest).await.unwrap(), 0);
+}
+
+#[tokio::test]
 async fn half_close_lets_the_reply_through() {
     let (mut client, mut proxy_a) = duplex(PIPE);
     let (mut proxy_b, mut server) = duplex(PIPE);

@@ -22,10 +22,15 @@ use tokio_rustls::server::TlsStream;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::peer_identity;
 
-use crate::copy::{CopyError, Direction, Transferred, copy_bidirectional};
+use crate::copy::{CopyError, Direction, Transferred, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
+
+/// How long a forced drain waits for a connection's streams to report their
+/// close: their copies stop at the same signal, so this only bounds a
+/// stream still dialing its upstream.
+const FORCED_STREAM_GRACE: Duration = Duration::from_millis(100);
 
 /// Why an inbound HBONE connection failed before or while serving.
 #[derive(Debug, thiserror::Error)]
@@ -168,6 +173,7 @@ where
         peer_addr,
         local_addr,
         max_write: settings.max_frame_size as usize,
+        drain: drain.clone(),
     };
     let mut streams = JoinSet::new();
     let mut draining = false;
@@ -192,6 +198,10 @@ where
             }
             () = drain.forced() => {
                 connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+                // Copies stop on the same signal and report their close;
+                // give them a moment before the rest are cut.
+                let finished = async { while streams.join_next().await.is_some() {} };
+                let _ = tokio::time::timeout(FORCED_STREAM_GRACE, finished).await;
                 break;
             }
             () = &mut keepalive => break,
@@ -209,6 +219,9 @@ struct StreamContext {
     peer_addr: SocketAddr,
     local_addr: SocketAddr,
     max_write: usize,
+    /// Stops each stream's copy when the drain is forced, so that its close
+    /// is still reported.
+    drain: DrainWatcher,
 }
 
 /// Checks one request, asks the handler, answers, and copies.
@@ -257,7 +270,7 @@ async fn serve_stream<H: InboundHandler>(
         }
     };
     let mut tunnel = H2Stream::new(send, body, context.max_write, None);
-    let result = copy_bidirectional(&mut tunnel, &mut upstream).await;
+    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, context.drain.forced()).await;
     handler.closed(inbound, upstream, result);
 }
 

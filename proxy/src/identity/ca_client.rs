@@ -63,8 +63,10 @@ pub struct CaClientConfig {
     pub cluster_id: String,
     /// Requested lifetime of each certificate, sent as `validity_duration`.
     pub secret_ttl: Duration,
-    /// The proxy's own identity; requests for any other identity impersonate.
-    pub own_identity: Identity,
+    /// The proxy's own identity in dedicated mode; requests for any other
+    /// identity impersonate. `None` (shared mode, where the proxy serves
+    /// other workloads only) impersonates on every request.
+    pub own_identity: Option<Identity>,
     /// The name the CA's certificate must carry; `None` means the host of
     /// `address`.
     pub server_name: Option<String>,
@@ -140,7 +142,7 @@ pub struct CaClient {
     token: Option<PathBuf>,
     cluster_id: AsciiMetadataValue,
     validity_secs: i64,
-    own_identity: Identity,
+    own_identity: Option<Identity>,
 }
 
 impl CaClient {
@@ -199,17 +201,18 @@ impl CaClient {
     /// returned leaf carries exactly `identity`, or the fetch fails.
     pub async fn fetch(&self, identity: &Identity) -> Result<WorkloadCertificate, CaClientError> {
         let csr = CertRequest::generate(identity)?;
-        let metadata = (identity != &self.own_identity).then(|| prost_types::Struct {
-            fields: [(
-                IMPERSONATED_IDENTITY.to_string(),
-                prost_types::Value {
-                    kind: Some(prost_types::value::Kind::StringValue(
-                        identity.as_str().to_string(),
-                    )),
-                },
-            )]
-            .into(),
-        });
+        let metadata =
+            (self.own_identity.as_ref() != Some(identity)).then(|| prost_types::Struct {
+                fields: [(
+                    IMPERSONATED_IDENTITY.to_string(),
+                    prost_types::Value {
+                        kind: Some(prost_types::value::Kind::StringValue(
+                            identity.as_str().to_string(),
+                        )),
+                    },
+                )]
+                .into(),
+            });
         let mut request = tonic::Request::new(IstioCertificateRequest {
             csr: csr.csr_pem().to_string(),
             validity_duration: self.validity_secs,

@@ -15,7 +15,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
-use crate::copy::{CopyError, Transferred, copy_bidirectional};
+use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
     Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
 };
@@ -103,7 +103,7 @@ async fn open_upstream(
     }
     let report = open_report(proxy, arrival, Some(&workload), direction_peer);
     let dial = async {
-        let socket = proxy.sockets.tcp_socket(upstream, None)?;
+        let socket = proxy.sockets.upstream_socket(upstream, arrival.source_ip)?;
         socket.connect(upstream).await
     };
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
@@ -329,7 +329,8 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
             let Ok(mut upstream) = open_upstream(&proxy, &arrival, None).await else {
                 return;
             };
-            let result = copy_bidirectional(&mut tcp, &mut upstream).await;
+            let result =
+                copy_bidirectional_until(&mut tcp, &mut upstream, proxy.drain.forced()).await;
             close_report(&mut upstream, &result);
         });
     }

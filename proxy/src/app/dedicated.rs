@@ -1,0 +1,105 @@
+//! The dedicated mode: one proxy for the workload `PROXY_WORKLOAD_INFO`,
+//! with ordinary sockets in the current network namespace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::app::start::{Node, Started};
+use crate::app::{self, Proxy, find_workload};
+use crate::config::WorkloadInfo;
+use crate::identity::manager::IdentityManager;
+use crate::inbound::listeners;
+use crate::inbound::tracker::Tracker;
+use crate::outbound;
+use crate::pool::Pool;
+use crate::socket::{LocalSockets, SocketFactory};
+
+/// How long the readiness prefetch waits between tries; the identity
+/// manager has its own backoff underneath.
+const PREFETCH_RETRY: Duration = Duration::from_secs(1);
+
+/// Binds 15001, 15006 and 15008 here and serves them for `workload`.
+pub fn start(node: &Node, workload: WorkloadInfo) -> anyhow::Result<Started> {
+    let config = &node.config;
+    let listeners_ready = node.ready.register_task("listeners");
+    let certificate_ready = node.ready.register_task("local workload certificate");
+    let identity = match find_workload(&node.state.read(), &workload) {
+        Some(found) => found.identity()?,
+        None => ztunnel_certs::identity::Identity::new(
+            &config.trust_domain,
+            &workload.namespace,
+            &workload.service_account,
+        )?,
+    };
+    let sockets: Arc<dyn SocketFactory> = Arc::new(LocalSockets {
+        mark: config.packet_mark,
+    });
+    let proxy = Arc::new(Proxy {
+        config: Arc::clone(config),
+        state: node.state.clone(),
+        identities: node.identities.clone(),
+        metrics: Arc::clone(&node.metrics),
+        sockets: Arc::clone(&sockets),
+        h2: app::h2_settings(config),
+        pool: Pool::new(app::pool_config(config)),
+        tracker: Tracker::default(),
+        workload,
+        drain: node.drain.clone(),
+    });
+
+    let addrs = config.listeners;
+    let data = node.data.handle();
+    let _guard = data.enter();
+    let outbound_listener = app::bind(sockets.as_ref(), addrs.outbound, "outbound")?;
+    let inbound_listener = app::bind(sockets.as_ref(), addrs.inbound, "inbound HBONE")?;
+    let plaintext_listener = app::bind(
+        sockets.as_ref(),
+        addrs.inbound_plaintext,
+        "inbound plaintext",
+    )?;
+    data.spawn(outbound::serve(Arc::clone(&proxy), outbound_listener));
+    data.spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound_listener));
+    data.spawn(listeners::serve_plaintext(
+        Arc::clone(&proxy),
+        plaintext_listener,
+    ));
+    data.spawn(app::recheck_policies(Arc::clone(&proxy)));
+    data.spawn(
+        proxy
+            .pool
+            .clone()
+            .release_idle_until_drained(node.drain.clone()),
+    );
+    drop(listeners_ready);
+    tracing::info!(%identity, "dedicated proxy listening");
+
+    node.control.spawn(prefetch_until_ready(
+        node.identities.clone(),
+        identity,
+        node.drain.clone(),
+        certificate_ready,
+    ));
+    let (_never, fatal) = tokio::sync::oneshot::channel();
+    Ok(Started { pods: None, fatal })
+}
+
+/// Fetches the workload's certificate, retrying until it comes, then
+/// releases readiness.
+async fn prefetch_until_ready(
+    identities: IdentityManager,
+    identity: ztunnel_certs::identity::Identity,
+    drain: crate::drain::DrainWatcher,
+    ready: crate::readiness::BlockReady,
+) {
+    loop {
+        match identities.fetch_certificate(&identity).await {
+            Ok(_) => break,
+            Err(error) => tracing::warn!(%error, "no certificate for the local workload yet"),
+        }
+        tokio::select! {
+            () = drain.signaled() => return,
+            () = tokio::time::sleep(PREFETCH_RETRY) => {}
+        }
+    }
+    drop(ready);
+}

@@ -1,0 +1,52 @@
+//! The shared (in-pod) mode: no pod ports here; the ZDS session with the
+//! node agent adds and removes pods, and each pod's listeners live in its
+//! own network namespace (`inpod/`).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::app::start::{Node, Started};
+use crate::inpod::netns::HostNetns;
+use crate::inpod::workloads::{NodeParts, Workloads, prefetch_node_certificates};
+use crate::inpod::zds;
+
+/// Checks the capabilities the mode needs, then starts the ZDS session and
+/// the certificate prefetch for the node's workloads.
+pub fn start(node: &Node) -> anyhow::Result<Started> {
+    let config = &node.config;
+    let home = HostNetns::open_and_probe(config.packet_mark)
+        .context("the shared mode needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN (SO_MARK)")?;
+    let pods = Arc::new(Workloads::new(NodeParts {
+        config: Arc::clone(config),
+        state: node.state.clone(),
+        identities: node.identities.clone(),
+        metrics: Arc::clone(&node.metrics),
+        home,
+        data: node.data.handle().clone(),
+        drain: node.drain.clone(),
+    }));
+    node.control.spawn(prefetch_node_certificates(
+        node.state.clone(),
+        node.identities.clone(),
+        config.node_name.clone(),
+        node.drain.clone(),
+    ));
+    let (report_fatal, fatal) = tokio::sync::oneshot::channel();
+    let session = zds::run(
+        zds::Settings::new(config.inpod.uds.clone()),
+        Arc::clone(&pods) as Arc<dyn crate::inpod::PodProxies>,
+        node.ready.clone(),
+        node.drain.clone(),
+    );
+    node.control.spawn(async move {
+        if let Err(error) = session.await {
+            let _ = report_fatal.send(anyhow::Error::new(error).context("ZDS protocol error"));
+        }
+    });
+    tracing::info!(uds = %config.inpod.uds.display(), "shared mode: waiting for the node agent");
+    Ok(Started {
+        pods: Some(pods),
+        fatal,
+    })
+}
