@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v iptables >/dev/null || need+=(iptables)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"

@@ -6,4 +6,6 @@
 #![forbid(unsafe_code)]
 
 pub mod ca;
+pub mod cluster;
+pub mod cni;
 pub mod netns;

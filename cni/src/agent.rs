@@ -1,0 +1,171 @@
+//! The node agent (`ztunnel-agent`): it receives plugin events, installs
+//! each ambient pod's in-pod redirection, keeps the set of pods on disk,
+//! and hands pods to ztunnel over ZDS.
+//!
+//! [`run`] is the whole agent: the binary and tests call it with an
+//! [`AgentConfig`] and a shutdown future.
+//!
+//! | Module | Owns |
+//! |---|---|
+//! | `server` | the plugin-event HTTP socket |
+//! | `mesh` | adding and deleting pods (registry look-up, rules, record, ZDS events) |
+//! | `rules` | the iptables and policy-routing text, and applying it in a netns |
+//! | `netns` | entering a netns and running tools there |
+//! | `pods` | the pod set and `pods.json` |
+//! | `zds` | the ZDS socket and the snapshot/ack sequence |
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use ztunnel_certs::ca::registry::{FileRegistry, RegistryError};
+
+use mesh::Mesh;
+use pods::{PodSet, PodStore, PodStoreError};
+use rules::RuleSettings;
+use zds::socket::SeqPacketListener;
+
+pub mod mesh;
+pub mod netns;
+pub mod pods;
+pub mod rules;
+pub mod server;
+pub mod zds;
+
+/// Default plugin-event socket (WIRE.md §6).
+pub const DEFAULT_PLUGIN_SOCKET: &str = "/var/run/istio-cni/pluginevent.sock";
+/// Default ZDS socket (WIRE.md §5).
+pub const DEFAULT_ZDS_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
+/// Default state directory, holding `pods.json`.
+pub const DEFAULT_STATE_DIR: &str = "/var/run/istio-cni";
+/// Default IPv4 source of SNATed kubelet probes (WIRE.md §1).
+pub const DEFAULT_PROBE_SNAT_IPV4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
+/// Default IPv6 source of SNATed kubelet probes (WIRE.md §1).
+pub const DEFAULT_PROBE_SNAT_IPV6: Ipv6Addr = Ipv6Addr::new(
+    0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
+);
+
+/// Everything the agent runs with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Where the CNI plugin posts events.
+    pub plugin_socket: PathBuf,
+    /// Where ztunnel connects for ZDS.
+    pub zds_socket: PathBuf,
+    /// Holds `pods.json`, so a restarted agent can re-snapshot.
+    pub state_dir: PathBuf,
+    /// The pod registry YAML file (the CA's format): uid and service
+    /// account of each pod, re-read on every add.
+    pub pods: PathBuf,
+    /// This node; pods the registry places on another node are refused.
+    pub node_name: Option<String>,
+    /// How the in-pod rules are written.
+    pub rules: RuleSettings,
+}
+
+impl AgentConfig {
+    /// A configuration with the default paths and rule settings, reading
+    /// the registry at `pods`.
+    pub fn with_registry(pods: PathBuf) -> AgentConfig {
+        AgentConfig {
+            plugin_socket: PathBuf::from(DEFAULT_PLUGIN_SOCKET),
+            zds_socket: PathBuf::from(DEFAULT_ZDS_SOCKET),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            pods,
+            node_name: None,
+            rules: RuleSettings {
+                probe_snat_ipv4: DEFAULT_PROBE_SNAT_IPV4,
+                probe_snat_ipv6: DEFAULT_PROBE_SNAT_IPV6,
+                dns_capture: false,
+                virtual_interfaces: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Runs the agent until `shutdown` resolves; both sockets are removed on
+/// the way out. Returns once both servers have stopped.
+pub async fn run(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let registry = FileRegistry::load(&config.pods)?;
+    let store = PodStore::open(&config.state_dir)?;
+    let pods = match store.load() {
+        Ok(pods) => pods,
+        Err(PodStoreError::Parse { .. } | PodStoreError::TooLarge(_)) => {
+            let aside = store.quarantine()?;
+            tracing::error!(aside = %aside.display(), "pod set unreadable; moved aside, starting empty");
+            PodSet::default()
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let mesh = Arc::new(Mesh::new(
+        registry,
+        config.node_name.clone(),
+        config.rules.clone(),
+        store,
+        pods,
+    )?);
+
+    let bind_error = |path: &PathBuf| {
+        let path = path.clone();
+        move |source| AgentError::Bind { path, source }
+    };
+    let plugin_listener =
+        server::bind(&config.plugin_socket).map_err(bind_error(&config.plugin_socket))?;
+    let zds_listener =
+        SeqPacketListener::bind(&config.zds_socket).map_err(bind_error(&config.zds_socket))?;
+    tracing::info!(
+        plugin_socket = %config.plugin_socket.display(),
+        zds_socket = %config.zds_socket.display(),
+        "node agent listening"
+    );
+
+    let (stop, stopped) = watch::channel(false);
+    let plugin_server = tokio::spawn(server::serve(
+        plugin_listener,
+        Arc::clone(&mesh),
+        stopped.clone(),
+    ));
+    let zds_server = tokio::spawn(zds::serve(zds_listener, mesh, stopped));
+    shutdown.await;
+    tracing::info!("node agent shutting down");
+    let _ = stop.send(true);
+    let _ = plugin_server.await;
+    let _ = zds_server.await;
+    // The ZDS listener removes its path when dropped; the stream listener
+    // does not.
+    let _ = std::fs::remove_file(&config.plugin_socket);
+    Ok(())
+}
+
+/// Resolves once the stop flag is raised or its sender is gone: the one
+/// shutdown signal every long-lived task of the agent watches. Cancel
+/// safe: it only waits.
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The pod registry could not be loaded.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The pod set could not be read or written.
+    #[error(transparent)]
+    Store(#[from] PodStoreError),
+    /// The stored pod set could not be reconciled.
+    #[error(transparent)]
+    Mesh(#[from] mesh::MeshError),
+    /// A socket could not be bound.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The bind error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,267 @@
+//! The set of pods the agent has put in the mesh, kept on disk as
+//! `<state-dir>/pods.json` so that a restarted agent can hand ztunnel a
+//! full snapshot. Written atomically (temp file, then rename), so a crash
+//! leaves the old set or the new one, never half of one.
+//!
+//! Which rules a pod has is `rules.rs`'s business; telling ztunnel is
+//! `zds.rs`'s.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the pod set inside the state directory.
+const FILE_NAME: &str = "pods.json";
+/// Largest pod set read back: a node holds a few hundred pods of a few
+/// hundred bytes each; the bound keeps a damaged file from costing memory.
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// One pod in the mesh: what ZDS needs (uid, name, namespace, service
+/// account, netns) and its addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRecord {
+    /// Kubernetes `metadata.uid`; ztunnel keys workloads by it.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// `spec.serviceAccountName`, for ztunnel's workload match.
+    pub service_account: String,
+    /// The pod's netns path; the snapshot opens it for the fd.
+    pub netns: PathBuf,
+    /// The pod's addresses, from the CNI result.
+    pub ips: Vec<IpAddr>,
+}
+
+/// Pods by (namespace, name): one sandbox per pod name at a time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSet {
+    pods: BTreeMap<(String, String), PodRecord>,
+}
+
+impl PodSet {
+    /// Adds or replaces the pod; returns the record it replaced.
+    pub fn insert(&mut self, pod: PodRecord) -> Option<PodRecord> {
+        self.pods
+            .insert((pod.namespace.clone(), pod.name.clone()), pod)
+    }
+
+    /// The pod `namespace/name`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&PodRecord> {
+        self.pods.get(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Removes `namespace/name` if it is there and, when `uid` is not empty,
+    /// has that uid.
+    pub fn remove(&mut self, namespace: &str, name: &str, uid: &str) -> Option<PodRecord> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let matches = self
+            .pods
+            .get(&key)
+            .is_some_and(|pod| uid.is_empty() || pod.uid == uid);
+        if matches {
+            self.pods.remove(&key)
+        } else {
+            None
+        }
+    }
+
+    /// Removes the pods for which `gone` says yes; returns them.
+    pub fn prune(&mut self, mut gone: impl FnMut(&PodRecord) -> bool) -> Vec<PodRecord> {
+        let keys: Vec<_> = self
+            .pods
+            .iter()
+            .filter(|(_, pod)| gone(pod))
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.into_iter()
+            .filter_map(|key| self.pods.remove(&key))
+            .collect()
+    }
+
+    /// Every pod, in (namespace, name) order.
+    pub fn iter(&self) -> impl Iterator<Item = &PodRecord> {
+        self.pods.values()
+    }
+
+    /// How many pods there are.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+}
+
+/// The on-disk home of the pod set.
+#[derive(Debug, Clone)]
+pub struct PodStore {
+    /// `<state-dir>/pods.json`.
+    path: PathBuf,
+}
+
+impl PodStore {
+    /// A store in `state_dir`, which is created if missing.
+    pub fn open(state_dir: &Path) -> Result<PodStore, PodStoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| PodStoreError::Io {
+            path: state_dir.to_owned(),
+            source,
+        })?;
+        Ok(PodStore {
+            path: state_dir.join(FILE_NAME),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the set; a missing file is an empty set.
+    pub fn load(&self) -> Result<PodSet, PodStoreError> {
+        let io = |source| PodStoreError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let len = match std::fs::metadata(&self.path) {
+            Ok(metadata) => metadata.len(),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PodSet::default());
+            }
+            Err(error) => return Err(io(error)),
+        };
+        if len > MAX_FILE_BYTES {
+            return Err(PodStoreError::TooLarge(self.path.clone()));
+        }
+        let bytes = std::fs::read(&self.path).map_err(io)?;
+        let pods: Vec<PodRecord> =
+            serde_json::from_slice(&bytes).map_err(|source| PodStoreError::Parse {
+                path: self.path.clone(),
+                source,
+            })?;
+        let mut set = PodSet::default();
+        for pod in pods {
+            set.insert(pod);
+        }
+        Ok(set)
+    }
+
+    /// Replaces the file with `set`: write a temp file, sync, rename.
+    pub fn save(&self, set: &PodSet) -> Result<(), PodStoreError> {
+        let io = |source| PodStoreError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let pods: Vec<&PodRecord> = set.iter().collect();
+        let bytes = serde_json::to_vec_pretty(&pods).map_err(|source| PodStoreError::Parse {
+            path: self.path.clone(),
+            source,
+        })?;
+        let temp = self.path.with_extension("json.tmp");
+        let mut file = std::fs::File::create(&temp).map_err(io)?;
+        file.write_all(&bytes).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        std::fs::rename(&temp, &self.path).map_err(io)
+    }
+
+    /// Moves an unreadable file aside (`pods.json.bad`), so the agent can
+    /// start with an empty set and an operator can look at the old one.
+    pub fn quarantine(&self) -> Result<PathBuf, PodStoreError> {
+        let aside = self.path.with_extension("json.bad");
+        std::fs::rename(&self.path, &aside).map_err(|source| PodStoreError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(aside)
+    }
+}
+
+/// Why the pod set could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PodStoreError {
+    /// Reading, writing or renaming failed.
+    #[error("pod set {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a JSON list of pods.
+    #[error("pod set {path} is not a JSON list of pods: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// The file is larger than any real pod set.
+    #[error("pod set {0} is larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge(PathBuf),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(namespace: &str, name: &str, uid: &str) -> PodRecord {
+        PodRecord {
+            uid: uid.into(),
+            name: name.into(),
+            namespace: namespace.into(),
+            service_account: "default".into(),
+            netns: PathBuf::from(format!("/run/netns/{name}")),
+            ips: vec!["198.18.10.2".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn removal_respects_the_uid() {
+        let mut set = PodSet::default();
+        assert_eq!(set.insert(pod("shop", "web-0", "u1")), None);
+        assert_eq!(
+            set.insert(pod("shop", "web-0", "u2")).map(|old| old.uid),
+            Some("u1".into())
+        );
+        assert_eq!(set.remove("shop", "web-0", "u1"), None);
+        assert_eq!(set.len(), 1);
+        assert_eq!(
+            set.remove("shop", "web-0", "u2").map(|p| p.uid),
+            Some("u2".into())
+        );
+        set.insert(pod("shop", "web-0", "u3"));
+        assert!(set.remove("shop", "web-0", "").is_some());
+        assert!(set.remove("shop", "web-0", "").is_none());
+    }
+
+    #[test]
+    fn the_set_survives_a_round_trip_and_bad_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PodStore::open(&dir.path().join("state")).unwrap();
+        assert!(store.load().unwrap().is_empty());
+        let mut set = PodSet::default();
+        set.insert(pod("shop", "web-0", "u1"));
+        set.insert(pod("bank", "api-1", "u2"));
+        store.save(&set).unwrap();
+        assert_eq!(store.load().unwrap(), set);
+        let pruned = set.prune(|pod| pod.namespace == "bank");
+        assert_eq!(pruned.len(), 1);
+        assert_eq!(
+            set.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["web-0"]
+        );
+
+        std::fs::write(store.path(), b"{not json").unwrap();
+        assert!(matches!(store.load(), Err(PodStoreError::Parse { .. })));
+        let aside = store.quarantine().unwrap();
+        assert!(aside.exists());
+        assert!(store.load().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,411 @@
+//! The in-pod redirection of WIRE.md §6, REDIRECT mode: iptables rules in
+//! the mangle, nat and (with DNS capture) raw tables, and the policy
+//! routing (`ip rule` fwmark 0x111/0xfff pref 32764 → table 100, whose
+//! `local` default route sends the app's replies back to ztunnel).
+//!
+//! The core is pure: [`desired_rules`] turns settings into rules,
+//! [`restore_input`] turns the netns's current `iptables-save` text and the
+//! desired rules into one `iptables-restore --noflush` transaction that
+//! leaves exactly one copy of ours (or none, for removal), and
+//! [`routing_steps`] lists the `ip` commands. [`install`] and [`remove`]
+//! run them inside the pod's netns.
+//!
+//! Only in-pod state is handled. The host-side probe SNAT (the
+//! `ISTIO_POSTRT` chain and the `istio-inpod-probes-v4/v6` ipsets) is not
+//! installed: the probe exemption rows (8 and 9) are, so a node that SNATs
+//! kubelet probes to the probe address keeps them unproxied.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use super::netns::{self, NetnsError};
+
+/// ztunnel's socket mark, WIRE.md §1.
+const ZTUNNEL_MARK: &str = "0x539/0xfff";
+/// The connmark of connections ztunnel dialled into the pod, WIRE.md §1.
+const CONNMARK: &str = "0x111/0xfff";
+/// Policy-routing table of the connmarked replies.
+const ROUTE_TABLE: &str = "100";
+/// Preference of the `ip rule` that selects [`ROUTE_TABLE`].
+const RULE_PREFERENCE: &str = "32764";
+/// Our chain on the way in.
+const PREROUTING_CHAIN: &str = "ISTIO_PRERT";
+/// Our chain on the way out.
+const OUTPUT_CHAIN: &str = "ISTIO_OUTPUT";
+/// How often a tolerated `ip ... del` is repeated to remove duplicates left
+/// by earlier runs; one is the normal case.
+const MAX_DUPLICATE_DELETES: usize = 8;
+
+/// Settings that shape the rules, from the agent's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSettings {
+    /// Source of kubelet health probes after host SNAT (rows 8, 9).
+    pub probe_snat_ipv4: Ipv4Addr,
+    /// The IPv6 form of [`RuleSettings::probe_snat_ipv4`].
+    pub probe_snat_ipv6: Ipv6Addr,
+    /// Adds the DNS capture rows (4, 12–15): UDP and TCP port 53 to 15053.
+    pub dns_capture: bool,
+    /// Interfaces whose inbound TCP is treated as outbound (row 6), e.g.
+    /// a KubeVirt VM's tap device. Usually none.
+    pub virtual_interfaces: Vec<String>,
+}
+
+/// An address family: the rules are the same for both but for loopback and
+/// the probe address, and each has its own tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// iptables, `ip -4`.
+    V4,
+    /// ip6tables, `ip -6`.
+    V6,
+}
+
+impl Family {
+    /// The loopback address the rules exempt.
+    fn loopback(self) -> &'static str {
+        match self {
+            Family::V4 => "127.0.0.1/32",
+            Family::V6 => "::1/128",
+        }
+    }
+
+    /// The whole address space, for the `local` route.
+    fn everything(self) -> &'static str {
+        match self {
+            Family::V4 => "0.0.0.0/0",
+            Family::V6 => "::/0",
+        }
+    }
+
+    fn ip_flag(self) -> &'static str {
+        match self {
+            Family::V4 => "-4",
+            Family::V6 => "-6",
+        }
+    }
+
+    /// `iptables-save` or `ip6tables-save`.
+    pub fn save_program(self) -> &'static str {
+        match self {
+            Family::V4 => "iptables-save",
+            Family::V6 => "ip6tables-save",
+        }
+    }
+
+    /// `iptables-restore` or `ip6tables-restore`.
+    pub fn restore_program(self) -> &'static str {
+        match self {
+            Family::V4 => "iptables-restore",
+            Family::V6 => "ip6tables-restore",
+        }
+    }
+}
+
+/// The rules of one table, each an `-A CHAIN ...` line, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRules {
+    /// `mangle`, `nat` or `raw`.
+    pub table: &'static str,
+    /// Appended in this order (the WIRE.md row order within each chain).
+    pub rules: Vec<String>,
+}
+
+/// The rules for one family. Row numbers refer to WIRE.md §6.
+pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules> {
+    let loopback = family.loopback();
+    let probe: IpAddr = match family {
+        Family::V4 => settings.probe_snat_ipv4.into(),
+        Family::V6 => settings.probe_snat_ipv6.into(),
+    };
+    let jumps = [
+        format!("-A PREROUTING -j {PREROUTING_CHAIN}"),
+        format!("-A OUTPUT -j {OUTPUT_CHAIN}"),
+    ];
+    let mangle = vec![
+        jumps[0].clone(), // row 1
+        jumps[1].clone(), // row 2
+        format!(
+            "-A {PREROUTING_CHAIN} -m mark --mark {ZTUNNEL_MARK} -j CONNMARK --set-xmark {CONNMARK}"
+        ), // row 7
+        format!(
+            "-A {OUTPUT_CHAIN} -m connmark --mark {CONNMARK} -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff"
+        ), // row 11
+    ];
+    let mut nat = vec![jumps[1].clone(), jumps[0].clone()]; // rows 3, 5
+    for interface in &settings.virtual_interfaces {
+        // Row 6: traffic entering from a virtual interface is the VM's own
+        // outbound traffic.
+        nat.push(format!(
+            "-A {PREROUTING_CHAIN} -i {interface} -p tcp -j REDIRECT --to-ports 15001"
+        ));
+        nat.push(format!(
+            "-A {PREROUTING_CHAIN} -i {interface} -p tcp -j RETURN"
+        ));
+    }
+    nat.push(format!(
+        "-A {PREROUTING_CHAIN} -s {probe} -p tcp -m tcp -j ACCEPT"
+    )); // row 8
+    nat.push(format!(
+        "-A {OUTPUT_CHAIN} -d {probe} -p tcp -m tcp -j ACCEPT"
+    )); // row 9
+    nat.push(format!(
+        "-A {PREROUTING_CHAIN} ! -d {loopback} -p tcp -m tcp ! --dport 15008 -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15006"
+    )); // row 10
+    if settings.dns_capture {
+        nat.push(format!(
+            "-A {OUTPUT_CHAIN} ! -o lo -p udp -m mark ! --mark {ZTUNNEL_MARK} -m udp --dport 53 -j REDIRECT --to-ports 15053"
+        )); // row 12
+        nat.push(format!(
+            "-A {OUTPUT_CHAIN} ! -d {loopback} -p tcp -m tcp --dport 53 -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15053"
+        )); // row 13
+    }
+    nat.push(format!(
+        "-A {OUTPUT_CHAIN} -p tcp -m mark --mark {CONNMARK} -j ACCEPT"
+    )); // row 16
+    nat.push(format!("-A {OUTPUT_CHAIN} ! -d {loopback} -o lo -j ACCEPT")); // row 17
+    nat.push(format!(
+        "-A {OUTPUT_CHAIN} ! -d {loopback} -p tcp -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15001"
+    )); // row 18
+    let mut tables = vec![
+        TableRules {
+            table: "mangle",
+            rules: mangle,
+        },
+        TableRules {
+            table: "nat",
+            rules: nat,
+        },
+    ];
+    if settings.dns_capture {
+        tables.push(TableRules {
+            table: "raw",
+            rules: vec![
+                jumps[0].clone(), // row 4
+                jumps[1].clone(), // row 4
+                format!("-A {OUTPUT_CHAIN} -p udp -m mark --mark {ZTUNNEL_MARK} -m udp --dport 53 -j CT --zone 1"), // row 14
+                format!(
+                    "-A {PREROUTING_CHAIN} -p udp -m mark ! --mark {ZTUNNEL_MARK} -m udp --sport 53 -j CT --zone 1"
+                ), // row 15
+            ],
+        });
+    }
+    tables
+}
+
+/// What of ours one table holds now, read from `iptables-save`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Present {
+    /// Our chains that exist.
+    chains: Vec<String>,
+    /// Rules in PREROUTING or OUTPUT that jump to our chains, without `-A`.
+    jumps: Vec<String>,
+}
+
+/// Reads our chains and jumps, per table, from `iptables-save` output.
+fn parse_saved(saved: &str) -> BTreeMap<String, Present> {
+    let ours = |chain: &str| chain == PREROUTING_CHAIN || chain == OUTPUT_CHAIN;
+    let mut tables: BTreeMap<String, Present> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in saved.lines().map(str::trim) {
+        if let Some(table) = line.strip_prefix('*') {
+            current = Some(table.to_owned());
+            continue;
+        }
+        let Some(table) = &current else { continue };
+        if let Some(declaration) = line.strip_prefix(':') {
+            let chain = declaration.split_whitespace().next().unwrap_or_default();
+            if ours(chain) {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .chains
+                    .push(chain.to_owned());
+            }
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let mut words = rule.split_whitespace();
+            let chain = words.next().unwrap_or_default();
+            let target = rule.rsplit_once("-j ").map(|(_, target)| target.trim());
+            if (chain == "PREROUTING" || chain == "OUTPUT") && target.is_some_and(ours) {
+                tables
+                    .entry(table.clone())
+                    .or_default()
+                    .jumps
+                    .push(rule.to_owned());
+            }
+        }
+    }
+    tables
+}
+
+/// One `iptables-restore --noflush` transaction that turns the state in
+/// `saved` into `desired`: our chains are declared (which creates or
+/// flushes them), old jumps deleted, then every rule appended. Tables that
+/// hold our chains but are not desired (all of them, for removal) lose
+/// their jumps and chains. Empty when there is nothing to do.
+pub fn restore_input(saved: &str, desired: &[TableRules]) -> String {
+    let present = parse_saved(saved);
+    let mut input = String::new();
+    for table in desired {
+        let old = present.get(table.table);
+        input.push_str(&format!("*{}\n", table.table));
+        for chain in [PREROUTING_CHAIN, OUTPUT_CHAIN] {
+            input.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        for jump in old.map(|old| old.jumps.as_slice()).unwrap_or_default() {
+            input.push_str(&format!("-D {jump}\n"));
+        }
+        for rule in &table.rules {
+            input.push_str(rule);
+            input.push('\n');
+        }
+        input.push_str("COMMIT\n");
+    }
+    for (table, old) in &present {
+        if desired.iter().any(|wanted| wanted.table == table) {
+            continue;
+        }
+        input.push_str(&format!("*{table}\n"));
+        for jump in &old.jumps {
+            input.push_str(&format!("-D {jump}\n"));
+        }
+        for chain in &old.chains {
+            input.push_str(&format!("-F {chain}\n-X {chain}\n"));
+        }
+        input.push_str("COMMIT\n");
+    }
+    input
+}
+
+/// One `ip` command of the policy routing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteStep {
+    /// Must succeed.
+    Run(Vec<String>),
+    /// Repeated until it fails (at most 8 times):
+    /// a delete that removes every copy, and none is fine.
+    RepeatUntilFails(Vec<String>),
+}
+
+/// The `ip` commands that install (or, with `install` false, remove) the
+/// policy routing of one family. Installing deletes old copies first, so
+/// it can be repeated.
+pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
+    let args = |words: &[&str]| -> Vec<String> {
+        [family.ip_flag()]
+            .iter()
+            .chain(words)
+            .map(|word| (*word).to_owned())
+            .collect()
+    };
+    let rule = [
+        "fwmark",
+        CONNMARK,
+        "pref",
+        RULE_PREFERENCE,
+        "lookup",
+        ROUTE_TABLE,
+    ];
+    let route = [
+        "local",
+        family.everything(),
+        "dev",
+        "lo",
+        "table",
+        ROUTE_TABLE,
+    ];
+    let delete_rule = RouteStep::RepeatUntilFails(args(&[&["rule", "del"][..], &rule].concat()));
+    if install {
+        vec![
+            delete_rule,
+            RouteStep::Run(args(&[&["rule", "add"][..], &rule].concat())),
+            RouteStep::Run(args(&[&["route", "replace"][..], &route].concat())),
+        ]
+    } else {
+        vec![
+            delete_rule,
+            RouteStep::RepeatUntilFails(args(&[&["route", "del"][..], &route].concat())),
+        ]
+    }
+}
+
+/// Installs the rules and routing in the netns at `netns_path`, replacing
+/// any earlier copy. IPv6 is set up only when the pod has an IPv6 address
+/// and ip6tables works there.
+pub fn install(
+    netns_path: &Path,
+    pod_ips: &[IpAddr],
+    settings: &RuleSettings,
+) -> Result<(), RulesError> {
+    let has_ipv6 = pod_ips.iter().any(IpAddr::is_ipv6);
+    netns::run_in(netns_path, || {
+        apply(Family::V4, Some(settings))?;
+        if has_ipv6 {
+            match netns::command(Family::V6.save_program(), &[], None) {
+                Ok(_) => apply(Family::V6, Some(settings))?,
+                Err(error) => {
+                    tracing::warn!(%error, "pod has IPv6 but ip6tables does not work; IPv6 is not captured")
+                }
+            }
+        }
+        Ok(())
+    })?
+}
+
+/// Removes every rule and route [`install`] adds; nothing there is fine.
+pub fn remove(netns_path: &Path) -> Result<(), RulesError> {
+    netns::run_in(netns_path, || {
+        apply(Family::V4, None)?;
+        // ip6tables may be missing or unusable in this netns; then nothing
+        // of ours can be there either.
+        if netns::command(Family::V6.save_program(), &[], None).is_ok() {
+            apply(Family::V6, None)?;
+        }
+        Ok(())
+    })?
+}
+
+/// Brings one family of the current netns to the desired state (`None`:
+/// none of ours).
+fn apply(family: Family, settings: Option<&RuleSettings>) -> Result<(), RulesError> {
+    let saved = netns::command(family.save_program(), &[], None)?;
+    let desired = settings
+        .map(|settings| desired_rules(family, settings))
+        .unwrap_or_default();
+    let input = restore_input(&saved, &desired);
+    if !input.is_empty() {
+        netns::command(
+            family.restore_program(),
+            &["--noflush", "--wait=5"],
+            Some(&input),
+        )?;
+    }
+    for step in routing_steps(family, settings.is_some()) {
+        match step {
+            RouteStep::Run(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                netns::command("ip", &args, None)?;
+            }
+            RouteStep::RepeatUntilFails(args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                for _ in 0..MAX_DUPLICATE_DELETES {
+                    if netns::command("ip", &args, None).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why the rules could not be installed or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    /// Entering the netns or running a tool failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+}
+
+#[cfg(test)]
+mod tests;

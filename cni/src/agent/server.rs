@@ -1,0 +1,231 @@
+//! The plugin-event server: HTTP/1.1 on a unix stream socket (WIRE.md §6).
+//!
+//! | Request | Answer |
+//! |---|---|
+//! | `POST /cmdadd` | 200 added; 400 empty or unparsable body; 500 with the error text |
+//! | `POST /cmddel` | 200 removed or unknown; 400 as above; 500 with the error text |
+//! | `GET /pods/<ns>/<name>` | 200 with the pod's record as JSON; 404 when not in the mesh |
+//!
+//! Routing is the pure [`route`]; what a failure means on the wire is
+//! decided here and only here. The decisions themselves are the mesh's.
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
+
+use super::mesh::Mesh;
+use super::stopped;
+
+/// Largest request body read: an add event is well under a kilobyte.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /cmdadd`.
+    Add,
+    /// `POST /cmddel`.
+    Del,
+    /// `GET /pods/<namespace>/<name>`.
+    Pod {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        name: String,
+    },
+    /// A known path with the wrong method.
+    MethodNotAllowed,
+    /// Anything else.
+    NotFound,
+}
+
+/// Maps a method and path to a route.
+pub fn route(method: &Method, path: &str) -> Route {
+    let (wanted, route) = match path {
+        CMD_ADD_PATH => (Method::POST, Route::Add),
+        CMD_DEL_PATH => (Method::POST, Route::Del),
+        _ => match path
+            .strip_prefix(PODS_PATH)
+            .and_then(|rest| rest.split_once('/'))
+        {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                (
+                    Method::GET,
+                    Route::Pod {
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    },
+                )
+            }
+            _ => return Route::NotFound,
+        },
+    };
+    if *method == wanted {
+        route
+    } else {
+        Route::MethodNotAllowed
+    }
+}
+
+/// Binds the socket at `path`, removing a stale one and creating the
+/// directory first.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    UnixListener::bind(path)
+}
+
+/// Serves plugin events until `shutdown`; open connections are then closed.
+pub async fn serve(listener: UnixListener, mesh: Arc<Mesh>, mut shutdown: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            () = stopped(&mut shutdown) => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a plugin connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mesh = Arc::clone(&mesh);
+        connections.spawn(async move {
+            let service = service_fn(move |request| {
+                let mesh = Arc::clone(&mesh);
+                async move { Ok::<_, Infallible>(handle(&mesh, request).await) }
+            });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "plugin connection ended");
+            }
+        });
+    }
+    connections.abort_all();
+}
+
+async fn handle(mesh: &Mesh, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    match route(request.method(), request.uri().path()) {
+        Route::Add => match read_json::<CmdAdd>(request).await {
+            Ok(event) => outcome(mesh.add(event).await),
+            Err(response) => response,
+        },
+        Route::Del => match read_json::<CmdDel>(request).await {
+            Ok(event) => outcome(mesh.del(event).await),
+            Err(response) => response,
+        },
+        Route::Pod { namespace, name } => match mesh.pod(&namespace, &name) {
+            Some(pod) => match serde_json::to_vec(&pod) {
+                Ok(json) => reply(StatusCode::OK, json, "application/json"),
+                Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+            },
+            None => text(
+                StatusCode::NOT_FOUND,
+                format!("pod {namespace}/{name} is not in the mesh"),
+            ),
+        },
+        Route::MethodNotAllowed => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed".into())
+        }
+        Route::NotFound => text(StatusCode::NOT_FOUND, "not found".into()),
+    }
+}
+
+/// Reads a bounded JSON body; the error is the response to send.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    request: Request<Incoming>,
+) -> Result<T, Response<Full<Bytes>>> {
+    let body = Limited::new(request.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|error| {
+            text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading the body: {error}"),
+            )
+        })?
+        .to_bytes();
+    if body.is_empty() {
+        return Err(text(StatusCode::BAD_REQUEST, "empty body".into()));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|error| text(StatusCode::BAD_REQUEST, format!("bad event JSON: {error}")))
+}
+
+/// The one mapping from an add or delete outcome to the wire.
+fn outcome<E: std::fmt::Display>(result: Result<(), E>) -> Response<Full<Bytes>> {
+    match result {
+        Ok(()) => text(StatusCode::OK, String::new()),
+        Err(error) => {
+            tracing::warn!(%error, "plugin event failed");
+            text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+        }
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    reply(status, body.into_bytes(), "text/plain; charset=utf-8")
+}
+
+fn reply(status: StatusCode, body: Vec<u8>, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let pod = |namespace: &str, name: &str| Route::Pod {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let cases = [
+            (Method::POST, "/cmdadd", Route::Add),
+            (Method::POST, "/cmddel", Route::Del),
+            (Method::GET, "/cmdadd", Route::MethodNotAllowed),
+            (Method::GET, "/pods/shop/web-0", pod("shop", "web-0")),
+            (Method::POST, "/pods/shop/web-0", Route::MethodNotAllowed),
+            (Method::GET, "/pods/shop/", Route::NotFound),
+            (Method::GET, "/pods//web-0", Route::NotFound),
+            (Method::GET, "/pods/shop/web-0/x", Route::NotFound),
+            (Method::GET, "/pods/shop", Route::NotFound),
+            (Method::GET, "/", Route::NotFound),
+        ];
+        for (method, path, want) in cases {
+            assert_eq!(route(&method, path), want, "{method} {path}");
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The plugin-event bodies the CNI plugin posts to the node agent (WIRE.md
+//! §6), shared by both sides so their JSON cannot drift apart.
+//!
+//! Field names are Go's default encoding of istio-cni's structs
+//! (`Netns`, `PodName`, `PodNamespace`, `IPs`), and an address is Go's
+//! `net.IPNet` encoding: the IP as text and the mask as base64 bytes.
+//! `PodUID` is our addition; Go's decoder ignores unknown keys, so an
+//! istio-cni agent still accepts our plugin's body. The HTTP exchange lives
+//! in `plugin/client.rs` and `agent/server.rs`.
+
+use std::net::IpAddr;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Path of the add event.
+pub const CMD_ADD_PATH: &str = "/cmdadd";
+/// Path of the delete event (our extension).
+pub const CMD_DEL_PATH: &str = "/cmddel";
+/// Prefix of the pod lookup, `GET /pods/<namespace>/<name>` (our extension).
+pub const PODS_PATH: &str = "/pods/";
+
+/// `POST /cmdadd`: a pod's sandbox is up and should join the mesh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmdAdd {
+    /// Path of the pod's network namespace, from `CNI_NETNS`.
+    #[serde(rename = "Netns")]
+    pub netns: String,
+    /// Pod name, from `K8S_POD_NAME`.
+    #[serde(rename = "PodName")]
+    pub pod_name: String,
+    /// Pod namespace, from `K8S_POD_NAMESPACE`.
+    #[serde(rename = "PodNamespace")]
+    pub pod_namespace: String,
+    /// The pod's addresses, from the previous plugin's result.
+    #[serde(rename = "IPs")]
+    pub ips: Vec<IpConfig>,
+    /// Pod UID, from `K8S_POD_UID`; empty when the runtime gave none. It lets
+    /// the agent notice a registry entry for a different pod of the same name.
+    #[serde(rename = "PodUID", default)]
+    pub pod_uid: String,
+}
+
+/// `POST /cmddel`: a pod's sandbox is going away.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmdDel {
+    /// Path of the pod's network namespace; empty when the runtime already
+    /// removed it (DEL may be repeated after the sandbox is gone).
+    #[serde(rename = "Netns", default)]
+    pub netns: String,
+    /// Pod name.
+    #[serde(rename = "PodName")]
+    pub pod_name: String,
+    /// Pod namespace.
+    #[serde(rename = "PodNamespace")]
+    pub pod_namespace: String,
+    /// Pod UID; when given, a recorded pod with another UID is left alone
+    /// (a late DEL of a replaced sandbox must not remove its successor).
+    #[serde(rename = "PodUID", default)]
+    pub pod_uid: String,
+}
+
+/// One address of the pod, as a CNI result's `ips[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpConfig {
+    /// Index into the result's `interfaces` list; Go's `*int`, so `null`
+    /// when the result names no interface.
+    #[serde(rename = "Interface")]
+    pub interface: Option<u32>,
+    /// Address and prefix.
+    #[serde(rename = "Address")]
+    pub address: IpNet,
+    /// Gateway; Go encodes an absent one as `""`.
+    #[serde(rename = "Gateway", with = "gateway_text")]
+    pub gateway: Option<IpAddr>,
+}
+
+/// An address with its prefix length, encoded like Go's `net.IPNet`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    /// The pod's address (not the network address).
+    pub ip: IpAddr,
+    /// Prefix length; at most 32 for IPv4 and 128 for IPv6.
+    pub prefix_len: u8,
+}
+
+impl IpNet {
+    /// Parses `198.18.10.2/24` or `fd00::2/64`.
+    pub fn parse_cidr(text: &str) -> Option<IpNet> {
+        let (ip, prefix) = text.split_once('/')?;
+        let ip: IpAddr = ip.parse().ok()?;
+        let prefix_len: u8 = prefix.parse().ok()?;
+        (prefix_len <= max_prefix(ip)).then_some(IpNet { ip, prefix_len })
+    }
+
+    /// The mask bytes: 4 for IPv4, 16 for IPv6, as Go's `ParseCIDR` makes.
+    pub fn mask(&self) -> Vec<u8> {
+        let bytes = usize::from(max_prefix(self.ip) / 8);
+        let mut remaining = u32::from(self.prefix_len);
+        let mut mask = Vec::with_capacity(bytes);
+        for _ in 0..bytes {
+            let ones = remaining.min(8);
+            remaining -= ones;
+            // The low byte of 0xff00 >> ones has its top `ones` bits set.
+            mask.push((0xff00_u16 >> ones) as u8);
+        }
+        mask
+    }
+
+    /// The prefix length a Go mask stands for, if it is a contiguous mask of
+    /// the address's length.
+    fn from_mask(ip: IpAddr, mask: &[u8]) -> Option<IpNet> {
+        if mask.len() != usize::from(max_prefix(ip) / 8) {
+            return None;
+        }
+        let mut prefix_len: u8 = 0;
+        let mut ended = false;
+        for byte in mask {
+            let ones = byte.leading_ones();
+            if (ended && *byte != 0) || byte.checked_shl(ones).is_some_and(|rest| rest != 0) {
+                return None;
+            }
+            ended |= ones < 8;
+            prefix_len += ones as u8;
+        }
+        Some(IpNet { ip, prefix_len })
+    }
+}
+
+/// Go's `net.IPNet` JSON shape.
+#[derive(Serialize, Deserialize)]
+struct GoIpNet {
+    #[serde(rename = "IP")]
+    ip: IpAddr,
+    #[serde(rename = "Mask")]
+    mask: String,
+}
+
+impl Serialize for IpNet {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        GoIpNet {
+            ip: self.ip,
+            mask: STANDARD.encode(self.mask()),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for IpNet {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let go = GoIpNet::deserialize(deserializer)?;
+        let mask = STANDARD
+            .decode(&go.mask)
+            .map_err(|error| D::Error::custom(format!("Mask is not base64: {error}")))?;
+        IpNet::from_mask(go.ip, &mask)
+            .ok_or_else(|| D::Error::custom("Mask is not a contiguous mask of the IP's length"))
+    }
+}
+
+/// Longest prefix of the address's family.
+fn max_prefix(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+/// `Gateway` as Go writes a `net.IP`: text, or `""` for none.
+mod gateway_text {
+    use std::net::IpAddr;
+
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        gateway: &Option<IpAddr>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match gateway {
+            Some(ip) => serializer.collect_str(ip),
+            None => serializer.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<IpAddr>, D::Error> {
+        let text = Option::<String>::deserialize(deserializer)?.unwrap_or_default();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse()
+            .map(Some)
+            .map_err(|_| D::Error::custom(format!("Gateway {text:?} is not an IP address")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_body_uses_go_field_names() {
+        let body = CmdAdd {
+            netns: "/var/run/netns/cni-1".into(),
+            pod_name: "web-0".into(),
+            pod_namespace: "shop".into(),
+            ips: vec![
+                IpConfig {
+                    interface: Some(2),
+                    address: IpNet::parse_cidr("198.18.10.2/24").unwrap(),
+                    gateway: Some("198.18.10.1".parse().unwrap()),
+                },
+                IpConfig {
+                    interface: None,
+                    address: IpNet::parse_cidr("fd00::2/64").unwrap(),
+                    gateway: None,
+                },
+            ],
+            pod_uid: "uid-1".into(),
+        };
+        let json = serde_json::to_value(&body).unwrap();
+        let want = serde_json::json!({
+            "Netns": "/var/run/netns/cni-1",
+            "PodName": "web-0",
+            "PodNamespace": "shop",
+            "IPs": [
+                {"Interface": 2, "Address": {"IP": "198.18.10.2", "Mask": "////AA=="}, "Gateway": "198.18.10.1"},
+                {"Interface": null, "Address": {"IP": "fd00::2", "Mask": "//////////8AAAAAAAAAAA=="}, "Gateway": ""}
+            ],
+            "PodUID": "uid-1"
+        });
+        assert_eq!(json, want);
+        let back: CmdAdd = serde_json::from_value(json).unwrap();
+        assert_eq!(back, body);
+    }
+
+    #[test]
+    fn istio_bodies_without_our_keys_decode() {
+        let body =
+            r#"{"Netns":"/proc/1/ns/net","PodName":"a","PodNamespace":"b","IPs":[],"Extra":1}"#;
+        let add: CmdAdd = serde_json::from_str(body).unwrap();
+        assert_eq!(add.pod_uid, "");
+        let del: CmdDel = serde_json::from_str(r#"{"PodName":"a","PodNamespace":"b"}"#).unwrap();
+        assert_eq!(del.netns, "");
+    }
+
+    #[test]
+    fn masks_round_trip_and_bad_ones_are_refused() {
+        for cidr in [
+            "10.0.0.1/0",
+            "10.0.0.1/8",
+            "10.0.0.1/31",
+            "10.0.0.1/32",
+            "::1/128",
+            "fd00::1/65",
+        ] {
+            let net = IpNet::parse_cidr(cidr).unwrap();
+            assert_eq!(IpNet::from_mask(net.ip, &net.mask()), Some(net), "{cidr}");
+        }
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let refused: [&[u8]; 4] = [
+            &[255, 0, 255, 0],
+            &[255, 255, 0b1011_0000, 0],
+            &[255; 16],
+            &[255; 3],
+        ];
+        for mask in refused {
+            assert_eq!(IpNet::from_mask(v4, mask), None, "{mask:?}");
+        }
+        for text in ["10.0.0.1", "10.0.0.1/33", "::1/129", "x/1", "10.0.0.1/-1"] {
+            assert_eq!(IpNet::parse_cidr(text), None, "{text}");
+        }
+        let bad = r#"{"Interface":0,"Address":{"IP":"10.0.0.1","Mask":"%%"},"Gateway":""}"#;
+        assert!(serde_json::from_str::<IpConfig>(bad).is_err());
+    }
+}

@@ -1,0 +1,180 @@
+//! The chained CNI plugin (`ztunnel-cni`, CNI spec 1.0 and earlier 0.3+).
+//!
+//! It runs after the node's main plugin. For a pod in an ambient namespace,
+//! ADD tells the node agent (`POST /cmdadd`, WIRE.md §6) and fails unless
+//! the agent answers 200: a pod must never start silently outside the mesh.
+//! It then prints `prevResult` unchanged. DEL tells the agent (`POST
+//! /cmddel`) and succeeds even when the agent is away, because the agent
+//! prunes pods whose netns vanished when it starts. CHECK asks the agent
+//! whether it holds the pod (`GET /pods/<ns>/<name>`). Pods outside ambient
+//! namespaces pass through without the agent being contacted.
+//!
+//! Configuration keys are in [`config`]; the environment in [`mod@env`]; the
+//! mapping of failures to CNI error codes in [`error`].
+
+use http::StatusCode;
+
+use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
+
+use client::AgentClient;
+use config::{PluginConfig, SUPPORTED_VERSIONS};
+use env::{CniEnv, Command, K8sPod};
+use error::PluginError;
+
+pub mod client;
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod result;
+
+/// Version used for errors raised before the configuration is parsed.
+const FALLBACK_VERSION: &str = "1.0.0";
+
+/// What the binary writes and how it exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginOutput {
+    /// Written to stdout: the result, the version list, or the error JSON.
+    pub stdout: String,
+    /// Lines for stderr: things the runtime should log but not fail on.
+    pub warnings: Vec<String>,
+    /// Exit status zero or not.
+    pub success: bool,
+}
+
+/// Runs one invocation with the runtime's environment variables and stdin.
+pub fn run(vars: impl IntoIterator<Item = (String, String)>, stdin: &[u8]) -> PluginOutput {
+    let mut warnings = Vec::new();
+    let mut version = FALLBACK_VERSION.to_owned();
+    let outcome = CniEnv::from_vars(vars)
+        .map_err(PluginError::from)
+        .and_then(|env| dispatch(&env, stdin, &mut version, &mut warnings));
+    match outcome {
+        Ok(stdout) => PluginOutput {
+            stdout: stdout.map(|json| json.to_string()).unwrap_or_default(),
+            warnings,
+            success: true,
+        },
+        Err(error) => PluginOutput {
+            stdout: error.to_json(&version).to_string(),
+            warnings,
+            success: false,
+        },
+    }
+}
+
+/// Runs the command; `version` is set as soon as the configuration is read,
+/// so that errors are written in the runtime's version.
+fn dispatch(
+    env: &CniEnv,
+    stdin: &[u8],
+    version: &mut String,
+    warnings: &mut Vec<String>,
+) -> Result<Option<serde_json::Value>, PluginError> {
+    if env.command == Command::Version {
+        let requested =
+            config::requested_version(stdin).unwrap_or_else(|| FALLBACK_VERSION.to_owned());
+        return Ok(Some(serde_json::json!({
+            "cniVersion": requested,
+            "supportedVersions": SUPPORTED_VERSIONS,
+        })));
+    }
+    let config = PluginConfig::parse(stdin)?;
+    version.clone_from(&config.cni_version);
+    let pod = env
+        .pod
+        .as_ref()
+        .filter(|pod| config.captures(&pod.namespace));
+    match env.command {
+        Command::Add => add(env, &config, pod).map(Some),
+        Command::Del => del(env, &config, pod, warnings).map(|()| None),
+        Command::Check => check(&config, pod).map(|()| None),
+        Command::Version => Ok(None),
+    }
+}
+
+fn add(
+    env: &CniEnv,
+    config: &PluginConfig,
+    pod: Option<&K8sPod>,
+) -> Result<serde_json::Value, PluginError> {
+    let prev_result = config.prev_result.as_ref().ok_or(PluginError::NotChained)?;
+    if let Some(pod) = pod {
+        let event = CmdAdd {
+            netns: env.netns.clone().unwrap_or_default(),
+            pod_name: pod.name.clone(),
+            pod_namespace: pod.namespace.clone(),
+            ips: result::pod_ips(prev_result)?,
+            pod_uid: pod.uid.clone(),
+        };
+        let client = AgentClient::new(config.agent_socket.clone());
+        let reply = block_on(client.post_json(CMD_ADD_PATH, &event))?
+            .map_err(PluginError::AgentUnreachable)?;
+        if reply.status != StatusCode::OK {
+            return Err(refused("ADD", pod, reply.status, reply.body));
+        }
+    }
+    Ok(result::passthrough(prev_result, &config.cni_version))
+}
+
+fn del(
+    env: &CniEnv,
+    config: &PluginConfig,
+    pod: Option<&K8sPod>,
+    warnings: &mut Vec<String>,
+) -> Result<(), PluginError> {
+    let Some(pod) = pod else { return Ok(()) };
+    let event = CmdDel {
+        netns: env.netns.clone().unwrap_or_default(),
+        pod_name: pod.name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        pod_uid: pod.uid.clone(),
+    };
+    let client = AgentClient::new(config.agent_socket.clone());
+    match block_on(client.post_json(CMD_DEL_PATH, &event))? {
+        Ok(reply) if reply.status == StatusCode::OK => Ok(()),
+        Ok(reply) => Err(refused("DEL", pod, reply.status, reply.body)),
+        Err(error) => {
+            warnings.push(format!(
+                "ztunnel-cni: DEL of pod {}/{}: {error}; the agent prunes it when it starts",
+                pod.namespace, pod.name
+            ));
+            Ok(())
+        }
+    }
+}
+
+fn check(config: &PluginConfig, pod: Option<&K8sPod>) -> Result<(), PluginError> {
+    let Some(pod) = pod else { return Ok(()) };
+    let client = AgentClient::new(config.agent_socket.clone());
+    let path = format!("{PODS_PATH}{}/{}", pod.namespace, pod.name);
+    let reply = block_on(client.get(&path))?.map_err(PluginError::AgentUnreachable)?;
+    if reply.status != StatusCode::OK {
+        return Err(PluginError::NotInMesh {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            status: reply.status.as_u16(),
+            body: reply.body,
+        });
+    }
+    Ok(())
+}
+
+fn refused(what: &'static str, pod: &K8sPod, status: StatusCode, body: String) -> PluginError {
+    PluginError::AgentRefused {
+        what,
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        status: status.as_u16(),
+        body,
+    }
+}
+
+/// Runs one agent exchange on a single-threaded runtime: the plugin is a
+/// short-lived process that makes at most one request.
+fn block_on<T>(future: impl Future<Output = T>) -> Result<T, PluginError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(PluginError::Runtime)?;
+    Ok(runtime.block_on(future))
+}

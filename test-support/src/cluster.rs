@@ -1,0 +1,524 @@
+//! A small in-pod mesh on this machine, the way a Kubernetes cluster lays it
+//! out: a "fabric" namespace with a bridge joining the CA and the nodes
+//! (198.18.0.0/24), and in each node a pod bridge (`cni0`, a /24 of its own
+//! from 198.18.0.0/15) made by the real `bridge` and `host-local` CNI
+//! plugins, routes to the other nodes' pods, our node agent and a shared-mode
+//! ztunnel. Pods are network namespaces added through the real CNI chain
+//! `bridge` → `ztunnel-cni`, as a container runtime does.
+//!
+//! Everything lives under one temporary directory and in namespaces named
+//! uniquely; dropping the [`Cluster`] stops every process it started (by
+//! PID) and removes every namespace.
+//!
+//! Pods are in `cluster/pods.rs`; the files the components read (pod
+//! registry, mesh configuration, tokens) in `cluster/files.rs`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::ca::{PodRef, TestCa};
+use crate::cni::CniNetwork;
+use crate::netns::{self, NetNs};
+
+mod files;
+mod pods;
+
+pub use files::MeshFile;
+pub use pods::{Pod, PodSpec};
+
+/// The CA's address on the fabric.
+const CA_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// The trust domain of every identity in the cluster.
+pub const TRUST_DOMAIN: &str = "cluster.local";
+/// How long a component gets to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Where the binaries the cluster runs are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The node proxy.
+    pub ztunnel: PathBuf,
+    /// The node agent.
+    pub agent: PathBuf,
+    /// Our CNI plugin.
+    pub plugin: PathBuf,
+}
+
+impl Binaries {
+    /// The workspace's binaries in the same target directory as the running
+    /// executable (a test in `target/<profile>/deps`, or a binary in
+    /// `target/<profile>`), and the Debian CNI plugins.
+    pub fn from_target_dir() -> anyhow::Result<Binaries> {
+        let exe = std::env::current_exe()?;
+        let mut dir = exe.parent().context("executable without a directory")?;
+        if dir.ends_with("deps") {
+            dir = dir.parent().context("deps without a parent")?;
+        }
+        let binaries = Binaries {
+            ztunnel: dir.join("ztunnel"),
+            agent: dir.join("ztunnel-agent"),
+            plugin: dir.join("ztunnel-cni"),
+        };
+        binaries.check()?;
+        Ok(binaries)
+    }
+
+    /// Fails with what is missing.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for path in [&self.ztunnel, &self.agent, &self.plugin] {
+            if !path.exists() {
+                bail!(
+                    "{} is missing (cargo build --workspace builds it)",
+                    path.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the cluster cannot run here, if it cannot: root, `ip`, `iptables`
+/// and the CNI plugins are needed.
+pub fn unavailable() -> Option<String> {
+    crate::cni::unavailable()
+}
+
+/// One node: its namespace, address, pod subnet and processes.
+pub struct Node {
+    /// `node-a`, `node-b`, ...
+    pub name: String,
+    /// The node's network namespace.
+    pub ns: NetNs,
+    /// Its address on the fabric.
+    pub ip: Ipv4Addr,
+    /// The third octet of its pod subnet, 198.18.<octet>.0/24.
+    pub pod_octet: u8,
+    /// Files of this node: sockets, agent state, logs, token.
+    pub dir: PathBuf,
+    /// The pod network: bridge, IPAM and our plugin.
+    pub network: CniNetwork,
+    agent: Option<Child>,
+    ztunnel: Option<Child>,
+}
+
+impl Node {
+    /// The agent's plugin-event socket, for the plugin's config.
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.dir.join("pluginevent.sock")
+    }
+
+    /// The ZDS socket.
+    pub fn zds_socket(&self) -> PathBuf {
+        self.dir.join("ztunnel.sock")
+    }
+
+    /// ztunnel's log (JSON lines, with access logs).
+    pub fn ztunnel_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ztunnel.log")).unwrap_or_default()
+    }
+
+    /// The agent's log.
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// The PID of the running ztunnel, if any.
+    pub fn ztunnel_pid(&self) -> Option<u32> {
+        self.ztunnel.as_ref().map(Child::id)
+    }
+
+    /// An HTTP GET to one of ztunnel's own ports in the node (15020
+    /// metrics, 15021 readiness, 15000 admin): the status line and body.
+    pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = self
+            .ns
+            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .context("no HTTP status")?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    }
+
+    /// Whether ztunnel answers ready.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.http_get(15021, "/healthz/ready"), Ok((200, _)))
+    }
+
+    /// The workload uids ztunnel's `/config_dump` lists.
+    pub fn known_workloads(&self) -> Vec<String> {
+        let Ok((200, body)) = self.http_get(15000, "/config_dump") else {
+            return Vec::new();
+        };
+        let Ok(dump) = serde_json::from_str::<serde_json::Value>(&body) else {
+            return Vec::new();
+        };
+        dump.get("workloads")
+            .and_then(serde_json::Value::as_array)
+            .map(|workloads| {
+                workloads
+                    .iter()
+                    .filter_map(|workload| workload.get("uid")?.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until ztunnel is ready.
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.is_ready() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "{}: ztunnel not ready after {START_TIMEOUT:?}; log:\n{}",
+            self.name,
+            tail(&self.ztunnel_log(), 30)
+        )
+    }
+}
+
+/// The running cluster.
+pub struct Cluster {
+    /// Nodes, in the order given.
+    pub nodes: Vec<Node>,
+    /// Pods added and not deleted.
+    pub pods: Vec<Pod>,
+    /// Namespaces whose pods are captured.
+    pub ambient_namespaces: Vec<String>,
+    mesh: MeshFile,
+    binaries: Binaries,
+    ca: TestCa,
+    // Dropped after the processes: the namespaces and files they use.
+    _fabric: NetNs,
+    _ca_ns: NetNs,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Builds the fabric, the CA and the nodes, with an agent and a ztunnel
+    /// on each; `pods` go into the CA's pod registry (a pod must be known
+    /// there before it is added, as in Kubernetes). Pods are added with
+    /// [`Cluster::add_pod`].
+    pub fn start(
+        node_names: &[&str],
+        pods: &[PodSpec],
+        ambient_namespaces: &[&str],
+        binaries: Binaries,
+    ) -> anyhow::Result<Cluster> {
+        binaries.check()?;
+        let dir = tempfile::Builder::new().prefix("zt-cluster").tempdir()?;
+        let fabric = NetNs::create("fab")?;
+        fabric.exec(&["ip", "link", "add", "fab0", "type", "bridge"])?;
+        fabric.exec(&["ip", "link", "set", "fab0", "up"])?;
+        let ca_ns = NetNs::create("ca")?;
+        attach(&fabric, &ca_ns, CA_IP)?;
+        let registry = files::registry(node_names, pods);
+        let ca = TestCa::start(
+            &ca_ns,
+            SocketAddr::from((CA_IP, 15012)),
+            TRUST_DOMAIN,
+            &registry,
+        )?;
+        let mut nodes = Vec::with_capacity(node_names.len());
+        for (index, name) in node_names.iter().enumerate() {
+            let offset = u8::try_from(index).context("too many nodes")?;
+            let ns = NetNs::create("node")?;
+            let node_dir = dir.path().join(name);
+            let pod_octet = 10 + offset;
+            let network = CniNetwork::new(
+                &ns,
+                &format!("198.18.{pod_octet}.0/24"),
+                &binaries.plugin,
+                &node_dir.join("pluginevent.sock"),
+            )?
+            .ambient_namespaces(ambient_namespaces);
+            let node = Node {
+                name: (*name).to_owned(),
+                ns,
+                ip: Ipv4Addr::new(198, 18, 0, 10 + offset),
+                pod_octet,
+                dir: node_dir,
+                network,
+                agent: None,
+                ztunnel: None,
+            };
+            std::fs::create_dir_all(&node.dir)?;
+            attach(&fabric, &node.ns, node.ip)?;
+            node.ns
+                .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
+            let ztunnel_pod = files::ztunnel_pod(name);
+            ca.write_token(
+                &PodRef {
+                    namespace: "istio-system",
+                    service_account: "ztunnel",
+                    name: &ztunnel_pod,
+                    uid: &format!("uid-{ztunnel_pod}"),
+                    node: Some(name),
+                },
+                &node.dir.join("ztunnel.token"),
+            )?;
+            nodes.push(node);
+        }
+        // Every node routes every other node's pod subnet to that node.
+        for node in &nodes {
+            for other in nodes.iter().filter(|other| other.name != node.name) {
+                let subnet = format!("198.18.{}.0/24", other.pod_octet);
+                node.ns
+                    .exec(&["ip", "route", "add", &subnet, "via", &other.ip.to_string()])?;
+            }
+        }
+        let mesh = MeshFile::new(dir.path().join("mesh.yaml"))?;
+        let mut cluster = Cluster {
+            nodes,
+            pods: Vec::new(),
+            ambient_namespaces: ambient_namespaces
+                .iter()
+                .map(|ns| (*ns).to_owned())
+                .collect(),
+            mesh,
+            binaries,
+            ca,
+            _fabric: fabric,
+            _ca_ns: ca_ns,
+            dir,
+        };
+        for index in 0..cluster.nodes.len() {
+            cluster.start_agent(index)?;
+            cluster.start_ztunnel(index)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The node with this name.
+    pub fn node(&self, name: &str) -> anyhow::Result<&Node> {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .with_context(|| format!("no node {name}"))
+    }
+
+    fn node_index(&self, name: &str) -> anyhow::Result<usize> {
+        self.nodes
+            .iter()
+            .position(|node| node.name == name)
+            .with_context(|| format!("no node {name}"))
+    }
+
+    /// The CA's pod registry file.
+    pub fn registry_path(&self) -> PathBuf {
+        self.ca.pods_path()
+    }
+
+    /// The mesh configuration every ztunnel reads (`LOCAL_XDS_PATH`).
+    pub fn mesh(&mut self) -> &mut MeshFile {
+        &mut self.mesh
+    }
+
+    /// Starts (or restarts) the node agent of `node`.
+    pub fn start_agent(&mut self, index: usize) -> anyhow::Result<()> {
+        let registry = self.ca.pods_path();
+        let node = self.nodes.get_mut(index).context("no such node")?;
+        stop(&mut node.agent);
+        let log = append(&node.dir.join("agent.log"))?;
+        let child = node
+            .ns
+            .command(&self.binaries.agent.to_string_lossy())
+            .arg("--plugin-socket")
+            .arg(node.plugin_socket())
+            .arg("--zds-socket")
+            .arg(node.zds_socket())
+            .arg("--state-dir")
+            .arg(node.dir.join("agent-state"))
+            .arg("--pods")
+            .arg(&registry)
+            .arg("--node-name")
+            .arg(&node.name)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the node agent")?;
+        node.agent = Some(child);
+        wait_for_path(&node.plugin_socket())?;
+        wait_for_path(&node.zds_socket())
+    }
+
+    /// Stops the node agent of `node` (SIGKILL, by PID).
+    pub fn kill_agent(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self.node_index(name)?;
+        let node = self.nodes.get_mut(index).context("no such node")?;
+        stop(&mut node.agent);
+        Ok(())
+    }
+
+    /// Restarts the node agent of `name`.
+    pub fn restart_agent(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self.node_index(name)?;
+        self.start_agent(index)
+    }
+
+    /// Starts (or restarts) the shared-mode ztunnel of `node`.
+    pub fn start_ztunnel(&mut self, index: usize) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(index).context("no such node")?;
+        stop(&mut node.ztunnel);
+        let log = append(&node.dir.join("ztunnel.log"))?;
+        let child = node
+            .ns
+            .command(&self.binaries.ztunnel.to_string_lossy())
+            .env_clear()
+            .env("PROXY_MODE", "shared")
+            .env("NODE_NAME", &node.name)
+            .env("INPOD_UDS", node.zds_socket())
+            .env("LOCAL_XDS_PATH", self.mesh.path())
+            .env("CA_ADDRESS", self.ca.address())
+            .env("CA_ROOT_CA", self.ca.root_cert_path())
+            .env("AUTH_TOKEN", node.dir.join("ztunnel.token"))
+            .env("TRUST_DOMAIN", TRUST_DOMAIN)
+            .env("ZTUNNEL_WORKER_THREADS", "1")
+            .env("TERMINATION_GRACE_PERIOD_SECONDS", "1s")
+            .env("RUST_LOG", "info,access=debug")
+            .env("LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting ztunnel")?;
+        node.ztunnel = Some(child);
+        Ok(())
+    }
+
+    /// Kills the ztunnel of `name` (SIGKILL, by PID).
+    pub fn kill_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self.node_index(name)?;
+        let node = self.nodes.get_mut(index).context("no such node")?;
+        stop(&mut node.ztunnel);
+        Ok(())
+    }
+
+    /// Starts the ztunnel of `name` again.
+    pub fn restart_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self.node_index(name)?;
+        self.start_ztunnel(index)
+    }
+
+    /// Waits until every ztunnel is ready and knows exactly the workloads
+    /// of the mesh file (it reloads the file about once a second).
+    pub fn wait_synced(&self) -> anyhow::Result<()> {
+        let mut wanted: Vec<String> = self.pods.iter().map(|pod| pod.spec.uid()).collect();
+        wanted.sort();
+        let deadline = Instant::now() + START_TIMEOUT;
+        for node in &self.nodes {
+            node.wait_ready()?;
+            loop {
+                let mut known = node.known_workloads();
+                known.sort();
+                if known == wanted {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("{}: ztunnel knows {known:?}, not {wanted:?}", node.name);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cluster's working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            stop(&mut node.ztunnel);
+            stop(&mut node.agent);
+        }
+        // Pods (and their veths) go with their namespaces; the node
+        // namespaces take the bridges and routes with them.
+        self.pods.clear();
+    }
+}
+
+/// Joins `member` to the fabric bridge with a veth pair and gives it `ip`.
+fn attach(fabric: &NetNs, member: &NetNs, ip: Ipv4Addr) -> anyhow::Result<()> {
+    let last = ip.octets()[3];
+    let (outer, inner) = (format!("f{}x{last}", std::process::id() % 100_000), "eth0");
+    netns::run(
+        "ip",
+        &[
+            "link",
+            "add",
+            &outer,
+            "netns",
+            fabric.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inner,
+            "netns",
+            member.name(),
+        ],
+    )?;
+    fabric.exec(&["ip", "link", "set", &outer, "master", "fab0"])?;
+    fabric.exec(&["ip", "link", "set", &outer, "up"])?;
+    member.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", inner])?;
+    member.exec(&["ip", "link", "set", inner, "up"])?;
+    Ok(())
+}
+
+/// Stops a child we started: SIGKILL by PID, then reaps it.
+fn stop(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn append(path: &Path) -> anyhow::Result<File> {
+    Ok(File::options().create(true).append(true).open(path)?)
+}
+
+fn wait_for_path(path: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if path.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("{} did not appear", path.display())
+}
+
+/// The last `lines` lines of a log, for failure messages.
+pub fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

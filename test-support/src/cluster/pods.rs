@@ -1,0 +1,238 @@
+//! Pods of the cluster: a network namespace each, attached through the
+//! real CNI chain of its node, with an application (an echo server) and a
+//! way to open connections from inside it.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::cluster::Cluster;
+use crate::cni::PodSandbox;
+use crate::netns::NetNs;
+
+/// How long a connection attempt from a pod may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a read in a pod may block.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pod before it exists: what the registry and the mesh know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    /// Pod name.
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+    /// The node it runs on.
+    pub node: String,
+}
+
+impl PodSpec {
+    /// A pod spec.
+    pub fn new(name: &str, namespace: &str, service_account: &str, node: &str) -> PodSpec {
+        PodSpec {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            service_account: service_account.to_owned(),
+            node: node.to_owned(),
+        }
+    }
+
+    /// Its uid, derived from its name.
+    pub fn uid(&self) -> String {
+        format!("uid-{}-{}", self.namespace, self.name)
+    }
+
+    /// Its SPIFFE identity.
+    pub fn identity(&self) -> String {
+        format!(
+            "spiffe://{}/ns/{}/sa/{}",
+            crate::cluster::TRUST_DOMAIN,
+            self.namespace,
+            self.service_account
+        )
+    }
+}
+
+/// A running pod.
+#[derive(Debug)]
+pub struct Pod {
+    /// What it is.
+    pub spec: PodSpec,
+    /// Its network namespace.
+    pub ns: NetNs,
+    /// The address the CNI chain gave it.
+    pub ip: Ipv4Addr,
+}
+
+impl Pod {
+    /// Serves an echo application on `port` (all addresses) inside the pod,
+    /// on background threads: each connection gets back what it sends,
+    /// until it half-closes.
+    pub fn serve_echo(&self, port: u16) -> anyhow::Result<()> {
+        let listener = self
+            .ns
+            .run(move || TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))))??;
+        std::thread::Builder::new()
+            .name(format!("echo-{}", self.spec.name))
+            .spawn(move || {
+                // Ends when the listener fails, i.e. with the pod.
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else { return };
+                    std::thread::spawn(move || echo(stream));
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Opens a TCP connection from inside the pod, as its application
+    /// would: capture rules apply.
+    pub fn connect(&self, target: SocketAddr) -> anyhow::Result<TcpStream> {
+        let stream = self
+            .ns
+            .run(move || TcpStream::connect_timeout(&target, CONNECT_TIMEOUT))?
+            .with_context(|| format!("{} connecting to {target}", self.spec.name))?;
+        stream.set_read_timeout(Some(READ_TIMEOUT))?;
+        Ok(stream)
+    }
+
+    /// Sends `data` to `target` over a new connection, half-closes, and
+    /// returns everything read back.
+    pub fn exchange(&self, target: SocketAddr, data: &[u8]) -> anyhow::Result<Vec<u8>> {
+        let mut stream = self.connect(target)?;
+        stream.write_all(data)?;
+        stream.shutdown(Shutdown::Write)?;
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply)?;
+        Ok(reply)
+    }
+
+    /// The pod's iptables rules (`iptables-save`).
+    pub fn iptables(&self) -> anyhow::Result<String> {
+        let output = self.ns.exec(&["iptables-save"])?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Whether something listens on `port` inside the pod (on its own
+    /// address, as a peer ztunnel would dial it).
+    pub fn listens_on(&self, port: u16) -> bool {
+        let target = SocketAddr::from((self.ip, port));
+        self.ns
+            .run(move || TcpStream::connect_timeout(&target, CONNECT_TIMEOUT).is_ok())
+            .unwrap_or(false)
+    }
+}
+
+/// Echoes one connection until its write side closes.
+fn echo(mut stream: TcpStream) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut buffer = [0; 16 * 1024];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => {
+                if stream
+                    .write_all(buffer.get(..read).unwrap_or_default())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+impl Cluster {
+    /// Adds a pod through its node's CNI chain (bridge, then our plugin)
+    /// and puts it in the mesh configuration: HBONE in an ambient
+    /// namespace, plain TCP otherwise. The pod must be in the registry.
+    pub fn add_pod(&mut self, spec: &PodSpec) -> anyhow::Result<&Pod> {
+        let node = self.node(&spec.node)?;
+        let ns = NetNs::create("pod")?;
+        let uid = spec.uid();
+        let sandbox = PodSandbox::new(&ns, &spec.namespace, &spec.name, &uid);
+        let outcome = node.network.add(&sandbox)?;
+        if !outcome.plugin.success {
+            bail!(
+                "CNI ADD of {} failed: {} {}",
+                spec.name,
+                outcome.plugin.stdout,
+                outcome.plugin.stderr
+            );
+        }
+        let (ip, gateway) = first_ipv4(&outcome.bridge_result)
+            .with_context(|| format!("no IPv4 address in {}", outcome.bridge_result))?;
+        // Other nodes' pods are reached through the node: the pod's default
+        // route is its bridge, as a cluster's CNI configuration sets it.
+        ns.exec(&[
+            "ip",
+            "route",
+            "replace",
+            "default",
+            "via",
+            &gateway.to_string(),
+        ])?;
+        let ambient = self.is_ambient(&spec.namespace);
+        self.mesh().set_workload(spec, ip, ambient)?;
+        self.pods.push(Pod {
+            spec: spec.clone(),
+            ns,
+            ip,
+        });
+        self.pods.last().context("pod just added")
+    }
+
+    /// Deletes a pod the way the runtime does: CNI DEL through the chain,
+    /// then the namespace goes.
+    pub fn delete_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let index = self
+            .pods
+            .iter()
+            .position(|pod| pod.spec.name == name)
+            .with_context(|| format!("no pod {name}"))?;
+        let pod = self.pods.remove(index);
+        let uid = pod.spec.uid();
+        let node = self.node(&pod.spec.node)?;
+        let sandbox = PodSandbox::new(&pod.ns, &pod.spec.namespace, &pod.spec.name, &uid);
+        let run = node.network.del(&sandbox)?;
+        if !run.success {
+            bail!("CNI DEL of {name} failed: {} {}", run.stdout, run.stderr);
+        }
+        self.mesh().remove_workload(&pod.spec)?;
+        Ok(())
+    }
+
+    /// The pod with this name.
+    pub fn pod(&self, name: &str) -> anyhow::Result<&Pod> {
+        self.pods
+            .iter()
+            .find(|pod| pod.spec.name == name)
+            .with_context(|| format!("no pod {name}"))
+    }
+
+    fn is_ambient(&self, namespace: &str) -> bool {
+        self.ambient_namespaces
+            .iter()
+            .any(|ambient| ambient == "*" || ambient == namespace)
+    }
+}
+
+/// The first IPv4 address of a CNI result (`ips[].address`, CIDR form)
+/// and its gateway.
+fn first_ipv4(result: &serde_json::Value) -> Option<(Ipv4Addr, Ipv4Addr)> {
+    result.get("ips")?.as_array()?.iter().find_map(|ip| {
+        let address = ip
+            .get("address")?
+            .as_str()?
+            .split('/')
+            .next()?
+            .parse()
+            .ok()?;
+        let gateway = ip.get("gateway")?.as_str()?.parse().ok()?;
+        Some((address, gateway))
+    })
+}
