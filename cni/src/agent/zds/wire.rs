@@ -264,5 +264,8 @@ mod tests {
         .encode_to_vec();
         assert_eq!(decode_hello(&hello).unwrap(), 1);
         assert_eq!(decode_hello(&[]).unwrap(), 0);
+        // A ztunnel that answers before saying hello breaks the protocol:
+        // the connection is refused rather than read as a hello.
+        assert!(matches!(decode_hello(&ack("")), Err(WireError::Decode(_))));
     }
 }
