@@ -97,7 +97,7 @@ pub struct Node {
     pub ns: NetNs,
     /// Its address on the fabric.
     pub ip: Ipv4Addr,
-    /// The third octet of its pod subnet, 198.18.<octet>.0/24.
+    /// The third octet of its pod subnet, `198.18.<octet>.0/24`.
     pub pod_octet: u8,
     /// Files of this node: sockets, agent state, logs, token.
     pub dir: PathBuf,
