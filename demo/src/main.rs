@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+use ztunnel_test_support::wait;
 
 /// The application port every pod serves (an echo server).
 const APP_PORT: u16 = 8080;
@@ -246,15 +247,8 @@ fn still_open(stream: &mut std::net::TcpStream) -> bool {
 
 /// Polls `check` for up to 10 s (the ztunnels reload the mesh file about
 /// once a second).
-fn wait_until(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    false
+fn wait_until(check: impl FnMut() -> bool) -> bool {
+    wait::until(Duration::from_secs(10), check)
 }
 
 /// Who talked to whom, from the destination ztunnels' access logs: the

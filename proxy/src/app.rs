@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use rand::Rng;
-use ztunnel_certs::identity::Identity;
+use ztunnel_certs::identity::{Identity, IdentityError};
 
 use crate::config::{Config, WorkloadInfo};
 use crate::discovery::{self, SharedState};
@@ -105,6 +105,20 @@ pub fn find_node_workload(
                 && node.is_none_or(|node| *workload.node == *node)
         })
         .cloned()
+}
+
+/// The identity a local workload runs as: its workload's when the state
+/// knows it (among `NODE_NAME`'s), else built from the configured trust
+/// domain, namespace and service account.
+pub fn local_identity(
+    state: &State,
+    info: &WorkloadInfo,
+    config: &Config,
+) -> Result<Identity, IdentityError> {
+    match find_node_workload(state, info, config.node_name.as_deref()) {
+        Some(workload) => workload.identity(),
+        None => Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
+    }
 }
 
 /// The pool limits from the configuration.

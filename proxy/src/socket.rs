@@ -43,36 +43,57 @@ pub struct LocalSockets {
 
 impl SocketFactory for LocalSockets {
     fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        if addr.is_ipv6() {
-            // One dual-stack socket on [::]: IPv4 peers show as ::ffff:a.b.c.d.
-            socket.set_only_v6(false)?;
-        }
-        socket.set_reuse_address(true)?;
-        socket.set_nonblocking(true)?;
-        socket.set_tcp_nodelay(true)?;
-        if let Some(mark) = self.mark {
-            socket.set_mark(mark)?;
-        }
-        socket.bind(&addr.into())?;
-        socket.listen(LISTEN_BACKLOG)?;
-        TcpListener::from_std(socket.into())
+        TcpListener::from_std(listen(addr, self.mark, |_| Ok(()))?)
     }
 
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
-        let socket = match destination {
-            SocketAddr::V4(_) => TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => TcpSocket::new_v6()?,
-        };
-        socket.set_nodelay(true)?;
-        if let Some(mark) = self.mark {
-            SockRef::from(&socket).set_mark(mark)?;
-        }
+        let domain = Domain::for_address(destination);
+        let socket = dial_socket(
+            Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?,
+            self.mark,
+        )?;
         if let Some(source) = source {
-            socket.bind(SocketAddr::new(source, 0))?;
+            socket.bind(&SocketAddr::new(source, 0).into())?;
         }
-        Ok(socket)
+        Ok(TcpSocket::from_std_stream(socket.into()))
     }
+}
+
+/// A listening TCP socket on `addr`, set up as every proxy listener is:
+/// one dual-stack socket on `[::]` (IPv4 peers show as ::ffff:a.b.c.d),
+/// SO_REUSEADDR, non-blocking, no Nagle, and `mark` as SO_MARK.
+/// `before_bind` adds the caller's own options (SO_REUSEPORT,
+/// IP_TRANSPARENT).
+pub fn listen(
+    addr: SocketAddr,
+    mark: Option<u32>,
+    before_bind: impl FnOnce(&Socket) -> io::Result<()>,
+) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
+    }
+    before_bind(&socket)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// Sets up a fresh TCP socket as every proxy dial is: non-blocking, no
+/// Nagle, and `mark` as SO_MARK so that capture rules skip it.
+pub fn dial_socket(socket: Socket, mark: Option<u32>) -> io::Result<Socket> {
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
+    }
+    Ok(socket)
 }
 
 /// The destination a REDIRECT rule rewrote: `SO_ORIGINAL_DST` for IPv4,

@@ -8,12 +8,13 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[path = "support/mesh.rs"]
 mod mesh;
 
 use mesh::{CLIENT_IP, Mesh, OUTSIDE_IP, SERVER_IP};
+use ztunnel_test_support::wait;
 
 /// Serves echo on `addr` inside node b: each connection gets its bytes back,
 /// and a write shutdown once the client's write side ends. Returns a channel
@@ -100,15 +101,8 @@ fn ping(mesh: &Mesh, addr: &str) -> bool {
 }
 
 /// Waits up to 10 s for `check`, polling.
-fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
+fn eventually(check: impl FnMut() -> bool) -> bool {
+    wait::until(Duration::from_secs(10), check)
 }
 
 #[test]

@@ -9,9 +9,10 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, tail};
+use ztunnel_test_support::wait;
 
 const APP_PORT: u16 = 8080;
 
@@ -66,15 +67,8 @@ fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
 }
 
 /// Waits up to 20 s for `check`, polling.
-fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
+fn eventually(check: impl FnMut() -> bool) -> bool {
+    wait::until(Duration::from_secs(20), check)
 }
 
 /// The inbound "connection complete" access-log lines of a node's ztunnel
@@ -207,7 +201,7 @@ fn restarts_of_ztunnel_and_of_the_agent_keep_the_pods_served() {
     };
     // ztunnel dies: the restarted one gets the snapshot and serves again.
     cluster.kill_ztunnel("node-a").unwrap();
-    cluster.restart_ztunnel("node-a").unwrap();
+    cluster.start_ztunnel("node-a").unwrap();
     cluster.node("node-a").unwrap().wait_ready().unwrap();
     assert!(
         eventually(|| echoes(&cluster, "client", "server-b")),
@@ -223,7 +217,7 @@ fn restarts_of_ztunnel_and_of_the_agent_keep_the_pods_served() {
     cluster.kill_agent("node-a").unwrap();
     assert!(echoes(&cluster, "client", "server-b"));
     assert!(still_echoes(&mut open));
-    cluster.restart_agent("node-a").unwrap();
+    cluster.start_agent("node-a").unwrap();
     cluster.node("node-a").unwrap().wait_ready().unwrap();
     assert!(still_echoes(&mut open));
     assert!(echoes(&cluster, "client", "server-a"));

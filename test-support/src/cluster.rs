@@ -18,13 +18,14 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use crate::ca::{PodRef, TestCa};
 use crate::cni::CniNetwork;
 use crate::netns::{self, NetNs};
+use crate::wait;
 
 mod files;
 mod pods;
@@ -185,12 +186,8 @@ impl Node {
 
     /// Waits until ztunnel is ready.
     pub fn wait_ready(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.is_ready() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if wait::until(START_TIMEOUT, || self.is_ready()) {
+            return Ok(());
         }
         bail!(
             "{}: ztunnel not ready after {START_TIMEOUT:?}; log:\n{}",
@@ -305,9 +302,9 @@ impl Cluster {
             _ca_ns: ca_ns,
             dir,
         };
-        for index in 0..cluster.nodes.len() {
-            cluster.start_agent(index)?;
-            cluster.start_ztunnel(index)?;
+        for name in node_names {
+            cluster.start_agent(name)?;
+            cluster.start_ztunnel(name)?;
         }
         Ok(cluster)
     }
@@ -317,13 +314,6 @@ impl Cluster {
         self.nodes
             .iter()
             .find(|node| node.name == name)
-            .with_context(|| format!("no node {name}"))
-    }
-
-    fn node_index(&self, name: &str) -> anyhow::Result<usize> {
-        self.nodes
-            .iter()
-            .position(|node| node.name == name)
             .with_context(|| format!("no node {name}"))
     }
 
@@ -337,10 +327,10 @@ impl Cluster {
         &mut self.mesh
     }
 
-    /// Starts (or restarts) the node agent of `node`.
-    pub fn start_agent(&mut self, index: usize) -> anyhow::Result<()> {
+    /// Starts the node agent of `name`, stopping the running one first.
+    pub fn start_agent(&mut self, name: &str) -> anyhow::Result<()> {
         let registry = self.ca.pods_path();
-        let node = self.nodes.get_mut(index).context("no such node")?;
+        let node = node_mut(&mut self.nodes, name)?;
         stop(&mut node.agent);
         let log = append(&node.dir.join("agent.log"))?;
         let child = node
@@ -367,23 +357,16 @@ impl Cluster {
         wait_for_path(&node.zds_socket())
     }
 
-    /// Stops the node agent of `node` (SIGKILL, by PID).
+    /// Stops the node agent of `name` (SIGKILL, by PID).
     pub fn kill_agent(&mut self, name: &str) -> anyhow::Result<()> {
-        let index = self.node_index(name)?;
-        let node = self.nodes.get_mut(index).context("no such node")?;
-        stop(&mut node.agent);
+        stop(&mut node_mut(&mut self.nodes, name)?.agent);
         Ok(())
     }
 
-    /// Restarts the node agent of `name`.
-    pub fn restart_agent(&mut self, name: &str) -> anyhow::Result<()> {
-        let index = self.node_index(name)?;
-        self.start_agent(index)
-    }
-
-    /// Starts (or restarts) the shared-mode ztunnel of `node`.
-    pub fn start_ztunnel(&mut self, index: usize) -> anyhow::Result<()> {
-        let node = self.nodes.get_mut(index).context("no such node")?;
+    /// Starts the shared-mode ztunnel of `name`, stopping the running one
+    /// first.
+    pub fn start_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
+        let node = node_mut(&mut self.nodes, name)?;
         stop(&mut node.ztunnel);
         let log = append(&node.dir.join("ztunnel.log"))?;
         let child = node
@@ -413,16 +396,8 @@ impl Cluster {
 
     /// Kills the ztunnel of `name` (SIGKILL, by PID).
     pub fn kill_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
-        let index = self.node_index(name)?;
-        let node = self.nodes.get_mut(index).context("no such node")?;
-        stop(&mut node.ztunnel);
+        stop(&mut node_mut(&mut self.nodes, name)?.ztunnel);
         Ok(())
-    }
-
-    /// Starts the ztunnel of `name` again.
-    pub fn restart_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
-        let index = self.node_index(name)?;
-        self.start_ztunnel(index)
     }
 
     /// Waits until every ztunnel is ready and knows exactly the workloads
@@ -430,19 +405,19 @@ impl Cluster {
     pub fn wait_synced(&self) -> anyhow::Result<()> {
         let mut wanted: Vec<String> = self.pods.iter().map(|pod| pod.spec.uid()).collect();
         wanted.sort();
-        let deadline = Instant::now() + START_TIMEOUT;
         for node in &self.nodes {
             node.wait_ready()?;
-            loop {
+            let synced = wait::until(START_TIMEOUT, || {
                 let mut known = node.known_workloads();
                 known.sort();
-                if known == wanted {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    bail!("{}: ztunnel knows {known:?}, not {wanted:?}", node.name);
-                }
-                std::thread::sleep(Duration::from_millis(100));
+                known == wanted
+            });
+            if !synced {
+                bail!(
+                    "{}: ztunnel knows {:?}, not {wanted:?}",
+                    node.name,
+                    node.known_workloads()
+                );
             }
         }
         Ok(())
@@ -464,6 +439,14 @@ impl Drop for Cluster {
         // namespaces take the bridges and routes with them.
         self.pods.clear();
     }
+}
+
+/// The node named `name`, for changing its processes.
+fn node_mut<'a>(nodes: &'a mut [Node], name: &str) -> anyhow::Result<&'a mut Node> {
+    nodes
+        .iter_mut()
+        .find(|node| node.name == name)
+        .with_context(|| format!("no node {name}"))
 }
 
 /// Joins `member` to the fabric bridge with a veth pair and gives it `ip`.
@@ -507,12 +490,8 @@ fn append(path: &Path) -> anyhow::Result<File> {
 }
 
 fn wait_for_path(path: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + START_TIMEOUT;
-    while Instant::now() < deadline {
-        if path.exists() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if wait::until(START_TIMEOUT, || path.exists()) {
+        return Ok(());
     }
     bail!("{} did not appear", path.display())
 }

@@ -9,3 +9,4 @@ pub mod ca;
 pub mod cluster;
 pub mod cni;
 pub mod netns;
+pub mod wait;

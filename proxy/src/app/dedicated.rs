@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::app::start::{Node, Started};
-use crate::app::{self, Proxy, find_workload};
+use crate::app::{self, Proxy};
 use crate::config::WorkloadInfo;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
@@ -13,23 +13,24 @@ use crate::inbound::tracker::Tracker;
 use crate::outbound;
 use crate::pool::Pool;
 use crate::socket::{LocalSockets, SocketFactory};
+use ztunnel_certs::identity::Identity;
 
 /// How long the readiness prefetch waits between tries; the identity
 /// manager has its own backoff underneath.
 const PREFETCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Binds 15001, 15006 and 15008 here and serves them for `workload`.
-pub fn start(node: &Node, workload: WorkloadInfo) -> anyhow::Result<Started> {
+pub fn start(
+    node: &Node,
+    workload: WorkloadInfo,
+    identity: Option<Identity>,
+) -> anyhow::Result<Started> {
     let config = &node.config;
     let listeners_ready = node.ready.register_task("listeners");
     let certificate_ready = node.ready.register_task("local workload certificate");
-    let identity = match find_workload(&node.state.read(), &workload) {
-        Some(found) => found.identity()?,
-        None => ztunnel_certs::identity::Identity::new(
-            &config.trust_domain,
-            &workload.namespace,
-            &workload.service_account,
-        )?,
+    let identity = match identity {
+        Some(identity) => identity,
+        None => app::local_identity(&node.state.read(), &workload, config)?,
     };
     let sockets: Arc<dyn SocketFactory> = Arc::new(LocalSockets {
         mark: config.packet_mark,
@@ -87,7 +88,7 @@ pub fn start(node: &Node, workload: WorkloadInfo) -> anyhow::Result<Started> {
 /// releases readiness.
 async fn prefetch_until_ready(
     identities: IdentityManager,
-    identity: ztunnel_certs::identity::Identity,
+    identity: Identity,
     drain: crate::drain::DrainWatcher,
     ready: crate::readiness::BlockReady,
 ) {

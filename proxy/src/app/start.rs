@@ -9,11 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
-use ztunnel_certs::identity::Identity;
 
 use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
-use crate::app::{self, dedicated, find_workload, shared};
+use crate::app::{self, dedicated, shared};
 use crate::config::{Config, ProxyMode};
 use crate::discovery::{self, SharedState};
 use crate::drain::{self, DrainWatcher};
@@ -77,21 +76,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // The dedicated workload's identity is the CA client's own; the shared
     // mode impersonates every pod.
     let own_identity = match &config.mode {
-        ProxyMode::Dedicated(workload) => Some(match find_workload(&state, workload) {
-            Some(found) => found.identity()?,
-            None => Identity::new(
-                &config.trust_domain,
-                &workload.namespace,
-                &workload.service_account,
-            )?,
-        }),
+        ProxyMode::Dedicated(workload) => Some(app::local_identity(&state, workload, &config)?),
         ProxyMode::Shared => None,
     };
     let state = SharedState::new(state);
     let (trigger, watcher) = drain::channel();
 
     let control_guard = control.enter();
-    let client = app::ca_client(&config, own_identity)?;
+    let client = app::ca_client(&config, own_identity.clone())?;
     let manager_drain = watcher.clone();
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
@@ -120,7 +112,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         drain: watcher,
     };
     let started = match config.mode.clone() {
-        ProxyMode::Dedicated(workload) => dedicated::start(&node, workload)?,
+        ProxyMode::Dedicated(workload) => dedicated::start(&node, workload, own_identity)?,
         ProxyMode::Shared => shared::start(&node)?,
     };
     let quit_requests = serve_operations(&node, registry, logs, started.pods.clone())?;

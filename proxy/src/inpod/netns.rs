@@ -19,11 +19,7 @@ use nix::sched::{CloneFlags, setns};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket};
 
-use crate::socket::SocketFactory;
-
-/// Backlog of each in-pod listener: as for the dedicated listeners, a burst
-/// of a pod's connections while the accept loop is busy.
-const LISTEN_BACKLOG: i32 = 1024;
+use crate::socket::{self, SocketFactory};
 
 /// What tells two namespace handles apart: the nsfs device and inode. Two
 /// handles on the same namespace (a `/proc/<pid>/ns/net` open and a
@@ -195,25 +191,18 @@ pub fn bind_pod_listeners(
 ) -> io::Result<Result<PodListeners, BindError>> {
     netns.run_on_thread(move || {
         let mut transparent = options.transparent != Some(false);
-        let mut bound = Vec::with_capacity(3);
-        for (addr, what) in addrs {
-            let listener = listener(addr, options, &mut transparent)
-                .map_err(|source| BindError { what, source })?;
-            bound.push(listener);
-        }
-        let mut bound = bound.into_iter();
-        match (bound.next(), bound.next(), bound.next()) {
-            (Some(outbound), Some(inbound_plaintext), Some(inbound)) => Ok(PodListeners {
-                outbound,
-                inbound_plaintext,
-                inbound,
-                transparent,
-            }),
-            _ => Err(BindError {
-                what: "capture",
-                source: io::Error::other("fewer listeners than addresses"),
-            }),
-        }
+        let mut bind = |(addr, what)| {
+            listener(addr, options, &mut transparent).map_err(|source| BindError { what, source })
+        };
+        let [outbound, inbound_plaintext, inbound] = addrs;
+        let (outbound, inbound_plaintext, inbound) =
+            (bind(outbound)?, bind(inbound_plaintext)?, bind(inbound)?);
+        Ok(PodListeners {
+            outbound,
+            inbound_plaintext,
+            inbound,
+            transparent,
+        })
     })
 }
 
@@ -224,30 +213,19 @@ fn listener(
     options: ListenerOptions,
     transparent: &mut bool,
 ) -> io::Result<std::net::TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if addr.is_ipv6() {
-        // One dual-stack socket on [::]: IPv4 peers show as ::ffff:a.b.c.d.
-        socket.set_only_v6(false)?;
-    }
-    socket.set_reuse_address(true)?;
-    if options.reuse_port {
-        socket.set_reuse_port(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.set_tcp_nodelay(true)?;
-    if let Some(mark) = options.mark {
-        socket.set_mark(mark)?;
-    }
-    if *transparent && let Err(error) = set_transparent(&socket, addr) {
-        if options.transparent == Some(true) {
-            return Err(error);
+    socket::listen(addr, options.mark, |socket| {
+        if options.reuse_port {
+            socket.set_reuse_port(true)?;
         }
-        tracing::debug!(%error, "IP_TRANSPARENT unavailable; the app sees ztunnel's address");
-        *transparent = false;
-    }
-    socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
-    Ok(socket.into())
+        if *transparent && let Err(error) = set_transparent(socket, addr) {
+            if options.transparent == Some(true) {
+                return Err(error);
+            }
+            tracing::debug!(%error, "IP_TRANSPARENT unavailable; the app sees ztunnel's address");
+            *transparent = false;
+        }
+        Ok(())
+    })
 }
 
 fn set_transparent(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
@@ -280,12 +258,7 @@ impl NetnsSockets {
         let socket = self.netns.run_here(&self.home, || {
             Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
         })??;
-        socket.set_nonblocking(true)?;
-        socket.set_tcp_nodelay(true)?;
-        if let Some(mark) = self.mark {
-            socket.set_mark(mark)?;
-        }
-        Ok(socket)
+        socket::dial_socket(socket, self.mark)
     }
 }
 

@@ -184,11 +184,7 @@ impl Workloads {
             namespace = %served.info.workload.namespace,
             "pod proxy stopped"
         );
-        let trigger = served.trigger;
-        self.node.data.spawn(async move {
-            // Zero deadline: WIRE.md §5 removes a pod without grace.
-            trigger.drain(Duration::ZERO).await;
-        });
+        self.drain_now(served.trigger);
         if let Some(identity) = served.identity
             && !pods
                 .values()
@@ -198,23 +194,12 @@ impl Workloads {
         }
     }
 
-    /// The pod's identity: its workload's when the state knows it, else
-    /// built from the configured trust domain.
-    fn identity(&self, pod: &PodInfo) -> Option<Identity> {
-        let found = app::find_node_workload(
-            &self.node.state.read(),
-            &pod.workload,
-            self.node.config.node_name.as_deref(),
-        );
-        match found {
-            Some(workload) => workload.identity().ok(),
-            None => Identity::new(
-                &self.node.config.trust_domain,
-                &pod.workload.namespace,
-                &pod.workload.service_account,
-            )
-            .ok(),
-        }
+    /// Drains a pod that was removed or replaced, without grace (WIRE.md
+    /// §5 removes a pod at once).
+    fn drain_now(&self, trigger: DrainTrigger) {
+        self.node.data.spawn(async move {
+            trigger.drain(Duration::ZERO).await;
+        });
     }
 }
 
@@ -232,7 +217,8 @@ impl PodProxies for Workloads {
             return Ok(());
         }
         let trigger = self.start(pod, netns)?;
-        let identity = self.identity(pod);
+        let identity =
+            app::local_identity(&self.node.state.read(), &pod.workload, &self.node.config).ok();
         if let Some(identity) = &identity {
             self.node.identities.prefetch(identity.clone());
         }
@@ -246,10 +232,7 @@ impl PodProxies for Workloads {
         if let Some(replaced) = pods.insert(Arc::clone(&pod.uid), served) {
             tracing::info!(uid = %pod.uid, "pod's network namespace changed: proxy replaced");
             // The replacement shares the identity, so it is not forgotten.
-            let trigger = replaced.trigger;
-            self.node.data.spawn(async move {
-                trigger.drain(Duration::ZERO).await;
-            });
+            self.drain_now(replaced.trigger);
         } else {
             tracing::info!(
                 uid = %pod.uid,
