@@ -1,7 +1,9 @@
-//! The assembled proxy: what every listener shares ([`Proxy`]), and start-up
-//! of a dedicated proxy — state from the local file, certificates from the
-//! CA, the three data-plane listeners, the policy re-check, and the admin,
-//! stats and readiness servers. Shutdown is one drain (`drain.rs`).
+//! The assembled proxy: what every listener of one workload shares
+//! ([`Proxy`]), the rules both modes use to build it, and start-up
+//! (`app/start.rs`, then `dedicated.rs` or `shared.rs`): state from the local
+//! file, certificates from the CA, the listeners, the policy re-check, and
+//! the admin, stats and readiness servers. Shutdown is one drain
+//! (`drain.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use crate::identity::manager::IdentityManager;
 use crate::inbound::tracker::Tracker;
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::{Pool, PoolConfig};
-use crate::socket::SocketFactory;
+use crate::socket::{LocalSockets, SocketFactory};
 use crate::state::{State, Workload};
 
 mod dedicated;
@@ -65,11 +67,13 @@ pub struct Proxy {
 impl Proxy {
     /// The served workload as the state knows it now.
     pub fn local_workload(&self) -> Option<Arc<Workload>> {
-        find_node_workload(
-            &self.state.read(),
-            &self.workload,
-            self.config.node_name.as_deref(),
-        )
+        self.local_workload_in(&self.state.read())
+    }
+
+    /// [`Proxy::local_workload`] in a state the caller already holds: the
+    /// state's lock must not be taken twice by one reader.
+    pub fn local_workload_in(&self, state: &State) -> Option<Arc<Workload>> {
+        find_node_workload(state, &self.workload, self.config.node_name.as_deref())
     }
 
     /// Whether `workload` is the one this proxy serves.
@@ -83,14 +87,9 @@ impl Proxy {
     }
 }
 
-/// The state's workload for `info`: same namespace and name, and the
-/// service account too when the state sets one.
-pub fn find_workload(state: &State, info: &WorkloadInfo) -> Option<Arc<Workload>> {
-    find_node_workload(state, info, None)
-}
-
-/// [`find_workload`] among the workloads of `node` only, when it is set
-/// (`NODE_NAME`): the in-pod match of WIRE.md §5.
+/// The state's workload for `info`: same namespace, name and service
+/// account, among the workloads of `node` when it is set (`NODE_NAME`), the
+/// in-pod match of WIRE.md §5.
 pub fn find_node_workload(
     state: &State,
     info: &WorkloadInfo,
@@ -194,7 +193,7 @@ pub async fn recheck_policies(proxy: Arc<Proxy>) {
 
 /// Binds a listener or says which address failed.
 pub fn bind(
-    sockets: &dyn SocketFactory,
+    sockets: &LocalSockets,
     addr: SocketAddr,
     what: &str,
 ) -> anyhow::Result<tokio::net::TcpListener> {

@@ -56,12 +56,22 @@ pub struct DrainTrigger {
 #[derive(Debug, Clone)]
 pub struct DrainWatcher {
     phase: watch::Receiver<Phase>,
+    /// A child's parent phase (see [`DrainTrigger::child`]): the watcher
+    /// is as far along as the later of the two, and counts as a watcher of
+    /// the parent too.
+    parent: Option<watch::Receiver<Phase>>,
 }
 
 /// A new drain pair, in the running phase.
 pub fn channel() -> (DrainTrigger, DrainWatcher) {
     let (phase, watcher) = watch::channel(Phase::Running);
-    (DrainTrigger { phase }, DrainWatcher { phase: watcher })
+    (
+        DrainTrigger { phase },
+        DrainWatcher {
+            phase: watcher,
+            parent: None,
+        },
+    )
 }
 
 impl DrainTrigger {
@@ -95,6 +105,22 @@ impl DrainTrigger {
     pub fn watchers(&self) -> usize {
         self.phase.receiver_count()
     }
+
+    /// A drain scope inside this one (one pod's tasks inside the node's):
+    /// its trigger drains the child alone; a drain of this trigger reaches
+    /// the child's watchers too, with this trigger's deadline, and waits for
+    /// them. Holding the trigger does not hold up this drain; holding a
+    /// child watcher does.
+    pub fn child(&self) -> (DrainTrigger, DrainWatcher) {
+        let (phase, watcher) = watch::channel(Phase::Running);
+        (
+            DrainTrigger { phase },
+            DrainWatcher {
+                phase: watcher,
+                parent: Some(self.phase.subscribe()),
+            },
+        )
+    }
 }
 
 impl DrainWatcher {
@@ -117,111 +143,29 @@ impl DrainWatcher {
 
     /// Whether a drain has started, without waiting.
     pub fn is_draining(&self) -> bool {
-        *self.phase.borrow() != Phase::Running
+        let draining = |phase: &watch::Receiver<Phase>| *phase.borrow() != Phase::Running;
+        draining(&self.phase) || self.parent.as_ref().is_some_and(draining)
     }
 
     async fn reached(&self, wanted: Phase) {
-        // A private receiver, so `&self` is enough and concurrent waits on
-        // clones do not disturb each other's "seen" marker.
-        let mut phase = self.phase.clone();
-        // An error means every trigger was dropped: treated as forced.
-        let _ = phase.wait_for(|phase| *phase >= wanted).await;
+        // Private receivers, so `&self` is enough and concurrent waits on
+        // clones do not disturb each other's "seen" marker. An error means
+        // every trigger was dropped: treated as forced.
+        let mut own = self.phase.clone();
+        match &self.parent {
+            None => {
+                let _ = own.wait_for(|phase| *phase >= wanted).await;
+            }
+            Some(parent) => {
+                let mut parent = parent.clone();
+                tokio::select! {
+                    _ = own.wait_for(|phase| *phase >= wanted) => {}
+                    _ = parent.wait_for(|phase| *phase >= wanted) => {}
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const DEADLINE: Duration = Duration::from_secs(30);
-
-    #[tokio::test(start_paused = true)]
-    async fn graceful_when_every_watcher_is_released_before_the_deadline() {
-        let (trigger, watcher) = channel();
-        let task = tokio::spawn({
-            let watcher = watcher.clone();
-            async move {
-                watcher.signaled().await;
-                // Finishing its work after the signal, then releasing.
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                drop(watcher);
-            }
-        });
-        drop(watcher);
-        assert_eq!(trigger.drain(DEADLINE).await, DrainOutcome::Graceful);
-        task.await.unwrap();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn forced_after_the_deadline_when_a_watcher_is_still_held() {
-        let (trigger, watcher) = channel();
-        let start = tokio::time::Instant::now();
-        let task = tokio::spawn(async move {
-            watcher.signaled().await;
-            // Ignores the graceful signal and only stops when forced.
-            watcher.forced().await;
-            tokio::time::Instant::now()
-        });
-        assert_eq!(trigger.drain(DEADLINE).await, DrainOutcome::Forced);
-        let forced_at = task.await.unwrap();
-        assert!(forced_at >= start + DEADLINE);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn forced_does_not_resolve_during_the_graceful_phase() {
-        let (trigger, watcher) = channel();
-        let drain = tokio::spawn(async move { trigger.drain(DEADLINE).await });
-        watcher.signaled().await;
-        assert!(watcher.is_draining());
-        tokio::select! {
-            () = watcher.forced() => panic!("forced before the deadline"),
-            () = tokio::time::sleep(DEADLINE / 2) => {}
-        }
-        watcher.forced().await;
-        assert_eq!(drain.await.unwrap(), DrainOutcome::Forced);
-    }
-
-    #[tokio::test]
-    async fn signaled_resolves_for_watchers_cloned_after_the_drain_started() {
-        let (trigger, watcher) = channel();
-        let holder = watcher.clone();
-        drop(watcher);
-        let drain = tokio::spawn({
-            let trigger = trigger.clone();
-            async move { trigger.drain(DEADLINE).await }
-        });
-        holder.signaled().await;
-        let late = holder.clone();
-        late.signaled().await;
-        assert!(trigger.is_draining());
-        assert_eq!(trigger.watchers(), 2);
-        drop((holder, late));
-        assert_eq!(drain.await.unwrap(), DrainOutcome::Graceful);
-    }
-
-    #[tokio::test]
-    async fn dropping_every_trigger_forces_the_watchers() {
-        let (trigger, watcher) = channel();
-        drop(trigger);
-        watcher.signaled().await;
-        watcher.forced().await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_second_drain_waits_for_the_same_end() {
-        let (trigger, watcher) = channel();
-        let first = tokio::spawn({
-            let trigger = trigger.clone();
-            async move { trigger.drain(DEADLINE).await }
-        });
-        watcher.signaled().await;
-        let second = tokio::spawn({
-            let trigger = trigger.clone();
-            async move { trigger.drain(DEADLINE).await }
-        });
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(watcher);
-        assert_eq!(first.await.unwrap(), DrainOutcome::Graceful);
-        assert_eq!(second.await.unwrap(), DrainOutcome::Graceful);
-    }
-}
+mod tests;

@@ -53,7 +53,7 @@ pub enum StartError {
 
 /// What the ZDS session asks of the per-pod proxies. Calls are quick and
 /// synchronous (bind a few sockets, spawn tasks); they never wait on the
-/// network.
+/// network. The one ZDS session is the only caller, so calls never race.
 pub trait PodProxies: Send + Sync + 'static {
     /// Starts the pod's listeners inside `netns`. A pod already served in
     /// the same namespace (same device and inode) is left as it is; a
@@ -69,6 +69,6 @@ pub trait PodProxies: Send + Sync + 'static {
     /// a snapshot (`snapshot_sent`).
     fn retain(&self, keep: &HashSet<Arc<str>>);
 
-    /// The uids of the pods being served, for readiness and the admin view.
+    /// The uids of the pods being served, for the admin view.
     fn served(&self) -> Vec<Arc<str>>;
 }

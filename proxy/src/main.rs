@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("ztunnel: {error:#}");
-            tracing::error!("start-up failed: {error:#}");
+            tracing::error!("stopped: {error:#}");
             ExitCode::FAILURE
         }
     }

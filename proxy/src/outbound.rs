@@ -98,8 +98,11 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    let route = route::route(&proxy.state.read(), "", target, proxy.pick());
-    let source = proxy.local_workload();
+    let (route, source) = {
+        let state = proxy.state.read();
+        let route = route::route(&state, "", target, proxy.pick());
+        (route, proxy.local_workload_in(&state))
+    };
     match route {
         Route::Refuse(refusal) => access_log::failed(peer, target, Direction::Outbound, &refusal),
         Route::Passthrough {

@@ -1,9 +1,10 @@
 //! Where the proxy's sockets come from. The data path asks a
-//! [`SocketFactory`] for listeners and outgoing sockets and never creates
-//! them itself, so the same core serves a dedicated proxy (ordinary sockets
-//! here) and the in-pod mode (sockets made inside each pod's network
-//! namespace, issue 4). Also reads the original destination of a redirected
-//! connection.
+//! [`SocketFactory`] for its outgoing sockets and never creates them itself,
+//! so the same core serves a dedicated proxy (ordinary sockets here) and the
+//! in-pod mode (sockets made inside each pod's network namespace,
+//! `inpod/netns.rs`). Listeners are bound by each mode's start-up with
+//! [`listen`], the one set-up both share. Also reads the original
+//! destination of a redirected connection.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -17,9 +18,6 @@ const LISTEN_BACKLOG: i32 = 1024;
 
 /// Makes the sockets of one proxied workload.
 pub trait SocketFactory: Send + Sync + 'static {
-    /// A bound, listening TCP socket.
-    fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener>;
-
     /// An unconnected TCP socket for `destination`'s family, optionally bound
     /// to `source` (port 0). The caller connects it.
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket>;
@@ -41,11 +39,14 @@ pub struct LocalSockets {
     pub mark: Option<u32>,
 }
 
-impl SocketFactory for LocalSockets {
-    fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+impl LocalSockets {
+    /// A bound, listening TCP socket in the current namespace.
+    pub fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
         TcpListener::from_std(listen(addr, self.mark, |_| Ok(()))?)
     }
+}
 
+impl SocketFactory for LocalSockets {
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
         let domain = Domain::for_address(destination);
         let socket = dial_socket(

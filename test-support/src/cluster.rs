@@ -66,12 +66,11 @@ impl Binaries {
             agent: dir.join("ztunnel-agent"),
             plugin: dir.join("ztunnel-cni"),
         };
-        binaries.check()?;
         Ok(binaries)
     }
 
     /// Fails with what is missing.
-    pub fn check(&self) -> anyhow::Result<()> {
+    fn check(&self) -> anyhow::Result<()> {
         for path in [&self.ztunnel, &self.agent, &self.plugin] {
             if !path.exists() {
                 bail!(
@@ -99,7 +98,7 @@ pub struct Node {
     /// Its address on the fabric.
     pub ip: Ipv4Addr,
     /// The third octet of its pod subnet, `198.18.<octet>.0/24`.
-    pub pod_octet: u8,
+    pod_octet: u8,
     /// Files of this node: sockets, agent state, logs, token.
     pub dir: PathBuf,
     /// The pod network: bridge, IPAM and our plugin.
@@ -122,16 +121,6 @@ impl Node {
     /// ztunnel's log (JSON lines, with access logs).
     pub fn ztunnel_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("ztunnel.log")).unwrap_or_default()
-    }
-
-    /// The agent's log.
-    pub fn agent_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
-    }
-
-    /// The PID of the running ztunnel, if any.
-    pub fn ztunnel_pid(&self) -> Option<u32> {
-        self.ztunnel.as_ref().map(Child::id)
     }
 
     /// An HTTP GET to one of ztunnel's own ports in the node (15020
@@ -211,7 +200,7 @@ pub struct Cluster {
     // Dropped after the processes: the namespaces and files they use.
     _fabric: NetNs,
     _ca_ns: NetNs,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -300,7 +289,7 @@ impl Cluster {
             ca,
             _fabric: fabric,
             _ca_ns: ca_ns,
-            dir,
+            _dir: dir,
         };
         for name in node_names {
             cluster.start_agent(name)?;
@@ -315,11 +304,6 @@ impl Cluster {
             .iter()
             .find(|node| node.name == name)
             .with_context(|| format!("no node {name}"))
-    }
-
-    /// The CA's pod registry file.
-    pub fn registry_path(&self) -> PathBuf {
-        self.ca.pods_path()
     }
 
     /// The mesh configuration every ztunnel reads (`LOCAL_XDS_PATH`).
@@ -421,11 +405,6 @@ impl Cluster {
             }
         }
         Ok(())
-    }
-
-    /// The cluster's working directory.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 

@@ -12,7 +12,7 @@ use crate::inbound::listeners;
 use crate::inbound::tracker::Tracker;
 use crate::outbound;
 use crate::pool::Pool;
-use crate::socket::{LocalSockets, SocketFactory};
+use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
 
 /// How long the readiness prefetch waits between tries; the identity
@@ -20,27 +20,19 @@ use ztunnel_certs::identity::Identity;
 const PREFETCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Binds 15001, 15006 and 15008 here and serves them for `workload`.
-pub fn start(
-    node: &Node,
-    workload: WorkloadInfo,
-    identity: Option<Identity>,
-) -> anyhow::Result<Started> {
+pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow::Result<Started> {
     let config = &node.config;
     let listeners_ready = node.ready.register_task("listeners");
     let certificate_ready = node.ready.register_task("local workload certificate");
-    let identity = match identity {
-        Some(identity) => identity,
-        None => app::local_identity(&node.state.read(), &workload, config)?,
-    };
-    let sockets: Arc<dyn SocketFactory> = Arc::new(LocalSockets {
+    let sockets = LocalSockets {
         mark: config.packet_mark,
-    });
+    };
     let proxy = Arc::new(Proxy {
         config: Arc::clone(config),
         state: node.state.clone(),
         identities: node.identities.clone(),
         metrics: Arc::clone(&node.metrics),
-        sockets: Arc::clone(&sockets),
+        sockets: Arc::new(sockets),
         h2: app::h2_settings(config),
         pool: Pool::new(app::pool_config(config)),
         tracker: Tracker::default(),
@@ -51,13 +43,9 @@ pub fn start(
     let addrs = config.listeners;
     let data = node.data.handle();
     let _guard = data.enter();
-    let outbound_listener = app::bind(sockets.as_ref(), addrs.outbound, "outbound")?;
-    let inbound_listener = app::bind(sockets.as_ref(), addrs.inbound, "inbound HBONE")?;
-    let plaintext_listener = app::bind(
-        sockets.as_ref(),
-        addrs.inbound_plaintext,
-        "inbound plaintext",
-    )?;
+    let outbound_listener = app::bind(&sockets, addrs.outbound, "outbound")?;
+    let inbound_listener = app::bind(&sockets, addrs.inbound, "inbound HBONE")?;
+    let plaintext_listener = app::bind(&sockets, addrs.inbound_plaintext, "inbound plaintext")?;
     data.spawn(outbound::serve(Arc::clone(&proxy), outbound_listener));
     data.spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound_listener));
     data.spawn(listeners::serve_plaintext(
@@ -80,8 +68,10 @@ pub fn start(
         node.drain.clone(),
         certificate_ready,
     ));
-    let (_never, fatal) = tokio::sync::oneshot::channel();
-    Ok(Started { pods: None, fatal })
+    Ok(Started {
+        pods: None,
+        session: None,
+    })
 }
 
 /// Fetches the workload's certificate, retrying until it comes, then

@@ -24,7 +24,7 @@ pub fn start(node: &Node) -> anyhow::Result<Started> {
         metrics: Arc::clone(&node.metrics),
         home,
         data: node.data.handle().clone(),
-        drain: node.drain.clone(),
+        drain: node.trigger.clone(),
     }));
     node.control.spawn(prefetch_node_certificates(
         node.state.clone(),
@@ -32,21 +32,17 @@ pub fn start(node: &Node) -> anyhow::Result<Started> {
         config.node_name.clone(),
         node.drain.clone(),
     ));
-    let (report_fatal, fatal) = tokio::sync::oneshot::channel();
+    // Readiness is held from here until the first snapshot is served.
     let session = zds::run(
         zds::Settings::new(config.inpod.uds.clone()),
         Arc::clone(&pods) as Arc<dyn crate::inpod::PodProxies>,
         node.ready.clone(),
         node.drain.clone(),
     );
-    node.control.spawn(async move {
-        if let Err(error) = session.await {
-            let _ = report_fatal.send(anyhow::Error::new(error).context("ZDS protocol error"));
-        }
-    });
+    let session = node.control.spawn(session);
     tracing::info!(uds = %config.inpod.uds.display(), "shared mode: waiting for the node agent");
     Ok(Started {
         pods: Some(pods),
-        fatal,
+        session: Some(session),
     })
 }

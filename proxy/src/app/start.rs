@@ -9,15 +9,17 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
 use crate::app::{self, dedicated, shared};
 use crate::config::{Config, ProxyMode};
 use crate::discovery::{self, SharedState};
-use crate::drain::{self, DrainWatcher};
+use crate::drain::{self, DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
+use crate::inpod::zds::ProtocolError;
 use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
 use crate::socket::LocalSockets;
@@ -41,15 +43,17 @@ pub struct Node {
     pub ready: Ready,
     /// The node's drain, held by every task.
     pub drain: DrainWatcher,
+    /// Starts the node's drain; pods' drains are children of it.
+    pub trigger: DrainTrigger,
 }
 
 /// What a mode started, for the admin view and the main loop.
 pub struct Started {
     /// The shared mode's pods, for `/config_dump`.
     pub pods: Option<Arc<Workloads>>,
-    /// Resolves with an error that must stop the process (a ZDS protocol
-    /// error); pends for ever otherwise.
-    pub fatal: tokio::sync::oneshot::Receiver<anyhow::Error>,
+    /// The shared mode's ZDS session: it ends with an error that must stop
+    /// the process (a protocol error), or once the drain has started.
+    pub session: Option<JoinHandle<Result<(), ProtocolError>>>,
 }
 
 /// Runs the proxy until it is drained (SIGTERM, SIGINT or `/quitquitquit`),
@@ -75,15 +79,19 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let (state, text) = app::initial_state(&config)?;
     // The dedicated workload's identity is the CA client's own; the shared
     // mode impersonates every pod.
-    let own_identity = match &config.mode {
-        ProxyMode::Dedicated(workload) => Some(app::local_identity(&state, workload, &config)?),
+    let dedicated = match &config.mode {
+        ProxyMode::Dedicated(workload) => Some((
+            workload.clone(),
+            app::local_identity(&state, workload, &config)?,
+        )),
         ProxyMode::Shared => None,
     };
     let state = SharedState::new(state);
     let (trigger, watcher) = drain::channel();
 
     let control_guard = control.enter();
-    let client = app::ca_client(&config, own_identity.clone())?;
+    let own_identity = dedicated.as_ref().map(|(_, identity)| identity.clone());
+    let client = app::ca_client(&config, own_identity)?;
     let manager_drain = watcher.clone();
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
@@ -110,18 +118,24 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::new(metrics),
         ready: Ready::new(),
         drain: watcher,
+        trigger,
     };
-    let started = match config.mode.clone() {
-        ProxyMode::Dedicated(workload) => dedicated::start(&node, workload, own_identity)?,
-        ProxyMode::Shared => shared::start(&node)?,
+    let started = match dedicated {
+        Some((workload, identity)) => dedicated::start(&node, workload, identity)?,
+        None => shared::start(&node)?,
     };
     let quit_requests = serve_operations(&node, registry, logs, started.pods.clone())?;
     tracing::info!(mode = ?config.mode, "ztunnel serving");
 
     // The drain counts the watchers still held: this function keeps none.
-    let Node { control, drain, .. } = node;
+    let Node {
+        control,
+        drain,
+        trigger,
+        ..
+    } = node;
     drop(drain);
-    wait_and_drain(&control, trigger, quit_requests, started.fatal, &config)
+    wait_and_drain(&control, trigger, quit_requests, started.session, &config)
 }
 
 /// Binds and serves admin (15000), stats (15020) and readiness (15021) in
@@ -171,20 +185,31 @@ fn serve_operations(
 /// Waits for a signal, `/quitquitquit` or a fatal error, then drains.
 fn wait_and_drain(
     control: &Runtime,
-    trigger: drain::DrainTrigger,
+    trigger: DrainTrigger,
     mut quit_requests: mpsc::Receiver<()>,
-    fatal: tokio::sync::oneshot::Receiver<anyhow::Error>,
+    session: Option<JoinHandle<Result<(), ProtocolError>>>,
     config: &Config,
 ) -> anyhow::Result<()> {
     let deadline = config.drain_deadline;
     control.block_on(async move {
+        let session_end = async {
+            match session {
+                Some(session) => session.await,
+                None => std::future::pending().await,
+            }
+        };
         let fatal_error = tokio::select! {
             () = app::wait_for_signal() => None,
             _ = quit_requests.recv() => {
                 tracing::info!("/quitquitquit: draining");
                 None
             }
-            Ok(error) = fatal => {
+            ended = session_end => {
+                let error = match ended {
+                    Ok(Ok(())) => anyhow::anyhow!("the ZDS session ended"),
+                    Ok(Err(error)) => anyhow::Error::new(error).context("ZDS protocol error"),
+                    Err(error) => anyhow::Error::new(error).context("the ZDS session failed"),
+                };
                 tracing::error!("{error:#}: draining and exiting");
                 Some(error)
             }

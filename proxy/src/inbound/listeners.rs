@@ -155,7 +155,7 @@ fn open_report(
 ) -> Report {
     let state = proxy.state.read();
     let source = state.workload_by_address("", arrival.source_ip).cloned();
-    let local = proxy.local_workload();
+    let local = proxy.local_workload_in(&state);
     let own = local.as_ref().and_then(|workload| workload.identity().ok());
     Report::open(
         &proxy.metrics,

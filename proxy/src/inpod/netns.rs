@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use nix::sched::{CloneFlags, setns};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpSocket;
 
 use crate::socket::{self, SocketFactory};
 
@@ -263,18 +263,6 @@ impl NetnsSockets {
 }
 
 impl SocketFactory for NetnsSockets {
-    fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
-        let options = ListenerOptions {
-            mark: self.mark,
-            reuse_port: true,
-            transparent: Some(false),
-        };
-        let listener = self
-            .netns
-            .run_on_thread(move || listener(addr, options, &mut false))??;
-        TcpListener::from_std(listener)
-    }
-
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
         let socket = self.socket(destination)?;
         if let Some(source) = source {

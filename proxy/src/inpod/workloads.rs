@@ -19,7 +19,7 @@ use ztunnel_certs::identity::Identity;
 use crate::app::{self, Proxy};
 use crate::config::Config;
 use crate::discovery::SharedState;
-use crate::drain::{self, DrainTrigger, DrainWatcher};
+use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
@@ -31,7 +31,7 @@ use crate::inpod::{PodInfo, PodProxies, StartError};
 use crate::metrics::Metrics;
 use crate::outbound;
 use crate::pool::Pool;
-use crate::state::State;
+use crate::state::{InboundProtocol, State};
 
 /// What every pod's proxy shares: configuration, state, certificates and
 /// metrics are the node's, not the pod's.
@@ -49,8 +49,9 @@ pub struct NodeParts {
     pub home: HostNetns,
     /// The data-plane runtime the pods' tasks run on.
     pub data: Handle,
-    /// The node's drain: when it starts, every pod drains with it.
-    pub drain: DrainWatcher,
+    /// The node's drain: each pod's drain is a child of it, so that the
+    /// node's drain reaches every pod and waits for it.
+    pub drain: DrainTrigger,
 }
 
 /// The pods served, keyed by uid.
@@ -64,7 +65,6 @@ pub struct Workloads {
 struct Served {
     info: PodInfo,
     netns: NetnsId,
-    identity: Option<Identity>,
     /// Drains this pod alone.
     trigger: DrainTrigger,
 }
@@ -121,7 +121,7 @@ impl Workloads {
                 what: error.what,
                 source: error.source,
             })?;
-        let (trigger, watcher) = drain::channel();
+        let (trigger, watcher) = self.node.drain.child();
         let sockets = NetnsSockets {
             netns,
             home: self.node.home.clone(),
@@ -141,43 +141,24 @@ impl Workloads {
             drain: watcher.clone(),
         });
         let runtime = self.node.data.enter();
-        let registered = (
-            TcpListener::from_std(bound.outbound),
-            TcpListener::from_std(bound.inbound_plaintext),
-            TcpListener::from_std(bound.inbound),
-        );
-        let (outbound, plaintext, inbound) = match registered {
-            (Ok(outbound), Ok(plaintext), Ok(inbound)) => (outbound, plaintext, inbound),
-            (Err(source), _, _) | (_, Err(source), _) | (_, _, Err(source)) => {
-                return Err(StartError::Bind {
-                    what: "capture",
-                    source,
-                });
-            }
+        let register = |listener, what| {
+            TcpListener::from_std(listener).map_err(|source| StartError::Bind { what, source })
         };
+        let outbound = register(bound.outbound, "outbound")?;
+        let plaintext = register(bound.inbound_plaintext, "inbound plaintext")?;
+        let inbound = register(bound.inbound, "inbound HBONE")?;
         tokio::spawn(outbound::serve(Arc::clone(&proxy), outbound));
         tokio::spawn(listeners::serve_plaintext(Arc::clone(&proxy), plaintext));
         tokio::spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound));
         tokio::spawn(app::recheck_policies(Arc::clone(&proxy)));
-        tokio::spawn(
-            proxy
-                .pool
-                .clone()
-                .release_idle_until_drained(watcher.clone()),
-        );
-        tokio::spawn(follow_node_drain(
-            self.node.drain.clone(),
-            trigger.clone(),
-            watcher,
-            config.drain_deadline,
-        ));
+        tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
         drop(runtime);
         Ok(trigger)
     }
 
-    /// Stops a pod that left, at once, and forgets its certificate unless
-    /// another pod on the node has the same identity.
-    fn stop(&self, served: Served, pods: &HashMap<Arc<str>, Served>) {
+    /// Stops a pod that left, at once. Its certificate is the state's
+    /// business ([`prefetch_node_certificates`]): another pod may share it.
+    fn stop(&self, served: Served) {
         tracing::info!(
             uid = %served.info.uid,
             pod = %served.info.workload.name,
@@ -185,13 +166,6 @@ impl Workloads {
             "pod proxy stopped"
         );
         self.drain_now(served.trigger);
-        if let Some(identity) = served.identity
-            && !pods
-                .values()
-                .any(|other| other.identity.as_ref() == Some(&identity))
-        {
-            self.node.identities.forget(&identity);
-        }
     }
 
     /// Drains a pod that was removed or replaced, without grace (WIRE.md
@@ -210,28 +184,23 @@ impl PodProxies for Workloads {
         }
         let netns = PodNetns::new(netns).map_err(StartError::Netns)?;
         let id = netns.id();
-        if let Some(served) = self.lock().get(&pod.uid)
-            && served.netns == id
-            && served.info == *pod
+        // The same pod in the same namespace: already served (WIRE.md §5).
+        if self
+            .lock()
+            .get(&pod.uid)
+            .is_some_and(|served| served.netns == id)
         {
             return Ok(());
         }
         let trigger = self.start(pod, netns)?;
-        let identity =
-            app::local_identity(&self.node.state.read(), &pod.workload, &self.node.config).ok();
-        if let Some(identity) = &identity {
-            self.node.identities.prefetch(identity.clone());
-        }
         let served = Served {
             info: pod.clone(),
             netns: id,
-            identity,
             trigger,
         };
-        let mut pods = self.lock();
-        if let Some(replaced) = pods.insert(Arc::clone(&pod.uid), served) {
+        let replaced = self.lock().insert(Arc::clone(&pod.uid), served);
+        if let Some(replaced) = replaced {
             tracing::info!(uid = %pod.uid, "pod's network namespace changed: proxy replaced");
-            // The replacement shares the identity, so it is not forgotten.
             self.drain_now(replaced.trigger);
         } else {
             tracing::info!(
@@ -245,23 +214,24 @@ impl PodProxies for Workloads {
     }
 
     fn del(&self, uid: &str) {
-        let mut pods = self.lock();
-        if let Some(served) = pods.remove(uid) {
-            self.stop(served, &pods);
+        let removed = self.lock().remove(uid);
+        if let Some(served) = removed {
+            self.stop(served);
         }
     }
 
     fn retain(&self, keep: &HashSet<Arc<str>>) {
-        let mut pods = self.lock();
-        let gone: Vec<Arc<str>> = pods
-            .keys()
-            .filter(|uid| !keep.contains(*uid))
-            .cloned()
-            .collect();
-        for uid in gone {
-            if let Some(served) = pods.remove(&uid) {
-                self.stop(served, &pods);
-            }
+        let gone: Vec<Served> = {
+            let mut pods = self.lock();
+            let uids: Vec<Arc<str>> = pods
+                .keys()
+                .filter(|uid| !keep.contains(*uid))
+                .cloned()
+                .collect();
+            uids.iter().filter_map(|uid| pods.remove(uid)).collect()
+        };
+        for served in gone {
+            self.stop(served);
         }
     }
 
@@ -272,28 +242,10 @@ impl PodProxies for Workloads {
     }
 }
 
-/// Drains the pod when the node drains (with the node's deadline), and ends
-/// when the pod itself is drained first (deleted or replaced).
-async fn follow_node_drain(
-    node: DrainWatcher,
-    pod_trigger: DrainTrigger,
-    pod: DrainWatcher,
-    deadline: Duration,
-) {
-    let node_first = tokio::select! {
-        () = node.signaled() => true,
-        () = pod.signaled() => false,
-    };
-    // Not a task of the pod's: it must not hold up the pod's own drain.
-    drop(pod);
-    if node_first {
-        pod_trigger.drain(deadline).await;
-    }
-}
-
-/// Prefetches the certificates of every workload on this node as the state
-/// learns of them, so that a pod's first connection does not wait for the
-/// CA. Ends with the drain.
+/// Keeps the certificates of the node's meshed workloads as the state
+/// changes: prefetched when a workload arrives, so that a pod's first
+/// connection does not wait for the CA, and forgotten when the last
+/// workload with that identity leaves. Ends with the drain.
 pub async fn prefetch_node_certificates(
     state: SharedState,
     identities: IdentityManager,
@@ -301,10 +253,16 @@ pub async fn prefetch_node_certificates(
     drain: DrainWatcher,
 ) {
     let mut changes = state.subscribe();
+    let mut known = HashSet::new();
     loop {
-        for identity in node_identities(&state.read(), node_name.as_deref()) {
-            identities.prefetch(identity);
+        let current = node_identities(&state.read(), node_name.as_deref());
+        for gone in known.difference(&current) {
+            identities.forget(gone);
         }
+        for arrived in current.difference(&known) {
+            identities.prefetch(arrived.clone());
+        }
+        known = current;
         tokio::select! {
             () = drain.signaled() => return,
             changed = changes.changed() => if changed.is_err() { return },
@@ -312,10 +270,12 @@ pub async fn prefetch_node_certificates(
     }
 }
 
-/// The identities of the workloads on `node` (every workload when `None`).
-pub fn node_identities(state: &State, node: Option<&str>) -> HashSet<Identity> {
+/// The identities of the meshed (HBONE) workloads on `node` (every
+/// workload's when `None`).
+fn node_identities(state: &State, node: Option<&str>) -> HashSet<Identity> {
     state
         .workloads()
+        .filter(|workload| workload.protocol == InboundProtocol::Hbone)
         .filter(|workload| node.is_none_or(|node| *workload.node == *node))
         .filter_map(|workload| workload.identity().ok())
         .collect()

@@ -100,9 +100,10 @@ pub enum Error {
     /// exit with status 1.
     #[error("the node agent broke the ZDS protocol: {0}")]
     Protocol(ProtocolError),
-    /// A datagram could not be read. It was NACKed; ztunnel connects again
-    /// and expects a new snapshot.
-    #[error("failure to read message : {0}")]
+    /// A datagram could not be read. It was NACKed (the wire text is
+    /// `session.rs`'s); ztunnel connects again and expects a new
+    /// snapshot.
+    #[error("unreadable datagram: {0}")]
     Read(ReadError),
     /// The agent closed the connection (a zero-length datagram).
     #[error("the node agent closed the connection")]
@@ -128,14 +129,15 @@ pub struct Client {
 
 /// Runs the ZDS client until the drain starts (`Ok`) or the agent breaks
 /// the protocol (`Err`, after which the caller exits with status 1).
-/// Registers its readiness task on `ready` at once.
-pub async fn run(
+/// Registers its readiness task on `ready` at once, before the returned
+/// future is first polled.
+pub fn run(
     settings: Settings,
     proxies: Arc<dyn PodProxies>,
     ready: Ready,
     drain: DrainWatcher,
-) -> Result<(), ProtocolError> {
-    Client::new(settings, proxies, ready, drain).run().await
+) -> impl Future<Output = Result<(), ProtocolError>> + Send {
+    Client::new(settings, proxies, ready, drain).run()
 }
 
 impl Client {

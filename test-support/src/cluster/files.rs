@@ -46,13 +46,12 @@ struct WorkloadEntry {
     hbone: bool,
 }
 
-/// The mesh configuration: workloads from the pods, plus services and
-/// policies as YAML text.
+/// The mesh configuration: workloads from the pods, plus policies as YAML
+/// text.
 #[derive(Debug)]
 pub struct MeshFile {
     path: PathBuf,
     workloads: Vec<WorkloadEntry>,
-    services: String,
     policies: String,
 }
 
@@ -62,7 +61,6 @@ impl MeshFile {
         let file = MeshFile {
             path,
             workloads: Vec::new(),
-            services: String::new(),
             policies: String::new(),
         };
         file.write()?;
@@ -98,13 +96,6 @@ impl MeshFile {
         self.write()
     }
 
-    /// Replaces the `services:` list (YAML list items, indented as at the
-    /// top level).
-    pub fn set_services(&mut self, services: &str) -> anyhow::Result<()> {
-        services.clone_into(&mut self.services);
-        self.write()
-    }
-
     /// Replaces the `policies:` list (YAML list items).
     pub fn set_policies(&mut self, policies: &str) -> anyhow::Result<()> {
         policies.clone_into(&mut self.policies);
@@ -112,7 +103,7 @@ impl MeshFile {
     }
 
     /// The file's text.
-    pub fn render(&self) -> String {
+    fn render(&self) -> String {
         let mut text = String::from("workloads:\n");
         if self.workloads.is_empty() {
             text = String::from("workloads: []\n");
@@ -130,9 +121,6 @@ impl MeshFile {
                 protocol = if entry.hbone { "HBONE" } else { "TCP" },
                 node = spec.node,
             );
-        }
-        if !self.services.is_empty() {
-            let _ = write!(text, "services:\n{}", self.services);
         }
         if !self.policies.is_empty() {
             let _ = write!(text, "policies:\n{}", self.policies);
