@@ -13,13 +13,17 @@
 //! | `netns` | entering a netns and running tools there |
 //! | `pods` | the pod set and `pods.json` |
 //! | `zds` | the ZDS socket and the snapshot/ack sequence |
+//! | `socket_file` | the sockets' paths: made ready to bind, removed on exit |
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use ztunnel_certs::ca::registry::{FileRegistry, RegistryError};
+
+use crate::event::DEFAULT_SOCKET;
 
 use mesh::Mesh;
 use pods::{PodSet, PodStore, PodStoreError};
@@ -31,10 +35,9 @@ pub mod netns;
 pub mod pods;
 pub mod rules;
 pub mod server;
+mod socket_file;
 pub mod zds;
 
-/// Default plugin-event socket (WIRE.md §6).
-pub const DEFAULT_PLUGIN_SOCKET: &str = "/var/run/istio-cni/pluginevent.sock";
 /// Default ZDS socket (WIRE.md §5).
 pub const DEFAULT_ZDS_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
 /// Default state directory, holding `pods.json`.
@@ -45,6 +48,9 @@ pub const DEFAULT_PROBE_SNAT_IPV4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 pub const DEFAULT_PROBE_SNAT_IPV6: Ipv6Addr = Ipv6Addr::new(
     0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
 );
+/// Pause after a failed accept on either socket (e.g. out of fds), so the
+/// accept loop cannot spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// Everything the agent runs with.
 #[derive(Debug, Clone)]
@@ -56,7 +62,8 @@ pub struct AgentConfig {
     /// Holds `pods.json`, so a restarted agent can re-snapshot.
     pub state_dir: PathBuf,
     /// The pod registry YAML file (the CA's format): uid and service
-    /// account of each pod, re-read on every add.
+    /// account of each pod, re-read when an add names a pod it does not
+    /// know (or knows with another uid).
     pub pods: PathBuf,
     /// This node; pods the registry places on another node are refused.
     pub node_name: Option<String>,
@@ -69,7 +76,7 @@ impl AgentConfig {
     /// the registry at `pods`.
     pub fn with_registry(pods: PathBuf) -> AgentConfig {
         AgentConfig {
-            plugin_socket: PathBuf::from(DEFAULT_PLUGIN_SOCKET),
+            plugin_socket: PathBuf::from(DEFAULT_SOCKET),
             zds_socket: PathBuf::from(DEFAULT_ZDS_SOCKET),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             pods,
@@ -85,7 +92,8 @@ impl AgentConfig {
 }
 
 /// Runs the agent until `shutdown` resolves; both sockets are removed on
-/// the way out. Returns once both servers have stopped.
+/// the way out unless a newer agent has bound them since. Returns once
+/// both servers have stopped and every started add or delete has finished.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()>,
@@ -135,9 +143,6 @@ pub async fn run(
     let _ = stop.send(true);
     let _ = plugin_server.await;
     let _ = zds_server.await;
-    // The ZDS listener removes its path when dropped; the stream listener
-    // does not.
-    let _ = std::fs::remove_file(&config.plugin_socket);
     Ok(())
 }
 

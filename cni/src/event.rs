@@ -15,6 +15,9 @@ use base64::engine::general_purpose::STANDARD;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// Where the node agent listens for plugin events unless configured
+/// otherwise: istio-cni's socket (WIRE.md §6).
+pub const DEFAULT_SOCKET: &str = "/var/run/istio-cni/pluginevent.sock";
 /// Path of the add event.
 pub const CMD_ADD_PATH: &str = "/cmdadd";
 /// Path of the delete event (our extension).

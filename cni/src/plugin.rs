@@ -12,12 +12,14 @@
 //! Configuration keys are in [`config`]; the environment in [`mod@env`]; the
 //! mapping of failures to CNI error codes in [`error`].
 
+use std::io::Read;
+
 use http::StatusCode;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 
 use client::AgentClient;
-use config::{PluginConfig, SUPPORTED_VERSIONS};
+use config::{ConfigError, MAX_CONFIG_BYTES, PluginConfig, SUPPORTED_VERSIONS};
 use env::{CniEnv, Command, K8sPod};
 use error::PluginError;
 
@@ -42,12 +44,15 @@ pub struct PluginOutput {
 }
 
 /// Runs one invocation with the runtime's environment variables and stdin.
-pub fn run(vars: impl IntoIterator<Item = (String, String)>, stdin: &[u8]) -> PluginOutput {
+pub fn run(vars: impl IntoIterator<Item = (String, String)>, stdin: impl Read) -> PluginOutput {
     let mut warnings = Vec::new();
     let mut version = FALLBACK_VERSION.to_owned();
-    let outcome = CniEnv::from_vars(vars)
-        .map_err(PluginError::from)
-        .and_then(|env| dispatch(&env, stdin, &mut version, &mut warnings));
+    // Stdin is read first and whole, whatever comes next: a runtime that
+    // writes the configuration must not see a broken pipe.
+    let outcome = read_stdin(stdin).and_then(|stdin| {
+        let env = CniEnv::from_vars(vars)?;
+        dispatch(&env, &stdin, &mut version, &mut warnings)
+    });
     match outcome {
         Ok(stdout) => PluginOutput {
             stdout: stdout.map(|json| json.to_string()).unwrap_or_default(),
@@ -60,6 +65,22 @@ pub fn run(vars: impl IntoIterator<Item = (String, String)>, stdin: &[u8]) -> Pl
             success: false,
         },
     }
+}
+
+/// Reads the network configuration, refusing one over
+/// [`MAX_CONFIG_BYTES`] rather than parsing a truncated document.
+fn read_stdin(stdin: impl Read) -> Result<Vec<u8>, PluginError> {
+    let mut bytes = Vec::new();
+    // One byte past the bound tells a configuration at the bound from a
+    // larger one.
+    stdin
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(PluginError::Stdin)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge.into());
+    }
+    Ok(bytes)
 }
 
 /// Runs the command; `version` is set as soon as the configuration is read,
@@ -177,4 +198,41 @@ fn block_on<T>(future: impl Future<Output = T>) -> Result<T, PluginError> {
         .build()
         .map_err(PluginError::Runtime)?;
     Ok(runtime.block_on(future))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stdin that fails, as a closed or broken descriptor does.
+    struct BrokenStdin;
+
+    impl Read for BrokenStdin {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("broken pipe"))
+        }
+    }
+
+    fn version_vars() -> Vec<(String, String)> {
+        vec![("CNI_COMMAND".into(), "VERSION".into())]
+    }
+
+    #[test]
+    fn unreadable_or_oversized_stdin_is_its_own_error() {
+        let output = run(version_vars(), BrokenStdin);
+        assert!(!output.success);
+        let json: serde_json::Value = serde_json::from_str(&output.stdout).unwrap();
+        assert_eq!(json["code"], 5, "{json}");
+        assert!(json["details"].as_str().unwrap().contains("broken pipe"));
+
+        let huge = vec![b' '; usize::try_from(MAX_CONFIG_BYTES).unwrap() + 1];
+        let output = run(version_vars(), huge.as_slice());
+        assert!(!output.success);
+        let json: serde_json::Value = serde_json::from_str(&output.stdout).unwrap();
+        assert_eq!(json["code"], 7, "{json}");
+        assert!(json["details"].as_str().unwrap().contains("larger than"));
+
+        let at_bound = vec![b' '; usize::try_from(MAX_CONFIG_BYTES).unwrap()];
+        assert!(run(version_vars(), at_bound.as_slice()).success);
+    }
 }

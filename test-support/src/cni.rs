@@ -9,9 +9,9 @@
 //! and the bridge as gateway. IPAM leases are kept in a temporary
 //! directory owned by the [`CniNetwork`], never in /var/lib/cni.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ impl<'a> PodSandbox<'a> {
 
     /// `CNI_NETNS`.
     pub fn netns_path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.netns.name()))
+        self.netns.path()
     }
 
     /// `CNI_CONTAINERID`: the namespace name, unique per sandbox.
@@ -144,8 +144,6 @@ pub struct CniNetwork {
     subnet: String,
     /// `ambient_namespaces` of the chained plugin.
     ambient_namespaces: Vec<String>,
-    /// `exclude_namespaces`, when not the plugin's default.
-    exclude_namespaces: Option<Vec<String>>,
     /// host-local's `dataDir`.
     ipam_dir: tempfile::TempDir,
 }
@@ -166,7 +164,6 @@ impl CniNetwork {
             agent_socket: agent_socket.to_owned(),
             subnet: subnet.to_owned(),
             ambient_namespaces: Vec::new(),
-            exclude_namespaces: None,
             ipam_dir: tempfile::tempdir()?,
         })
     }
@@ -174,12 +171,6 @@ impl CniNetwork {
     /// Sets the plugin's `ambient_namespaces` (`"*"` for all).
     pub fn ambient_namespaces(mut self, namespaces: &[&str]) -> Self {
         self.ambient_namespaces = namespaces.iter().map(|ns| (*ns).to_owned()).collect();
-        self
-    }
-
-    /// Sets the plugin's `exclude_namespaces`.
-    pub fn exclude_namespaces(mut self, namespaces: &[&str]) -> Self {
-        self.exclude_namespaces = Some(namespaces.iter().map(|ns| (*ns).to_owned()).collect());
         self
     }
 
@@ -209,9 +200,6 @@ impl CniNetwork {
             "agent_socket": self.agent_socket,
             "ambient_namespaces": self.ambient_namespaces,
         });
-        if let Some(exclude) = &self.exclude_namespaces {
-            config["exclude_namespaces"] = json!(exclude);
-        }
         if let Some(prev) = prev_result {
             config["prevResult"] = prev.clone();
         }
@@ -309,24 +297,13 @@ impl CniNetwork {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(config.to_string().as_bytes())?;
-        }
-        let pid = child.id();
-        let (done, finished) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = done.send(child.wait_with_output());
-        });
-        let output = match finished.recv_timeout(PLUGIN_TIMEOUT) {
-            Ok(output) => output?,
-            Err(_) => {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
-                bail!(
-                    "{} {command} did not finish within {PLUGIN_TIMEOUT:?}",
-                    binary.display()
-                );
+        let output = match finish(&mut child, config.to_string()) {
+            Ok(output) => output,
+            Err(error) => {
+                // Whatever went wrong, the child is reaped, not left behind.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(error.context(format!("{} {command}", binary.display())));
             }
         };
         Ok(PluginRun {
@@ -335,4 +312,50 @@ impl CniNetwork {
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         })
     }
+}
+
+/// What a finished plugin wrote, and how it exited.
+struct Output {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Writes `input` to the child's stdin and collects its stdout and stderr,
+/// each on a thread of its own so that no pipe can stall the others, then
+/// reaps it. An error (a pipe failing, or the child outliving
+/// [`PLUGIN_TIMEOUT`]) leaves the child to the caller to kill and reap.
+fn finish(child: &mut Child, input: String) -> anyhow::Result<Output> {
+    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        bail!("the plugin's stdio is not piped");
+    };
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let errors = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            stderr.read_to_end(&mut bytes).map(|_| bytes)
+        });
+        let mut out = Vec::new();
+        let out = stdout.read_to_end(&mut out).map(|_| out);
+        let _ = done.send((joined(writer), out, joined(errors)));
+    });
+    let (written, stdout, stderr) = finished
+        .recv_timeout(PLUGIN_TIMEOUT)
+        .map_err(|_| anyhow::anyhow!("did not finish within {PLUGIN_TIMEOUT:?}"))?;
+    written.context("writing the configuration to stdin")?;
+    Ok(Output {
+        stdout: stdout.context("reading stdout")?,
+        stderr: stderr.context("reading stderr")?,
+        status: child.wait().context("waiting for the plugin")?,
+    })
+}
+
+/// The result of a pipe thread; a panic counts as an I/O error.
+fn joined<T>(thread: std::thread::JoinHandle<std::io::Result<T>>) -> std::io::Result<T> {
+    thread
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("pipe thread panicked")))
 }

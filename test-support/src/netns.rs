@@ -5,6 +5,7 @@
 //! on drop, also when a test fails, so runs never collide or leak.
 
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -73,6 +74,12 @@ impl NetNs {
         &self.name
     }
 
+    /// The namespace's bind mount, `/run/netns/<name>`: what a runtime
+    /// passes as `CNI_NETNS`, and what `setns` can open.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
     /// Runs a command inside the namespace and waits for it.
     pub fn exec(&self, command: &[&str]) -> anyhow::Result<Output> {
         let mut args = vec!["netns", "exec", &self.name];
@@ -96,11 +103,12 @@ impl NetNs {
         F: FnOnce() -> R + Send,
         R: Send,
     {
-        let path = format!("/run/netns/{}", self.name);
+        let path = self.path();
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    let file = File::open(&path).with_context(|| format!("opening {path}"))?;
+                    let file =
+                        File::open(&path).with_context(|| format!("opening {}", path.display()))?;
                     setns(&file, CloneFlags::CLONE_NEWNET).context("setns")?;
                     Ok(f())
                 })

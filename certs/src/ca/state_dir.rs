@@ -163,9 +163,11 @@ fn write_temporary(path: &Path, contents: &[u8], mode: u32) -> Result<PathBuf, S
         .mode(mode)
         .open(&temporary)
         .map_err(|source| io_error(&temporary, source))?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .map_err(|source| io_error(&temporary, source))?;
+    if let Err(source) = file.write_all(contents).and_then(|()| file.sync_all()) {
+        // A half-written temporary is of no use to anyone: leave nothing.
+        let _ = std::fs::remove_file(&temporary);
+        return Err(io_error(&temporary, source));
+    }
     Ok(temporary)
 }
 
@@ -182,8 +184,12 @@ fn create_if_absent(path: &Path, contents: &[u8], mode: u32) -> Result<(), State
     }
 }
 
-/// Atomically replaces `path` with `contents`.
-fn replace(path: &Path, contents: &[u8], mode: u32) -> Result<(), StateDirError> {
+/// Atomically replaces `path` with `contents` (file mode `mode`): writes
+/// and syncs a fresh, uniquely named temporary file beside it, then renames
+/// it over `path`, so readers see the old file or the new one, never a
+/// mix. Other components that keep state files (e.g. the CNI agent's pod
+/// set) use it too.
+pub fn replace(path: &Path, contents: &[u8], mode: u32) -> Result<(), StateDirError> {
     let temporary = write_temporary(path, contents, mode)?;
     std::fs::rename(&temporary, path).map_err(|source| {
         let _ = std::fs::remove_file(&temporary);

@@ -5,41 +5,42 @@
 //!
 //! Adds and deletes run one at a time (`operations`); the pod set and the
 //! ztunnel connections share one lock (`state`) so that a connection's
-//! snapshot and the events queued after it agree. Rules are `rules.rs`'s,
-//! persistence `pods.rs`'s, the ZDS exchange `zds.rs`'s.
+//! snapshot and the events queued after it agree. A change builds the new
+//! pod set, saves it with no lock but `operations` held, then swaps it in
+//! under `state`. Rules are `rules.rs`'s, persistence `pods.rs`'s, the ZDS
+//! exchange `zds.rs`'s.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
-use ztunnel_certs::ca::registry::{FileRegistry, PodRegistry};
+use tokio::time::Instant;
+use ztunnel_certs::ca::registry::{FileRegistry, Pod, PodRegistry};
 
 use crate::event::{CmdAdd, CmdDel};
 
+use super::netns::NetnsError;
 use super::pods::{PodRecord, PodSet, PodStore, PodStoreError};
-use super::rules::{self, RuleSettings, RulesError};
+use super::rules::{self, RuleSettings};
 use super::zds::wire::Request;
 use super::zds::{Connections, ZdsError, ZdsEvent};
 
-/// How long an add waits for ztunnel's ack. Below the plugin's 5 s budget,
-/// so the plugin hears the agent's answer rather than its own timeout.
-const ACK_WAIT: Duration = Duration::from_secs(4);
-
 /// The agent's pods and ztunnel connections.
 pub struct Mesh {
-    /// Pod facts (uid, service account, node).
-    registry: FileRegistry,
+    /// Pod facts (uid, service account, node); shared with the blocking
+    /// thread that reloads it.
+    registry: Arc<FileRegistry>,
     /// This node; pods the registry places elsewhere are refused.
     node_name: Option<String>,
     /// How rules are written.
     rules: RuleSettings,
     /// Where the pod set is kept.
     store: PodStore,
-    /// Serializes adds and deletes, rule installation included.
+    /// Serializes adds and deletes, rule installation and saving included.
     operations: tokio::sync::Mutex<()>,
-    /// Pod set and connections; held briefly, never across an await.
+    /// Pod set and connections; held briefly, never across an await or
+    /// file I/O.
     state: Mutex<State>,
 }
 
@@ -69,7 +70,7 @@ impl Mesh {
             store.save(&pods)?;
         }
         Ok(Mesh {
-            registry,
+            registry: Arc::new(registry),
             node_name,
             rules,
             store,
@@ -109,17 +110,22 @@ impl Mesh {
     /// acked the `add`. With none connected the pod waits for the next
     /// snapshot; its rules already send its traffic to ports nobody
     /// listens on, so it fails closed meanwhile.
-    pub async fn add(&self, event: CmdAdd) -> Result<(), MeshError> {
-        let record = self.resolve(&event)?;
+    ///
+    /// `deadline` bounds the wait for ztunnel's answer, so the plugin hears
+    /// the outcome before its own timeout; the rest runs to its end.
+    pub async fn add(&self, event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
+        let record = self.resolve(&event).await?;
         let label = format!("{}/{}", record.namespace, record.name);
-        let reply = {
+        let answer = {
             let _operation = self.operations.lock().await;
             let (netns, ips, settings) =
                 (record.netns.clone(), record.ips.clone(), self.rules.clone());
             install_blocking(netns, ips, settings).await?;
+            let mut pods = self.state().pods.clone();
+            let replaced = pods.insert(record.clone());
+            let pods = self.persist(pods).await?;
             let mut state = self.state();
-            let replaced = state.pods.insert(record.clone());
-            self.store.save(&state.pods)?;
+            state.pods = pods;
             if let Some(old) = replaced.filter(|old| old.uid != record.uid) {
                 state
                     .connections
@@ -133,11 +139,11 @@ impl Mesh {
             state.connections.send_to_newest(event).then_some(answer)
         };
         tracing::info!(pod = %label, uid = %record.uid, "pod added to the mesh");
-        let Some(answer) = reply else {
+        let Some(answer) = answer else {
             tracing::info!(pod = %label, "no ztunnel connected; the pod is in the next snapshot");
             return Ok(());
         };
-        match tokio::time::timeout(ACK_WAIT, answer).await {
+        match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(ZdsError::ConnectionLost(error))))
             | Ok(Ok(Err(ZdsError::NetnsGone(error)))) => {
@@ -162,35 +168,92 @@ impl Mesh {
                 .await
                 .map_err(|_| MeshError::TaskFailed)??;
         }
-        let mut state = self.state();
-        if let Some(pod) = state
-            .pods
-            .remove(&event.pod_namespace, &event.pod_name, &event.pod_uid)
-        {
-            self.store.save(&state.pods)?;
-            state.connections.send_to_all(&Request::Del {
-                uid: pod.uid.clone(),
-            });
+        let removed = self
+            .forget(&event.pod_namespace, &event.pod_name, &event.pod_uid)
+            .await?;
+        if let Some(pod) = removed {
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "pod removed from the mesh");
         }
         Ok(())
     }
 
+    /// Drops the record of a pod whose netns has vanished (its DEL was
+    /// missed), found while sending a snapshot, and tells every ztunnel.
+    /// A pod recorded since under the same name with another uid stays.
+    pub async fn forget_gone(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(), MeshError> {
+        let _operation = self.operations.lock().await;
+        if let Some(pod) = self.forget(namespace, name, uid).await? {
+            tracing::info!(pod = %format!("{namespace}/{name}"), uid, netns = %pod.netns.display(), "pod removed from the mesh: netns is gone");
+        }
+        Ok(())
+    }
+
+    /// Removes a recorded pod (see [`PodSet::remove`]), saves the set and
+    /// sends `del` to every ztunnel; returns the removed record. The
+    /// caller holds `operations`.
+    async fn forget(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<PodRecord>, MeshError> {
+        let mut pods = self.state().pods.clone();
+        let Some(pod) = pods.remove(namespace, name, uid) else {
+            return Ok(None);
+        };
+        let pods = self.persist(pods).await?;
+        let mut state = self.state();
+        state.pods = pods;
+        state.connections.send_to_all(&Request::Del {
+            uid: pod.uid.clone(),
+        });
+        Ok(Some(pod))
+    }
+
+    /// Saves `pods` on a blocking thread (the write ends in an fsync) and
+    /// hands the set back. Callers hold `operations`, so saves never race.
+    async fn persist(&self, pods: PodSet) -> Result<PodSet, MeshError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.save(&pods).map(|()| pods))
+            .await
+            .map_err(|_| MeshError::TaskFailed)?
+            .map_err(MeshError::Store)
+    }
+
     /// The record of a pod to add: checks the event and looks the pod up.
-    fn resolve(&self, event: &CmdAdd) -> Result<PodRecord, MeshError> {
+    /// The registry file is re-read (on a blocking thread) only when it
+    /// does not know the pod or knows it with another uid.
+    async fn resolve(&self, event: &CmdAdd) -> Result<PodRecord, MeshError> {
         if event.netns.is_empty() || event.pod_name.is_empty() || event.pod_namespace.is_empty() {
             return Err(MeshError::Incomplete);
         }
-        if let Err(error) = self.registry.reload() {
-            tracing::warn!(%error, "pod registry not reloaded; using the last good one");
+        let current = |pod: &Pod| event.pod_uid.is_empty() || event.pod_uid == pod.uid;
+        let mut snapshot = self.registry.snapshot();
+        if !snapshot
+            .pod(&event.pod_namespace, &event.pod_name)
+            .is_some_and(current)
+        {
+            let registry = Arc::clone(&self.registry);
+            match tokio::task::spawn_blocking(move || registry.reload()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "pod registry not reloaded; using the last good one");
+                }
+                Err(_) => return Err(MeshError::TaskFailed),
+            }
+            snapshot = self.registry.snapshot();
         }
-        let snapshot = self.registry.snapshot();
         let pod = snapshot
             .pod(&event.pod_namespace, &event.pod_name)
             .ok_or_else(|| {
                 MeshError::NotInRegistry(format!("{}/{}", event.pod_namespace, event.pod_name))
             })?;
-        if !event.pod_uid.is_empty() && event.pod_uid != pod.uid {
+        if !current(pod) {
             return Err(MeshError::UidMismatch {
                 pod: format!("{}/{}", pod.namespace, pod.name),
                 runtime: event.pod_uid.clone(),
@@ -259,17 +322,19 @@ pub enum MeshError {
     },
     /// Installing or removing rules failed.
     #[error(transparent)]
-    Rules(#[from] RulesError),
+    Rules(#[from] NetnsError),
     /// The pod set could not be saved.
     #[error(transparent)]
     Store(#[from] PodStoreError),
     /// ztunnel refused the pod.
     #[error(transparent)]
     Ztunnel(ZdsError),
-    /// ztunnel did not answer in time.
-    #[error("ztunnel did not ack the pod within {ACK_WAIT:?}")]
+    /// ztunnel did not answer before the plugin's deadline; the pod is
+    /// recorded and stays queued for ztunnel.
+    #[error("ztunnel did not ack the pod before the plugin's deadline")]
     AckTimeout,
-    /// The blocking task that changes rules died.
-    #[error("the rule task failed")]
+    /// A task of the operation (rules, saving, the registry reload, or
+    /// the operation itself) died.
+    #[error("an agent task failed")]
     TaskFailed,
 }

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, setns};
 use nix::sys::signal::{Signal, kill};
@@ -44,6 +44,7 @@ pub fn run_in<R: Send>(path: &Path, f: impl FnOnce() -> R + Send) -> Result<R, N
 
 /// Runs `program` with `args` (and `stdin`) in the calling thread's netns
 /// and returns its stdout; a non-zero exit is an error carrying stderr.
+/// The whole run, stdin included, is bounded by `COMMAND_TIMEOUT`.
 pub fn command(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NetnsError> {
     let failed = |detail: String| NetnsError::Command {
         command: format!("{program} {}", args.join(" ")),
@@ -60,21 +61,28 @@ pub fn command(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Stri
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|error| failed(error.to_string()))?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // Rule sets are a few kilobytes, below the pipe buffer, so this does
-        // not wait on the child; the pipe closes when dropped.
-        if let Err(error) = pipe.write_all(input.as_bytes()) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(failed(format!("writing stdin: {error}")));
+    // Stdin is written on a thread of its own while the child runs, so a
+    // child that fills its stdout before reading all of stdin cannot stall
+    // the write outside the timeout. Killing the child ends the write
+    // (broken pipe); the pipe closes when the thread drops it.
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    let written = match (stdin, child.stdin.take()) {
+        (Some(input), Some(mut pipe)) => {
+            let input = input.to_owned();
+            let (wrote, written) = mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = wrote.send(pipe.write_all(input.as_bytes()));
+            });
+            Some(written)
         }
-    }
+        _ => None,
+    };
     let pid = child.id();
     let (done, finished) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = done.send(child.wait_with_output());
     });
-    let output = match finished.recv_timeout(COMMAND_TIMEOUT) {
+    let output = match finished.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(output) => output.map_err(|error| failed(error.to_string()))?,
         Err(_) => {
             if let Ok(pid) = i32::try_from(pid) {
@@ -89,6 +97,15 @@ pub fn command(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Stri
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         )));
+    }
+    // A child that succeeded without taking all its input is still a
+    // failure: it acted on part of it.
+    if let Some(written) = written {
+        match written.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(failed(format!("writing stdin: {error}"))),
+            Err(_) => return Err(failed("stdin was not taken in time".into())),
+        }
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

@@ -1,23 +1,29 @@
 //! The set of pods the agent has put in the mesh, kept on disk as
 //! `<state-dir>/pods.json` so that a restarted agent can hand ztunnel a
-//! full snapshot. Written atomically (temp file, then rename), so a crash
-//! leaves the old set or the new one, never half of one.
+//! full snapshot. Written atomically (a fresh temporary file, synced, then
+//! renamed: the CA state directory's `replace`), so a crash leaves the old
+//! set or the new one, never half of one.
 //!
 //! Which rules a pod has is `rules.rs`'s business; telling ztunnel is
 //! `zds.rs`'s.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use ztunnel_certs::ca::state_dir::{self, StateDirError};
 
 /// File name of the pod set inside the state directory.
 const FILE_NAME: &str = "pods.json";
 /// Largest pod set read back: a node holds a few hundred pods of a few
 /// hundred bytes each; the bound keeps a damaged file from costing memory.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// Mode of `pods.json`: pod names and netns paths are no secret, and
+/// operators may read the file to see what the agent holds.
+const FILE_MODE: u32 = 0o644;
 
 /// One pod in the mesh: what ZDS needs (uid, name, namespace, service
 /// account, netns) and its addresses.
@@ -90,11 +96,13 @@ impl PodSet {
     }
 
     /// How many pods there are.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pods.len()
     }
 
     /// Whether there are none.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }
@@ -120,6 +128,7 @@ impl PodStore {
     }
 
     /// The file.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -130,17 +139,21 @@ impl PodStore {
             path: self.path.clone(),
             source,
         };
-        let len = match std::fs::metadata(&self.path) {
-            Ok(metadata) => metadata.len(),
+        let file = match File::open(&self.path) {
+            Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(PodSet::default());
             }
             Err(error) => return Err(io(error)),
         };
-        if len > MAX_FILE_BYTES {
+        // One byte past the bound tells a file at the bound from a larger one.
+        let mut bytes = Vec::new();
+        file.take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(PodStoreError::TooLarge(self.path.clone()));
         }
-        let bytes = std::fs::read(&self.path).map_err(io)?;
         let pods: Vec<PodRecord> =
             serde_json::from_slice(&bytes).map_err(|source| PodStoreError::Parse {
                 path: self.path.clone(),
@@ -153,22 +166,15 @@ impl PodStore {
         Ok(set)
     }
 
-    /// Replaces the file with `set`: write a temp file, sync, rename.
+    /// Replaces the file with `set` atomically. Blocks on an fsync: async
+    /// callers run it on a blocking thread.
     pub fn save(&self, set: &PodSet) -> Result<(), PodStoreError> {
-        let io = |source| PodStoreError::Io {
-            path: self.path.clone(),
-            source,
-        };
         let pods: Vec<&PodRecord> = set.iter().collect();
         let bytes = serde_json::to_vec_pretty(&pods).map_err(|source| PodStoreError::Parse {
             path: self.path.clone(),
             source,
         })?;
-        let temp = self.path.with_extension("json.tmp");
-        let mut file = std::fs::File::create(&temp).map_err(io)?;
-        file.write_all(&bytes).map_err(io)?;
-        file.sync_all().map_err(io)?;
-        std::fs::rename(&temp, &self.path).map_err(io)
+        Ok(state_dir::replace(&self.path, &bytes, FILE_MODE)?)
     }
 
     /// Moves an unreadable file aside (`pods.json.bad`), so the agent can
@@ -186,7 +192,7 @@ impl PodStore {
 /// Why the pod set could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum PodStoreError {
-    /// Reading, writing or renaming failed.
+    /// Creating the directory, reading the file or moving it aside failed.
     #[error("pod set {path}: {source}")]
     Io {
         /// The file or directory.
@@ -205,6 +211,9 @@ pub enum PodStoreError {
     /// The file is larger than any real pod set.
     #[error("pod set {0} is larger than {MAX_FILE_BYTES} bytes")]
     TooLarge(PathBuf),
+    /// Writing the new file, or renaming it into place, failed.
+    #[error("saving the pod set: {0}")]
+    Save(#[from] StateDirError),
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ impl Family {
     }
 
     /// `iptables-save` or `ip6tables-save`.
-    pub fn save_program(self) -> &'static str {
+    fn save_program(self) -> &'static str {
         match self {
             Family::V4 => "iptables-save",
             Family::V6 => "ip6tables-save",
@@ -94,7 +94,7 @@ impl Family {
     }
 
     /// `iptables-restore` or `ip6tables-restore`.
-    pub fn restore_program(self) -> &'static str {
+    fn restore_program(self) -> &'static str {
         match self {
             Family::V4 => "iptables-restore",
             Family::V6 => "ip6tables-restore",
@@ -281,21 +281,19 @@ pub fn restore_input(saved: &str, desired: &[TableRules]) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteStep {
     /// Must succeed.
-    Run(Vec<String>),
+    Run(Vec<&'static str>),
     /// Repeated until it fails (at most 8 times):
     /// a delete that removes every copy, and none is fine.
-    RepeatUntilFails(Vec<String>),
+    RepeatUntilFails(Vec<&'static str>),
 }
 
 /// The `ip` commands that install (or, with `install` false, remove) the
 /// policy routing of one family. Installing deletes old copies first, so
 /// it can be repeated.
 pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
-    let args = |words: &[&str]| -> Vec<String> {
-        [family.ip_flag()]
-            .iter()
-            .chain(words)
-            .map(|word| (*word).to_owned())
+    let args = |words: &[&[&'static str]]| -> Vec<&'static str> {
+        std::iter::once(family.ip_flag())
+            .chain(words.iter().flat_map(|part| part.iter().copied()))
             .collect()
     };
     let rule = [
@@ -314,17 +312,17 @@ pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
         "table",
         ROUTE_TABLE,
     ];
-    let delete_rule = RouteStep::RepeatUntilFails(args(&[&["rule", "del"][..], &rule].concat()));
+    let delete_rule = RouteStep::RepeatUntilFails(args(&[&["rule", "del"], &rule]));
     if install {
         vec![
             delete_rule,
-            RouteStep::Run(args(&[&["rule", "add"][..], &rule].concat())),
-            RouteStep::Run(args(&[&["route", "replace"][..], &route].concat())),
+            RouteStep::Run(args(&[&["rule", "add"], &rule])),
+            RouteStep::Run(args(&[&["route", "replace"], &route])),
         ]
     } else {
         vec![
             delete_rule,
-            RouteStep::RepeatUntilFails(args(&[&["route", "del"][..], &route].concat())),
+            RouteStep::RepeatUntilFails(args(&[&["route", "del"], &route])),
         ]
     }
 }
@@ -336,13 +334,15 @@ pub fn install(
     netns_path: &Path,
     pod_ips: &[IpAddr],
     settings: &RuleSettings,
-) -> Result<(), RulesError> {
+) -> Result<(), NetnsError> {
     let has_ipv6 = pod_ips.iter().any(IpAddr::is_ipv6);
     netns::run_in(netns_path, || {
-        apply(Family::V4, Some(settings))?;
+        apply(Family::V4, &saved(Family::V4)?, Some(settings))?;
         if has_ipv6 {
-            match netns::command(Family::V6.save_program(), &[], None) {
-                Ok(_) => apply(Family::V6, Some(settings))?,
+            // Reading the current rules is also the test that ip6tables
+            // works here.
+            match saved(Family::V6) {
+                Ok(current) => apply(Family::V6, &current, Some(settings))?,
                 Err(error) => {
                     tracing::warn!(%error, "pod has IPv6 but ip6tables does not work; IPv6 is not captured")
                 }
@@ -353,26 +353,31 @@ pub fn install(
 }
 
 /// Removes every rule and route [`install`] adds; nothing there is fine.
-pub fn remove(netns_path: &Path) -> Result<(), RulesError> {
+pub fn remove(netns_path: &Path) -> Result<(), NetnsError> {
     netns::run_in(netns_path, || {
-        apply(Family::V4, None)?;
+        apply(Family::V4, &saved(Family::V4)?, None)?;
         // ip6tables may be missing or unusable in this netns; then nothing
         // of ours can be there either.
-        if netns::command(Family::V6.save_program(), &[], None).is_ok() {
-            apply(Family::V6, None)?;
+        if let Ok(current) = saved(Family::V6) {
+            apply(Family::V6, &current, None)?;
         }
         Ok(())
     })?
 }
 
-/// Brings one family of the current netns to the desired state (`None`:
-/// none of ours).
-fn apply(family: Family, settings: Option<&RuleSettings>) -> Result<(), RulesError> {
-    let saved = netns::command(family.save_program(), &[], None)?;
+/// The `iptables-save` text of one family in the current netns; an error
+/// when the tool is missing or does not work here.
+fn saved(family: Family) -> Result<String, NetnsError> {
+    netns::command(family.save_program(), &[], None)
+}
+
+/// Brings one family of the current netns from `saved` (its
+/// `iptables-save` text) to the desired state (`None`: none of ours).
+fn apply(family: Family, saved: &str, settings: Option<&RuleSettings>) -> Result<(), NetnsError> {
     let desired = settings
         .map(|settings| desired_rules(family, settings))
         .unwrap_or_default();
-    let input = restore_input(&saved, &desired);
+    let input = restore_input(saved, &desired);
     if !input.is_empty() {
         netns::command(
             family.restore_program(),
@@ -383,11 +388,9 @@ fn apply(family: Family, settings: Option<&RuleSettings>) -> Result<(), RulesErr
     for step in routing_steps(family, settings.is_some()) {
         match step {
             RouteStep::Run(args) => {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 netns::command("ip", &args, None)?;
             }
             RouteStep::RepeatUntilFails(args) => {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 for _ in 0..MAX_DUPLICATE_DELETES {
                     if netns::command("ip", &args, None).is_err() {
                         break;
@@ -397,14 +400,6 @@ fn apply(family: Family, settings: Option<&RuleSettings>) -> Result<(), RulesErr
         }
     }
     Ok(())
-}
-
-/// Why the rules could not be installed or removed.
-#[derive(Debug, thiserror::Error)]
-pub enum RulesError {
-    /// Entering the netns or running a tool failed.
-    #[error(transparent)]
-    Netns(#[from] NetnsError),
 }
 
 #[cfg(test)]

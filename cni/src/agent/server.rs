@@ -6,12 +6,15 @@
 //! | `POST /cmddel` | 200 removed or unknown; 400 as above; 500 with the error text |
 //! | `GET /pods/<ns>/<name>` | 200 with the pod's record as JSON; 404 when not in the mesh |
 //!
-//! Routing is the pure [`route`]; what a failure means on the wire is
+//! Routing is the pure `route`; what a failure means on the wire is
 //! decided here and only here. The decisions themselves are the mesh's.
+//! Adds and deletes run on tasks of their own, so a plugin that hangs up
+//! (or a server that stops) never cuts one off half-way.
 
 use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -20,20 +23,36 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
+use crate::plugin::client::AGENT_TIMEOUT;
 
-use super::mesh::Mesh;
-use super::stopped;
+use super::mesh::{Mesh, MeshError};
+use super::socket_file::SocketFile;
+use super::{ACCEPT_ERROR_PAUSE, stopped};
 
 /// Largest request body read: an add event is well under a kilobyte.
 const MAX_BODY_BYTES: usize = 64 * 1024;
+/// How long after an add arrives the agent answers at the latest: half a
+/// second inside the plugin's budget, so the plugin hears the agent's
+/// answer (and its reason) rather than its own timeout.
+const ADD_ANSWER_WITHIN: Duration = AGENT_TIMEOUT.saturating_sub(Duration::from_millis(500));
+
+/// The plugin-event socket; its path is removed on drop while it is still
+/// this socket's.
+#[derive(Debug)]
+pub struct PluginListener {
+    listener: UnixListener,
+    /// Removes the path on drop, unless another agent has bound it since.
+    _file: SocketFile,
+}
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
+enum Route {
     /// `POST /cmdadd`.
     Add,
     /// `POST /cmddel`.
@@ -52,7 +71,7 @@ pub enum Route {
 }
 
 /// Maps a method and path to a route.
-pub fn route(method: &Method, path: &str) -> Route {
+fn route(method: &Method, path: &str) -> Route {
     let (wanted, route) = match path {
         CMD_ADD_PATH => (Method::POST, Route::Add),
         CMD_DEL_PATH => (Method::POST, Route::Del),
@@ -82,41 +101,42 @@ pub fn route(method: &Method, path: &str) -> Route {
 }
 
 /// Binds the socket at `path`, removing a stale one and creating the
-/// directory first.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
-    }
-    UnixListener::bind(path)
+/// directory first. Must be called inside a tokio runtime.
+pub fn bind(path: &Path) -> std::io::Result<PluginListener> {
+    SocketFile::prepare(path)?;
+    let listener = UnixListener::bind(path)?;
+    Ok(PluginListener {
+        listener,
+        _file: SocketFile::bound(path)?,
+    })
 }
 
-/// Serves plugin events until `shutdown`; open connections are then closed.
-pub async fn serve(listener: UnixListener, mesh: Arc<Mesh>, mut shutdown: watch::Receiver<bool>) {
+/// Serves plugin events until `shutdown`; open connections are then
+/// closed, and the adds and deletes already started are waited for.
+pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, mut shutdown: watch::Receiver<bool>) {
+    // Each started operation holds a clone of `in_flight`; `all_finished`
+    // yields `None` once every clone is gone.
+    let (in_flight, mut all_finished) = mpsc::channel::<()>(1);
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             () = stopped(&mut shutdown) => break,
-            accepted = listener.accept() => accepted,
+            accepted = listener.listener.accept() => accepted,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
                 tracing::warn!(%error, "accepting a plugin connection");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
-        let mesh = Arc::clone(&mesh);
+        let (mesh, in_flight) = (Arc::clone(&mesh), in_flight.clone());
         connections.spawn(async move {
             let service = service_fn(move |request| {
-                let mesh = Arc::clone(&mesh);
-                async move { Ok::<_, Infallible>(handle(&mesh, request).await) }
+                let (mesh, in_flight) = (Arc::clone(&mesh), in_flight.clone());
+                async move { Ok::<_, Infallible>(handle(mesh, in_flight, request).await) }
             });
             if let Err(error) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -127,16 +147,28 @@ pub async fn serve(listener: UnixListener, mesh: Arc<Mesh>, mut shutdown: watch:
         });
     }
     connections.abort_all();
+    while connections.join_next().await.is_some() {}
+    drop(in_flight);
+    let _ = all_finished.recv().await;
 }
 
-async fn handle(mesh: &Mesh, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(
+    mesh: Arc<Mesh>,
+    in_flight: mpsc::Sender<()>,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let deadline = Instant::now() + ADD_ANSWER_WITHIN;
     match route(request.method(), request.uri().path()) {
         Route::Add => match read_json::<CmdAdd>(request).await {
-            Ok(event) => outcome(mesh.add(event).await),
+            Ok(event) => outcome(
+                run_detached(in_flight, async move { mesh.add(event, deadline).await }).await,
+            ),
             Err(response) => response,
         },
         Route::Del => match read_json::<CmdDel>(request).await {
-            Ok(event) => outcome(mesh.del(event).await),
+            Ok(event) => {
+                outcome(run_detached(in_flight, async move { mesh.del(event).await }).await)
+            }
             Err(response) => response,
         },
         Route::Pod { namespace, name } => match mesh.pod(&namespace, &name) {
@@ -154,6 +186,22 @@ async fn handle(mesh: &Mesh, request: Request<Incoming>) -> Response<Full<Bytes>
         }
         Route::NotFound => text(StatusCode::NOT_FOUND, "not found".into()),
     }
+}
+
+/// Runs an add or delete on a task of its own and waits for it. If this
+/// handler is dropped (the plugin hung up, or the server is stopping), the
+/// operation still runs to its end; `in_flight` lets shutdown wait for it.
+async fn run_detached(
+    in_flight: mpsc::Sender<()>,
+    operation: impl Future<Output = Result<(), MeshError>> + Send + 'static,
+) -> Result<(), MeshError> {
+    tokio::spawn(async move {
+        let result = operation.await;
+        drop(in_flight);
+        result
+    })
+    .await
+    .unwrap_or(Err(MeshError::TaskFailed))
 }
 
 /// Reads a bounded JSON body; the error is the response to send.

@@ -1,7 +1,8 @@
 //! The agent's side of ZDS (WIRE.md §5): it listens on a SOCK_SEQPACKET
 //! socket, and for each ztunnel that connects reads the hello, sends a
 //! snapshot of every pod (`add` with the netns fd, or `keep` when the netns
-//! cannot be opened), waiting for the ack after each message, then
+//! cannot be opened; nothing, and the pod's record dropped, when the netns
+//! is gone), waiting for the ack after each message, then
 //! `snapshot_sent`. After that a new pod's `add` goes to the newest
 //! connection and a `del` to all; idle connections are probed every 5 s.
 //!
@@ -12,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +23,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::mesh::Mesh;
-use super::stopped;
+use super::{ACCEPT_ERROR_PAUSE, stopped};
 
 use socket::{SeqPacket, SeqPacketListener};
-use wire::{Ack, Phase, Request, WireError};
+use wire::{Ack, Request, WireError};
 
 pub mod socket;
 pub mod wire;
@@ -33,7 +35,7 @@ pub mod wire;
 /// and a longer datagram is an error, not something to grow for.
 const RECV_BUFFER: usize = 1024;
 /// Deadline for sending one request, and again for reading its ack.
-pub const IO_DEADLINE: Duration = Duration::from_secs(5);
+const IO_DEADLINE: Duration = Duration::from_secs(5);
 /// How often an idle connection is probed.
 const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a probe read waits: silence means the peer is alive.
@@ -42,8 +44,6 @@ const PROBE_READ: Duration = Duration::from_millis(10);
 const ACCEPTS_PER_WINDOW: usize = 5;
 /// The window of [`ACCEPTS_PER_WINDOW`].
 const ACCEPT_WINDOW: Duration = Duration::from_secs(1);
-/// Pause after a failed accept (e.g. out of fds), so the loop cannot spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// How long connection tasks get to finish after shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
@@ -108,25 +108,27 @@ impl Connections {
     }
 
     /// How many connections are open.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.open.len()
     }
 
     /// Whether none is.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.open.is_empty()
     }
 }
 
 /// At most 5 accepts in any second, as istio-cni allows.
 #[derive(Debug, Default)]
-pub struct AcceptLimiter {
+struct AcceptLimiter {
     recent: VecDeque<Instant>,
 }
 
 impl AcceptLimiter {
     /// How long to wait before the next accept, if at all.
-    pub fn delay(&self, now: Instant) -> Option<Duration> {
+    fn delay(&self, now: Instant) -> Option<Duration> {
         if self.recent.len() < ACCEPTS_PER_WINDOW {
             return None;
         }
@@ -135,7 +137,7 @@ impl AcceptLimiter {
     }
 
     /// Notes an accept.
-    pub fn record(&mut self, now: Instant) {
+    fn record(&mut self, now: Instant) {
         self.recent.push_back(now);
         while self.recent.len() > ACCEPTS_PER_WINDOW {
             self.recent.pop_front();
@@ -213,13 +215,17 @@ async fn serve_connection(
 
     let (id, mut events, pods) = mesh.connect();
     let _registration = Registration { mesh, id };
-    let count = pods.len();
+    let mut dropped = 0;
     for request in wire::snapshot(&pods) {
-        if let Ack::Nack(text) = exchange(connection, &request, Phase::Snapshot, &mut buf).await? {
+        let Some((request, netns)) = snapshot_entry(mesh, request).await else {
+            dropped += 1;
+            continue;
+        };
+        if let Ack::Nack(text) = exchange(connection, &request, netns.as_ref(), &mut buf).await? {
             tracing::warn!(?request, nack = %text, "ztunnel refused a snapshot request");
         }
     }
-    tracing::info!(pods = count, "snapshot sent to ztunnel");
+    tracing::info!(pods = pods.len() - dropped, "snapshot sent to ztunnel");
 
     let mut probe = tokio::time::interval_at(Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,21 +241,67 @@ async fn serve_connection(
     }
 }
 
+/// What to send for one request of a snapshot, with the netns an `add`
+/// hands over. An `add` whose netns path is gone sends nothing: the pod
+/// has left the node without a DEL, so its record is dropped and ztunnel
+/// drops it at `snapshot_sent`. An `add` whose netns exists but cannot be
+/// opened becomes `keep`, so ztunnel keeps the proxy it may already run.
+async fn snapshot_entry(mesh: &Mesh, request: Request) -> Option<(Request, Option<File>)> {
+    let Request::Add {
+        uid,
+        name,
+        namespace,
+        netns,
+        ..
+    } = &request
+    else {
+        return Some((request, None));
+    };
+    match File::open(netns) {
+        Ok(file) => Some((request, Some(file))),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            if let Err(error) = mesh.forget_gone(namespace, name, uid).await {
+                tracing::warn!(pod = %format!("{namespace}/{name}"), %error, "cannot drop the record of a pod whose netns is gone");
+            }
+            None
+        }
+        Err(error) => {
+            tracing::warn!(path = %netns.display(), %error, "cannot open a pod's netns for ztunnel; sending keep");
+            request.keep_for_snapshot().map(|keep| (keep, None))
+        }
+    }
+}
+
 /// Sends a live event, tells its sender the outcome, and returns the error
-/// when it ends the connection.
+/// when it ends the connection. A live `add` whose netns cannot be opened
+/// is not sent (`keep` is only allowed during a snapshot).
 async fn deliver(connection: &SeqPacket, event: ZdsEvent, buf: &mut [u8]) -> Result<(), ZdsError> {
-    let outcome = exchange(connection, &event.request, Phase::Live, buf).await;
+    let netns = match &event.request {
+        Request::Add { netns, .. } => match File::open(netns) {
+            Ok(file) => Some(file),
+            Err(error) => {
+                tracing::warn!(path = %netns.display(), %error, "cannot open a pod's netns for ztunnel");
+                if let Some(sender) = event.reply {
+                    let _ = sender.send(Err(ZdsError::NetnsGone(error.to_string())));
+                }
+                return Ok(());
+            }
+        },
+        _ => None,
+    };
+    let outcome = exchange(connection, &event.request, netns.as_ref(), buf).await;
+    // Any failure of the exchange leaves the connection out of step (acks
+    // match requests by order), so it ends the connection.
     let (reply, fatal) = match outcome {
         Ok(Ack::Ack) => (Ok(()), None),
         Ok(Ack::Nack(text)) => {
             tracing::warn!(request = ?event.request, nack = %text, "ztunnel refused a request");
             (Err(ZdsError::Nack(text)), None)
         }
-        Err(error) if error.ends_connection() => (
+        Err(error) => (
             Err(ZdsError::ConnectionLost(error.to_string())),
             Some(error),
         ),
-        Err(error) => (Err(error), None),
     };
     if let Some(sender) = event.reply {
         let _ = sender.send(reply);
@@ -257,29 +309,16 @@ async fn deliver(connection: &SeqPacket, event: ZdsEvent, buf: &mut [u8]) -> Res
     fatal.map_or(Ok(()), Err)
 }
 
-/// Sends one request (with the netns fd for `add`) and reads its answer.
+/// Sends one request (with `netns` as the fd, for `add`) and reads its
+/// answer.
 async fn exchange(
     connection: &SeqPacket,
     request: &Request,
-    phase: Phase,
+    netns: Option<&File>,
     buf: &mut [u8],
 ) -> Result<Ack, ZdsError> {
-    let mut netns = None;
-    let mut request = request.clone();
-    if let Request::Add { netns: path, .. } = &request {
-        match File::open(path) {
-            Ok(file) => netns = Some(file),
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "cannot open a pod's netns for ztunnel");
-                request = request
-                    .without_netns(phase)
-                    .ok_or_else(|| ZdsError::NetnsGone(error.to_string()))?;
-            }
-        }
-    }
     let bytes = request.encode();
-    let fd = netns.as_ref().map(File::as_fd);
-    tokio::time::timeout(IO_DEADLINE, connection.send(&bytes, fd))
+    tokio::time::timeout(IO_DEADLINE, connection.send(&bytes, netns.map(File::as_fd)))
         .await
         .map_err(|_| ZdsError::Timeout("sending a request"))?
         .map_err(ZdsError::Io)?;
@@ -348,13 +387,6 @@ pub enum ZdsError {
     /// The connection failed while this request was in flight.
     #[error("ztunnel connection lost: {0}")]
     ConnectionLost(String),
-}
-
-impl ZdsError {
-    /// Whether the connection cannot be used after this error.
-    fn ends_connection(&self) -> bool {
-        !matches!(self, ZdsError::Nack(_) | ZdsError::NetnsGone(_))
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use ztunnel_cni::agent::rules::RuleSettings;
 use ztunnel_cni::agent::{self, AgentConfig};
+use ztunnel_cni::event;
 
 /// The ztunnel node agent: installs in-pod redirection for ambient pods the
 /// CNI plugin reports, and hands those pods to ztunnel over ZDS.
@@ -15,7 +16,7 @@ use ztunnel_cni::agent::{self, AgentConfig};
 #[command(name = "ztunnel-agent", version)]
 struct Cli {
     /// Unix socket where the CNI plugin posts pod events (HTTP/1.1).
-    #[arg(long, env = "ZTUNNEL_AGENT_PLUGIN_SOCKET", default_value = agent::DEFAULT_PLUGIN_SOCKET)]
+    #[arg(long, env = "ZTUNNEL_AGENT_PLUGIN_SOCKET", default_value = event::DEFAULT_SOCKET)]
     plugin_socket: PathBuf,
     /// Unix SOCK_SEQPACKET socket where ztunnel connects for ZDS.
     #[arg(long, env = "ZTUNNEL_AGENT_ZDS_SOCKET", default_value = agent::DEFAULT_ZDS_SOCKET)]
@@ -24,7 +25,8 @@ struct Cli {
     #[arg(long, env = "ZTUNNEL_AGENT_STATE_DIR", default_value = agent::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
     /// Pod registry: the CA's YAML list of pods (name, namespace, uid,
-    /// serviceAccount, nodeName, phase, ips); re-read on every add.
+    /// serviceAccount, nodeName, phase, ips); re-read when an add names a
+    /// pod it does not know.
     #[arg(long, env = "ZTUNNEL_AGENT_PODS")]
     pods: PathBuf,
     /// This node's name; pods the registry places on another node are

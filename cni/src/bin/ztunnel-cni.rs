@@ -3,28 +3,17 @@
 //! [`ztunnel_cni::plugin`] for what each command does and which
 //! configuration keys it reads. This file only moves bytes.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::ExitCode;
 
-use ztunnel_cni::plugin::{self, config::MAX_CONFIG_BYTES};
+use ztunnel_cni::plugin;
 
 fn main() -> ExitCode {
-    let mut stdin = Vec::new();
-    let read = std::io::stdin()
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut stdin);
     // Variables that are not UTF-8 are dropped: a required one then reads
     // as missing, which is a CNI error rather than a panic.
-    let vars = || {
-        std::env::vars_os()
-            .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)))
-    };
-    let output = match read {
-        // Over the bound: hand the parser a truncated document, which it
-        // refuses as undecodable.
-        Ok(_) => plugin::run(vars(), &stdin),
-        Err(error) => plugin::run(vars(), format!("stdin: {error}").as_bytes()),
-    };
+    let vars = std::env::vars_os()
+        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
+    let output = plugin::run(vars, std::io::stdin().lock());
     for warning in &output.warnings {
         let _ = writeln!(std::io::stderr(), "{warning}");
     }

@@ -1,5 +1,5 @@
 //! The network configuration the runtime passes on stdin: the standard CNI
-//! keys we use (`cniVersion`, `name`, `type`, `prevResult`) and our own:
+//! keys we use (`cniVersion`, `prevResult`) and our own:
 //!
 //! | Key | Default | Meaning |
 //! |---|---|---|
@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// The plugin-event socket of the node agent, WIRE.md §6.
-pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/istio-cni/pluginevent.sock";
+use crate::event::DEFAULT_SOCKET;
+
 /// Spec versions this plugin speaks; results are passed through, so every
 /// version whose `ips[]` entries carry `address` works.
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
@@ -29,8 +29,6 @@ pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 pub struct PluginConfig {
     /// `cniVersion`; results and errors are written in it.
     pub cni_version: String,
-    /// `name` of the network.
-    pub name: String,
     /// The previous plugin's result, passed through on ADD.
     pub prev_result: Option<serde_json::Value>,
     /// Where the node agent listens.
@@ -46,8 +44,6 @@ pub struct PluginConfig {
 #[serde(rename_all = "camelCase")]
 struct RawConfig {
     cni_version: String,
-    #[serde(default)]
-    name: String,
     #[serde(default)]
     prev_result: Option<serde_json::Value>,
     #[serde(rename = "agent_socket", default)]
@@ -81,11 +77,10 @@ impl PluginConfig {
         }
         Ok(PluginConfig {
             cni_version: raw.cni_version,
-            name: raw.name,
             prev_result: raw.prev_result,
             agent_socket: raw
                 .agent_socket
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_AGENT_SOCKET)),
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
             ambient_namespaces: raw.ambient_namespaces,
             exclude_namespaces: raw
                 .exclude_namespaces
@@ -126,6 +121,9 @@ pub enum ConfigError {
     /// Well-formed but unusable (CNI code 7).
     #[error("invalid network configuration: {0}")]
     Invalid(String),
+    /// Larger than [`MAX_CONFIG_BYTES`]; not read further (CNI code 7).
+    #[error("the network configuration is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge,
 }
 
 #[cfg(test)]
@@ -137,7 +135,7 @@ mod tests {
         let config =
             PluginConfig::parse(br#"{"cniVersion":"1.0.0","name":"k8s","type":"ztunnel-cni"}"#)
                 .unwrap();
-        assert_eq!(config.agent_socket, PathBuf::from(DEFAULT_AGENT_SOCKET));
+        assert_eq!(config.agent_socket, PathBuf::from(DEFAULT_SOCKET));
         assert!(config.ambient_namespaces.is_empty());
         assert_eq!(config.exclude_namespaces, ["kube-system", "istio-system"]);
         assert_eq!(config.prev_result, None);
@@ -170,7 +168,7 @@ mod tests {
             let kind = match PluginConfig::parse(stdin) {
                 Err(ConfigError::Decode(_)) => "decode",
                 Err(ConfigError::UnsupportedVersion(_)) => "version",
-                Err(ConfigError::Invalid(_)) => "invalid",
+                Err(ConfigError::Invalid(_) | ConfigError::TooLarge) => "invalid",
                 Ok(_) => "ok",
             };
             assert_eq!(kind, want, "{}", String::from_utf8_lossy(stdin));

@@ -71,6 +71,9 @@ pub enum PluginError {
     /// The plugin could not set itself up (its async runtime).
     #[error("starting the plugin's runtime: {0}")]
     Runtime(std::io::Error),
+    /// Stdin, where the runtime writes the configuration, could not be read.
+    #[error("reading the network configuration from stdin: {0}")]
+    Stdin(std::io::Error),
 }
 
 impl PluginError {
@@ -80,13 +83,13 @@ impl PluginError {
             PluginError::Env(_) => CODE_INVALID_ENV,
             PluginError::Config(ConfigError::Decode(_)) => CODE_DECODE,
             PluginError::Config(ConfigError::UnsupportedVersion(_)) => CODE_INCOMPATIBLE_VERSION,
-            PluginError::Config(ConfigError::Invalid(_))
+            PluginError::Config(ConfigError::Invalid(_) | ConfigError::TooLarge)
             | PluginError::PrevResult(_)
             | PluginError::NotChained => CODE_INVALID_CONFIG,
             PluginError::AgentUnreachable(_) => CODE_TRY_AGAIN,
             PluginError::AgentRefused { .. } => CODE_AGENT_REFUSED,
             PluginError::NotInMesh { .. } => CODE_NOT_IN_MESH,
-            PluginError::Runtime(_) => CODE_IO,
+            PluginError::Runtime(_) | PluginError::Stdin(_) => CODE_IO,
         }
     }
 
@@ -98,13 +101,13 @@ impl PluginError {
                 "cannot decode the network configuration"
             }
             PluginError::Config(ConfigError::UnsupportedVersion(_)) => "incompatible CNI version",
-            PluginError::Config(ConfigError::Invalid(_))
+            PluginError::Config(ConfigError::Invalid(_) | ConfigError::TooLarge)
             | PluginError::PrevResult(_)
             | PluginError::NotChained => "invalid network configuration",
             PluginError::AgentUnreachable(_) => "node agent unreachable; try again later",
             PluginError::AgentRefused { .. } => "node agent refused the pod",
             PluginError::NotInMesh { .. } => "pod is not in the mesh",
-            PluginError::Runtime(_) => "plugin I/O failure",
+            PluginError::Runtime(_) | PluginError::Stdin(_) => "plugin I/O failure",
         }
     }
 

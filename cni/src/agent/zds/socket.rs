@@ -9,7 +9,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::sys::socket::{
     AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr, accept4, bind,
@@ -18,15 +18,19 @@ use nix::sys::socket::{
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
+use crate::agent::socket_file::SocketFile;
+
 /// Pending connections the kernel queues; ztunnel instances per node are
 /// one or two (during a rollout).
 const BACKLOG: i32 = 16;
 
-/// A listening SOCK_SEQPACKET socket; the path is removed on drop.
+/// A listening SOCK_SEQPACKET socket; the path is removed on drop while
+/// it is still this socket's.
 #[derive(Debug)]
 pub struct SeqPacketListener {
     fd: AsyncFd<OwnedFd>,
-    path: PathBuf,
+    /// Removes the path on drop, unless another agent has bound it since.
+    _file: SocketFile,
 }
 
 /// One accepted connection.
@@ -48,14 +52,7 @@ impl SeqPacketListener {
     /// Removes a stale socket at `path` (creating its directory if needed),
     /// then binds and listens. Must be called inside a tokio runtime.
     pub fn bind(path: &Path) -> io::Result<SeqPacketListener> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        match std::fs::remove_file(path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
-        }
+        SocketFile::prepare(path)?;
         let fd = socket(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -63,10 +60,11 @@ impl SeqPacketListener {
             None,
         )?;
         bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+        let file = SocketFile::bound(path)?;
         listen(&fd, Backlog::new(BACKLOG)?)?;
         Ok(SeqPacketListener {
             fd: register(fd)?,
-            path: path.to_owned(),
+            _file: file,
         })
     }
 
@@ -83,12 +81,6 @@ impl SeqPacketListener {
             })
             .await?;
         Ok(SeqPacket { fd: register(fd)? })
-    }
-}
-
-impl Drop for SeqPacketListener {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -1,7 +1,7 @@
 //! ZDS messages as plain data, and their bytes (WIRE.md §5): what the agent
 //! sends (`WorkloadRequest`), what it reads (`ZdsHello`, then
-//! `WorkloadResponse`), and which request stands in when a pod's netns
-//! cannot be opened. No sockets here; those are in `socket.rs`.
+//! `WorkloadResponse`), and which request stands in during a snapshot when
+//! a pod's netns cannot be opened. No sockets here; those are in `socket.rs`.
 
 use std::path::PathBuf;
 
@@ -43,16 +43,6 @@ pub enum Request {
     SnapshotSent,
 }
 
-/// Where in a connection's life a request is sent; it decides what can
-/// stand in for an `add` whose netns is gone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Before `snapshot_sent`: `keep` is allowed.
-    Snapshot,
-    /// After it: `keep` is a protocol error that makes ztunnel exit.
-    Live,
-}
-
 /// What ztunnel answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ack {
@@ -74,13 +64,14 @@ impl Request {
         }
     }
 
-    /// The request to send instead when this one's netns cannot be opened:
-    /// `keep` during a snapshot; nothing after it.
-    pub fn without_netns(&self, phase: Phase) -> Option<Request> {
-        match (self, phase) {
-            (Request::Add { uid, .. }, Phase::Snapshot) => Some(Request::Keep { uid: uid.clone() }),
-            (Request::Add { .. }, Phase::Live) => None,
-            (other, _) => Some(other.clone()),
+    /// The `keep` that stands in for this `add` during a snapshot when its
+    /// netns cannot be opened; `None` for any other request. Only a
+    /// snapshot may carry `keep`: after `snapshot_sent` it is a protocol
+    /// error that makes ztunnel exit.
+    pub fn keep_for_snapshot(&self) -> Option<Request> {
+        match self {
+            Request::Add { uid, .. } => Some(Request::Keep { uid: uid.clone() }),
+            Request::Keep { .. } | Request::Del { .. } | Request::SnapshotSent => None,
         }
     }
 
@@ -115,11 +106,6 @@ impl Request {
             payload: Some(payload),
         }
         .encode_to_vec()
-    }
-
-    /// Whether the datagram carries the netns fd.
-    pub fn carries_netns(&self) -> bool {
-        matches!(self, Request::Add { .. })
     }
 }
 
@@ -215,16 +201,15 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_netns_becomes_keep_only_during_the_snapshot() {
+    fn only_an_add_has_a_keep_to_stand_in_for_it() {
         let add = Request::add(&pod("u1"));
         assert_eq!(
-            add.without_netns(Phase::Snapshot),
+            add.keep_for_snapshot(),
             Some(Request::Keep { uid: "u1".into() })
         );
-        assert_eq!(add.without_netns(Phase::Live), None);
         let del = Request::Del { uid: "u1".into() };
-        assert_eq!(del.without_netns(Phase::Live), Some(del.clone()));
-        assert!(add.carries_netns() && !del.carries_netns());
+        assert_eq!(del.keep_for_snapshot(), None);
+        assert_eq!(Request::SnapshotSent.keep_for_snapshot(), None);
     }
 
     #[test]
