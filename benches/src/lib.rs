@@ -1,1 +1,8 @@
-//! Benchmark support: load generator and harness (issue 5). Micro-benches live in `benches/`.
+//! The benchmark tools: the load generator ([`loadgen`]) that runs inside a
+//! pod's network namespace, and the end-to-end harness ([`harness`]) that
+//! builds the two-node topology, drives the load generator over each path
+//! and reports what every proxy spent. Criterion micro-benches are in
+//! `benches/`.
+
+pub mod harness;
+pub mod loadgen;
