@@ -149,6 +149,12 @@ impl Node {
         Ok((status, body))
     }
 
+    /// The PID of the running ztunnel, for reading its CPU time and memory
+    /// from `/proc`.
+    pub fn ztunnel_pid(&self) -> Option<u32> {
+        self.ztunnel.as_ref().map(Child::id)
+    }
+
     /// Whether ztunnel answers ready.
     pub fn is_ready(&self) -> bool {
         matches!(self.http_get(15021, "/healthz/ready"), Ok((200, _)))
@@ -196,6 +202,9 @@ pub struct Cluster {
     pub ambient_namespaces: Vec<String>,
     mesh: MeshFile,
     binaries: Binaries,
+    /// Environment set on every ztunnel after the cluster's own, so a later
+    /// value wins: benchmarks tune worker threads this way.
+    ztunnel_env: Vec<(String, String)>,
     ca: TestCa,
     // Dropped after the processes: the namespaces and files they use.
     _fabric: NetNs,
@@ -286,6 +295,7 @@ impl Cluster {
                 .collect(),
             mesh,
             binaries,
+            ztunnel_env: Vec::new(),
             ca,
             _fabric: fabric,
             _ca_ns: ca_ns,
@@ -309,6 +319,20 @@ impl Cluster {
     /// The mesh configuration every ztunnel reads (`LOCAL_XDS_PATH`).
     pub fn mesh(&mut self) -> &mut MeshFile {
         &mut self.mesh
+    }
+
+    /// Runs `binary` as the ztunnel of every node from the next
+    /// [`Cluster::start_ztunnel`] on: any build that takes the same
+    /// environment and local config file.
+    pub fn use_ztunnel(&mut self, binary: PathBuf) {
+        self.binaries.ztunnel = binary;
+    }
+
+    /// Sets `key=value` in the environment of every ztunnel started from now
+    /// on, over the cluster's own value of `key`.
+    pub fn set_ztunnel_env(&mut self, key: &str, value: &str) {
+        self.ztunnel_env.retain(|(existing, _)| existing != key);
+        self.ztunnel_env.push((key.to_owned(), value.to_owned()));
     }
 
     /// Starts the node agent of `name`, stopping the running one first.
@@ -369,6 +393,7 @@ impl Cluster {
             .env("TERMINATION_GRACE_PERIOD_SECONDS", "1s")
             .env("RUST_LOG", "info,access=debug")
             .env("LOG_FORMAT", "json")
+            .envs(self.ztunnel_env.iter().map(|(key, value)| (key, value)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -1,2 +1,123 @@
-//! Placeholder.
-fn main() {}
+//! `ztunnel-bench`: runs the end-to-end benchmark (see the harness module of
+//! `ztunnel-benches`) and prints where the results went. Needs root, `ip`,
+//! `iptables` and the CNI plugins, like the end-to-end tests.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use ztunnel_benches::harness::{self, Options, Path3, Scenario, Sizing};
+
+/// Benchmarks ztunnel on three paths (direct, plain TCP through both
+/// proxies, HBONE) in a two-node in-pod mesh on this machine.
+#[derive(Debug, Parser)]
+#[command(name = "ztunnel-bench", version)]
+struct Args {
+    /// The ztunnel binary to measure (build A); any build that takes the
+    /// same environment and local config file. Default: `ztunnel` next to
+    /// this binary.
+    #[arg(long)]
+    ztunnel: Option<PathBuf>,
+    /// A second build (B): rounds alternate A B A B and the report gives
+    /// B/A pair by pair.
+    #[arg(long)]
+    compare: Option<PathBuf>,
+    /// Rounds per build; figures are medians over rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds per timed run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Connections held by the idle scenario.
+    #[arg(long, default_value_t = 10_000)]
+    idle_connections: usize,
+    /// Comma-separated scenarios: stream1, stream8, rr, connect, idle.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "stream1,stream8,rr,connect,idle"
+    )]
+    scenarios: Vec<String>,
+    /// Comma-separated paths: direct, tcp, hbone. Figures relative to
+    /// direct need direct.
+    #[arg(long, value_delimiter = ',', default_value = "direct,tcp,hbone")]
+    paths: Vec<String>,
+    /// A few seconds per scenario, one round, few idle connections: proves
+    /// every scenario runs and yields numbers (the CI smoke run). Overrides
+    /// --rounds, --duration and --idle-connections.
+    #[arg(long)]
+    quick: bool,
+    /// `KEY=VALUE` set in every ztunnel's environment (repeatable), e.g.
+    /// ZTUNNEL_WORKER_THREADS=2.
+    #[arg(long = "env")]
+    env: Vec<String>,
+    /// Directory for the results.
+    #[arg(long, default_value = "benches/results")]
+    out: PathBuf,
+    /// File name stem of the results (default: the start time, UTC).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let here = std::env::current_exe()?;
+    let dir = here.parent().context("binary without a directory")?;
+    let scenarios = args
+        .scenarios
+        .iter()
+        .map(|name| Scenario::parse(name).with_context(|| format!("unknown scenario {name}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let paths = args
+        .paths
+        .iter()
+        .map(|name| Path3::parse(name).with_context(|| format!("unknown path {name}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ztunnel_env = args
+        .env
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+            _ => bail!("--env {pair}: expected KEY=VALUE"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sizing = if args.quick {
+        Sizing {
+            duration_s: 1.0,
+            idle_connections: 200,
+            idle_hold_s: 0.5,
+        }
+    } else {
+        Sizing {
+            duration_s: args.duration,
+            idle_connections: args.idle_connections,
+            idle_hold_s: 1.0,
+        }
+    };
+    let options = Options {
+        ztunnel: args.ztunnel.unwrap_or_else(|| dir.join("ztunnel")),
+        compare: args.compare,
+        loadgen: dir.join("ztunnel-loadgen"),
+        rounds: if args.quick { 1 } else { args.rounds },
+        scenarios,
+        paths,
+        sizing,
+        ztunnel_env,
+        out_dir: args.out,
+        stem: args.name,
+    };
+    let (report, files) = harness::run(&options)?;
+    println!(
+        "{}",
+        report.markdown(
+            &files[0]
+                .file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        )
+    );
+    for file in files {
+        println!("wrote {}", file.display());
+    }
+    Ok(())
+}

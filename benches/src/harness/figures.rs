@@ -1,0 +1,334 @@
+//! From runs to figures: every number the harness reports is a named value
+//! (`<path>.<scenario>.<figure>`, with `client.`/`server.` for one proxy's
+//! share), derived from the load generator's result and the proxies' costs.
+//! Rounds are combined by median, and A/B pairs by ratio. The targets of the
+//! speed work are stated here, against these names.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::harness::scenario::{Run, Scenario};
+
+/// Figures of one round: name → value.
+pub type Figures = BTreeMap<String, f64>;
+
+/// The two proxies, in the order of [`Run::proxies`].
+const PROXIES: [&str; 2] = ["client", "server"];
+/// Bytes in a (decimal) gigabyte, the unit of "CPU seconds per GB".
+const GIGABYTE: f64 = 1e9;
+
+/// One speed target.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// What it is, as the issue states it.
+    pub label: &'static str,
+    /// The figures it applies to; each must meet it.
+    pub figures: &'static [&'static str],
+    /// Whether a figure meets it at or below (`true`) or at or above the
+    /// bound.
+    pub at_most: bool,
+    /// The bound.
+    pub bound: f64,
+    /// The unit, for tables.
+    pub unit: &'static str,
+}
+
+/// The targets of the first round of speed work (issue 5).
+pub const TARGETS: &[Target] = &[
+    Target {
+        label: "one-stream throughput through the tunnel, share of direct",
+        figures: &["hbone.stream1.share_of_direct"],
+        at_most: false,
+        bound: 0.5,
+        unit: "×",
+    },
+    Target {
+        label: "CPU per GB tunnelled, per proxy",
+        figures: &[
+            "hbone.stream1.client.cpu_s_per_gb",
+            "hbone.stream1.server.cpu_s_per_gb",
+        ],
+        at_most: true,
+        bound: 0.6,
+        unit: "CPU s",
+    },
+    Target {
+        label: "CPU per 1 KiB request/response on one connection, per proxy",
+        figures: &[
+            "hbone.rr.client.cpu_us_per_request",
+            "hbone.rr.server.cpu_us_per_request",
+        ],
+        at_most: true,
+        bound: 30.0,
+        unit: "µs",
+    },
+    Target {
+        label: "CPU per new connection through the tunnel, per proxy",
+        figures: &[
+            "hbone.connect.client.cpu_us_per_connection",
+            "hbone.connect.server.cpu_us_per_connection",
+        ],
+        at_most: true,
+        bound: 120.0,
+        unit: "µs",
+    },
+    Target {
+        label: "memory per idle tunnelled connection, per proxy",
+        figures: &[
+            "hbone.idle.client.kib_per_connection",
+            "hbone.idle.server.kib_per_connection",
+        ],
+        at_most: true,
+        bound: 4.0,
+        unit: "KiB",
+    },
+    Target {
+        label: "added p50 latency, 1 KiB request/response, both proxies",
+        figures: &["hbone.rr.added_p50_us"],
+        at_most: true,
+        bound: 80.0,
+        unit: "µs",
+    },
+    Target {
+        label: "8 parallel streams vs 1 stream",
+        figures: &["hbone.stream8.vs_stream1"],
+        at_most: false,
+        bound: 1.5,
+        unit: "×",
+    },
+];
+
+impl Target {
+    /// Whether `value` meets it.
+    pub fn met_by(&self, value: f64) -> bool {
+        if self.at_most {
+            value <= self.bound
+        } else {
+            value >= self.bound
+        }
+    }
+}
+
+/// The figures of one round's runs.
+pub fn of_round(runs: &[Run]) -> Figures {
+    let mut figures = Figures::new();
+    for run in runs {
+        of_run(run, &mut figures);
+    }
+    for path in ["tcp", "hbone"] {
+        let ratio = |top: &str, bottom: &str| -> Option<f64> {
+            let (top, bottom) = (figures.get(top)?, figures.get(bottom)?);
+            (*bottom > 0.0).then(|| top / bottom)
+        };
+        let share = ratio(
+            &format!("{path}.stream1.gbit_per_s"),
+            "direct.stream1.gbit_per_s",
+        );
+        let parallel = ratio(
+            &format!("{path}.stream8.gbit_per_s"),
+            &format!("{path}.stream1.gbit_per_s"),
+        );
+        let added = match (
+            figures.get(&format!("{path}.rr.p50_us")),
+            figures.get("direct.rr.p50_us"),
+        ) {
+            (Some(through), Some(direct)) => Some(through - direct),
+            _ => None,
+        };
+        for (name, value) in [
+            ("stream1.share_of_direct", share),
+            ("stream8.vs_stream1", parallel),
+            ("rr.added_p50_us", added),
+        ] {
+            if let Some(value) = value {
+                figures.insert(format!("{path}.{name}"), value);
+            }
+        }
+    }
+    figures
+}
+
+/// Adds the figures of one run.
+fn of_run(run: &Run, figures: &mut Figures) {
+    let prefix = format!("{}.{}", run.path.name(), run.scenario.name());
+    let mut put = |name: &str, value: Option<f64>| {
+        if let Some(value) = value.filter(|value| value.is_finite()) {
+            figures.insert(format!("{prefix}.{name}"), value);
+        }
+    };
+    let load = &run.load;
+    let field = |name: &str| load.get(name).and_then(Value::as_f64);
+    let latency = |group: &str, quantile: &str| load.get(group)?.get(quantile)?.as_f64();
+    // The amount of work each proxy's CPU time is divided by, and the name
+    // of the per-unit figure.
+    let per_unit: Option<(f64, &str, f64)> = match run.scenario {
+        Scenario::Stream1 | Scenario::Stream8 => {
+            put("gbit_per_s", field("gbit_per_s"));
+            field("bytes").map(|bytes| (bytes / GIGABYTE, "cpu_s_per_gb", 1.0))
+        }
+        Scenario::Rr => {
+            put("requests_per_s", field("requests_per_s"));
+            for quantile in ["p50", "p90", "p99", "p999"] {
+                put(&format!("{quantile}_us"), latency("latency_us", quantile));
+            }
+            field("requests").map(|requests| (requests, "cpu_us_per_request", 1e6))
+        }
+        Scenario::Connect => {
+            put("connections_per_s", field("connections_per_s"));
+            put("setup_p50_us", latency("setup_us", "p50"));
+            put("setup_p99_us", latency("setup_us", "p99"));
+            field("connections_made").map(|made| (made, "cpu_us_per_connection", 1e6))
+        }
+        Scenario::Idle => {
+            put("held", field("held"));
+            None
+        }
+    };
+    let held = field("held");
+    for (proxy, cost) in PROXIES.iter().zip(&run.proxies) {
+        if let Some((units, name, scale)) = per_unit.filter(|(units, ..)| *units > 0.0) {
+            put(&format!("{proxy}.{name}"), Some(cost.cpu_s * scale / units));
+        }
+        put(
+            &format!("{proxy}.steady_rss_kib"),
+            Some(cost.steady_rss_kib as f64),
+        );
+        put(
+            &format!("{proxy}.peak_rss_kib"),
+            Some(cost.peak_rss_kib as f64),
+        );
+        if let (Some(holding), Some(held)) = (cost.holding_rss_kib, held.filter(|held| *held > 0.0))
+        {
+            let grown = holding.saturating_sub(cost.before_rss_kib) as f64;
+            put(&format!("{proxy}.kib_per_connection"), Some(grown / held));
+        }
+    }
+}
+
+/// The median of each figure over rounds (the lower middle for an even
+/// count, so that the value was measured).
+pub fn median(rounds: &[&Figures]) -> Figures {
+    let mut values: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for figures in rounds {
+        for (name, value) in figures.iter() {
+            values.entry(name).or_default().push(*value);
+        }
+    }
+    values
+        .into_iter()
+        .filter_map(|(name, mut values)| {
+            values.sort_by(f64::total_cmp);
+            let middle = values.get((values.len() - 1) / 2)?;
+            Some((name.to_owned(), *middle))
+        })
+        .collect()
+}
+
+/// For each figure, `b / a` of every pair of rounds, in pair order.
+pub fn ratios(pairs: &[(&Figures, &Figures)]) -> BTreeMap<String, Vec<f64>> {
+    let mut ratios: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (a, b) in pairs {
+        for (name, before) in a.iter() {
+            if let Some(after) = b.get(name).filter(|_| *before != 0.0) {
+                ratios.entry(name.clone()).or_default().push(after / before);
+            }
+        }
+    }
+    ratios
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::harness::scenario::ProxyCost;
+    use crate::harness::topology::Path3;
+
+    fn run(scenario: Scenario, path: Path3, load: Value, cpu_s: [f64; 2]) -> Run {
+        let cost = |cpu_s| ProxyCost {
+            cpu_s,
+            before_rss_kib: 10_000,
+            holding_rss_kib: Some(50_000),
+            ..ProxyCost::default()
+        };
+        Run {
+            scenario,
+            path,
+            load,
+            proxies: [cost(cpu_s[0]), cost(cpu_s[1])],
+        }
+    }
+
+    #[test]
+    fn derives_per_unit_costs_and_cross_path_figures() {
+        let runs = [
+            run(
+                Scenario::Stream1,
+                Path3::Direct,
+                json!({"gbit_per_s": 10.0, "bytes": 12.5e9}),
+                [0.0, 0.0],
+            ),
+            run(
+                Scenario::Stream1,
+                Path3::Hbone,
+                json!({"gbit_per_s": 4.0, "bytes": 5e9}),
+                [3.0, 1.5],
+            ),
+            run(
+                Scenario::Stream8,
+                Path3::Hbone,
+                json!({"gbit_per_s": 6.0, "bytes": 7.5e9}),
+                [4.0, 2.0],
+            ),
+            run(
+                Scenario::Rr,
+                Path3::Direct,
+                json!({"requests": 1000.0, "latency_us": {"p50": 20.0}}),
+                [0.0, 0.0],
+            ),
+            run(
+                Scenario::Rr,
+                Path3::Hbone,
+                json!({"requests": 1000.0, "latency_us": {"p50": 70.0}}),
+                [0.02, 0.01],
+            ),
+            run(
+                Scenario::Idle,
+                Path3::Hbone,
+                json!({"held": 10000.0}),
+                [0.0, 0.0],
+            ),
+        ];
+        let figures = of_round(&runs);
+        assert_eq!(figures["hbone.stream1.client.cpu_s_per_gb"], 0.6);
+        assert_eq!(figures["hbone.stream1.server.cpu_s_per_gb"], 0.3);
+        assert_eq!(figures["hbone.stream1.share_of_direct"], 0.4);
+        assert_eq!(figures["hbone.stream8.vs_stream1"], 1.5);
+        assert_eq!(figures["hbone.rr.client.cpu_us_per_request"], 20.0);
+        assert_eq!(figures["hbone.rr.added_p50_us"], 50.0);
+        assert_eq!(figures["hbone.idle.client.kib_per_connection"], 4.0);
+        assert!(
+            !figures.contains_key("direct.stream1.client.cpu_s_per_gb")
+                || figures["direct.stream1.client.cpu_s_per_gb"] == 0.0
+        );
+    }
+
+    #[test]
+    fn median_and_ratios_combine_rounds() {
+        let round = |value: f64| Figures::from([("x".to_owned(), value)]);
+        let (a, b, c) = (round(3.0), round(1.0), round(2.0));
+        assert_eq!(median(&[&a, &b, &c])["x"], 2.0);
+        assert_eq!(median(&[&a, &b])["x"], 1.0);
+        assert_eq!(ratios(&[(&b, &c), (&c, &a)])["x"], vec![2.0, 1.5]);
+    }
+
+    #[test]
+    fn targets_compare_in_their_direction() {
+        let most = TARGETS.iter().find(|target| target.at_most).unwrap();
+        assert!(most.met_by(most.bound) && !most.met_by(most.bound * 1.01));
+        let least = TARGETS.iter().find(|target| !target.at_most).unwrap();
+        assert!(least.met_by(least.bound) && !least.met_by(least.bound * 0.99));
+    }
+}

@@ -1,0 +1,388 @@
+//! The scenarios: what the load generator runs on each path, and what each
+//! proxy spent meanwhile. One run = one scenario on one path: the proxies'
+//! CPU time is read before and after, their memory sampled while it runs.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::harness::process::{Memory, Process};
+use crate::harness::topology::{Path3, Topology};
+
+/// How often memory is sampled during a run: often enough for a median
+/// over a one-second quick run.
+const MEMORY_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// What a load-generator run may take beyond its own duration before it is
+/// killed: start-up, connection set-up and teardown.
+const RUN_SLACK: Duration = Duration::from_secs(60);
+/// The request and response size of the request/response scenarios: the
+/// 1 KiB the targets are stated for.
+const RR_SIZE: &str = "1024";
+/// How long idle connections settle before their memory is read: the
+/// proxies finish their per-connection set-up and release transient
+/// buffers.
+const IDLE_SETTLE: Duration = Duration::from_secs(1);
+
+/// One scenario of the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Bulk throughput, client to server, one connection.
+    Stream1,
+    /// Bulk throughput, client to server, 8 parallel connections.
+    Stream8,
+    /// 1 KiB request/response on one connection, closed loop.
+    Rr,
+    /// A new connection per 1-byte request/response.
+    Connect,
+    /// Open and hold idle connections.
+    Idle,
+}
+
+impl Scenario {
+    /// Every scenario, in run order.
+    pub const ALL: [Scenario; 5] = [
+        Scenario::Stream1,
+        Scenario::Stream8,
+        Scenario::Rr,
+        Scenario::Connect,
+        Scenario::Idle,
+    ];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Stream1 => "stream1",
+            Scenario::Stream8 => "stream8",
+            Scenario::Rr => "rr",
+            Scenario::Connect => "connect",
+            Scenario::Idle => "idle",
+        }
+    }
+
+    /// The scenario named `name`.
+    pub fn parse(name: &str) -> Option<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .find(|scenario| scenario.name() == name)
+    }
+
+    /// Whether it runs on `path`: idle connections cost nothing to measure
+    /// without a proxy.
+    pub fn runs_on(self, path: Path3) -> bool {
+        !(self == Scenario::Idle && path == Path3::Direct)
+    }
+}
+
+/// How long and how big the runs are.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Sizing {
+    /// Seconds per timed run.
+    pub duration_s: f64,
+    /// Connections held by the idle scenario.
+    pub idle_connections: usize,
+    /// Seconds the idle connections are held after memory is read.
+    pub idle_hold_s: f64,
+}
+
+/// What one proxy spent during a run.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ProxyCost {
+    /// CPU seconds, user and system.
+    pub cpu_s: f64,
+    /// Median resident memory during the run, KiB.
+    pub steady_rss_kib: u64,
+    /// Peak resident memory during the run, KiB.
+    pub peak_rss_kib: u64,
+    /// Resident memory before the run, KiB.
+    pub before_rss_kib: u64,
+    /// For the idle scenario: resident memory with every connection open
+    /// and settled, KiB.
+    pub holding_rss_kib: Option<u64>,
+}
+
+/// One scenario on one path.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The path.
+    pub path: Path3,
+    /// The load generator's final JSON object.
+    pub load: Value,
+    /// The client-side ztunnel (node-a), then the server-side one (node-b).
+    pub proxies: [ProxyCost; 2],
+}
+
+/// Runs `scenario` on `path` and measures both proxies.
+pub fn run(
+    topology: &Topology,
+    scenario: Scenario,
+    path: Path3,
+    sizing: &Sizing,
+) -> anyhow::Result<Run> {
+    let proxies = topology.proxies()?;
+    let (mut command, target) = topology.client(path)?;
+    command
+        .arg(scenario.name_for_loadgen())
+        .args(["--target", &target.to_string(), "--quiet"]);
+    let duration = format!("{}", sizing.duration_s);
+    match scenario {
+        Scenario::Stream1 | Scenario::Stream8 => {
+            let connections = if scenario == Scenario::Stream1 {
+                "1"
+            } else {
+                "8"
+            };
+            command.args([
+                "--connections",
+                connections,
+                "--duration",
+                &duration,
+                "--direction",
+                "up",
+            ]);
+        }
+        Scenario::Rr => {
+            command.args([
+                "--size",
+                RR_SIZE,
+                "--connections",
+                "1",
+                "--duration",
+                &duration,
+            ]);
+        }
+        Scenario::Connect => {
+            command.args(["--duration", &duration, "--concurrency", "1"]);
+        }
+        Scenario::Idle => {
+            let connections = sizing.idle_connections.to_string();
+            let hold = format!("{}", sizing.idle_hold_s.max(60.0));
+            command.args(["--connections", &connections, "--hold", &hold]);
+        }
+    }
+    let before_cpu = cpu(&proxies)?;
+    let before = memory(&proxies)?;
+    for proxy in proxies {
+        proxy.reset_peak()?;
+    }
+    let sampler = Sampler::start(proxies);
+    let outcome = if scenario == Scenario::Idle {
+        run_idle(command, &proxies, sizing)
+    } else {
+        run_timed(command, sizing).map(|load| (load, [None, None]))
+    };
+    let samples = sampler.stop();
+    let (load, holding) = outcome.with_context(|| {
+        format!(
+            "{} on the {} path; ztunnel logs:\n{}",
+            scenario.name(),
+            path.name(),
+            topology.ztunnel_logs()
+        )
+    })?;
+    let after_cpu = cpu(&proxies)?;
+    let after = memory(&proxies)?;
+    let mut costs = [ProxyCost::default(); 2];
+    for (index, cost) in costs.iter_mut().enumerate() {
+        *cost = ProxyCost {
+            cpu_s: after_cpu[index] - before_cpu[index],
+            steady_rss_kib: median(samples.iter().map(|sample| sample[index].rss_kib).collect()),
+            peak_rss_kib: after[index].peak_kib,
+            before_rss_kib: before[index].rss_kib,
+            holding_rss_kib: holding[index],
+        };
+    }
+    Ok(Run {
+        scenario,
+        path,
+        load,
+        proxies: costs,
+    })
+}
+
+impl Scenario {
+    /// The load generator's subcommand.
+    fn name_for_loadgen(self) -> &'static str {
+        match self {
+            Scenario::Stream1 | Scenario::Stream8 => "stream",
+            Scenario::Rr => "rr",
+            Scenario::Connect => "connect",
+            Scenario::Idle => "idle",
+        }
+    }
+}
+
+/// Runs a timed load-generator client to its end and returns its result.
+fn run_timed(mut command: Command, sizing: &Sizing) -> anyhow::Result<Value> {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the load generator")?;
+    let deadline = Duration::from_secs_f64(sizing.duration_s) + RUN_SLACK;
+    let output = wait_output(child, deadline)?;
+    last_json(&output)
+}
+
+/// Runs the idle scenario: waits for the load generator to hold every
+/// connection, lets them settle, reads both proxies' memory, then ends the
+/// hold by closing its stdin.
+fn run_idle(
+    mut command: Command,
+    proxies: &[Process; 2],
+    sizing: &Sizing,
+) -> anyhow::Result<(Value, [Option<u64>; 2])> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the load generator")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (lines_tx, lines_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs_f64(sizing.duration_s) + RUN_SLACK;
+    let holding = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = lines_rx.recv_timeout(left) else {
+            let _ = child.kill();
+            let output = child.wait_with_output()?;
+            bail!(
+                "the load generator never reported holding its connections: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let holding = serde_json::from_str::<Value>(&line)
+            .ok()
+            .filter(|value| value.get("event").and_then(Value::as_str) == Some("holding"));
+        if let Some(holding) = holding {
+            break holding;
+        }
+    };
+    std::thread::sleep(IDLE_SETTLE);
+    let held_memory = memory(proxies)?;
+    std::thread::sleep(Duration::from_secs_f64(sizing.idle_hold_s));
+    // Closing stdin ends the hold; the result is the last line printed.
+    drop(child.stdin.take());
+    let mut final_line = None;
+    let finish_by = Instant::now() + RUN_SLACK;
+    while let Ok(line) = lines_rx.recv_timeout(finish_by.saturating_duration_since(Instant::now()))
+    {
+        final_line = Some(line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let final_line = final_line.context("the load generator did not finish after its hold")?;
+    let mut load: Value = serde_json::from_str(&final_line)
+        .with_context(|| format!("not JSON from the load generator: {final_line}"))?;
+    if let Some(object) = load.as_object_mut() {
+        object.insert("holding".into(), holding);
+    }
+    Ok((load, held_memory.map(|memory| Some(memory.rss_kib))))
+}
+
+/// Waits for a child up to `deadline`, killing it beyond, and returns its
+/// stdout; a failed exit is an error carrying its stderr.
+fn wait_output(child: Child, deadline: Duration) -> anyhow::Result<String> {
+    let pid = child.id();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(child.wait_with_output());
+    });
+    let output = match done_rx.recv_timeout(deadline) {
+        Ok(output) => output?,
+        Err(_) => {
+            // Our own child, by PID: the waiting thread reaps it.
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            bail!("the load generator ran past {deadline:?} and was killed");
+        }
+    };
+    if !output.status.success() {
+        bail!(
+            "the load generator failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The last line of the load generator's stdout, parsed.
+fn last_json(stdout: &str) -> anyhow::Result<Value> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .context("the load generator printed nothing")?;
+    serde_json::from_str(line).with_context(|| format!("not JSON from the load generator: {line}"))
+}
+
+fn cpu(proxies: &[Process; 2]) -> anyhow::Result<[f64; 2]> {
+    Ok([proxies[0].cpu_seconds()?, proxies[1].cpu_seconds()?])
+}
+
+fn memory(proxies: &[Process; 2]) -> anyhow::Result<[Memory; 2]> {
+    Ok([proxies[0].memory()?, proxies[1].memory()?])
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+/// Samples the proxies' memory on a thread while a run goes on.
+struct Sampler {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Vec<[Memory; 2]>>,
+}
+
+impl Sampler {
+    fn start(proxies: [Process; 2]) -> Sampler {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while let Err(mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(MEMORY_SAMPLE_EVERY)
+            {
+                if let Ok(sample) = memory(&proxies) {
+                    samples.push(sample);
+                }
+            }
+            samples
+        });
+        Sampler { stop, thread }
+    }
+
+    fn stop(self) -> Vec<[Memory; 2]> {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// Progress for long runs, on stderr.
+pub fn announce(round: usize, label: &str, scenario: Scenario, path: Path3) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(
+        stderr,
+        "bench: round {round} [{label}] {} on {}",
+        scenario.name(),
+        path.name()
+    );
+}

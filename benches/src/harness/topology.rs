@@ -1,0 +1,219 @@
+//! The benchmark topology: the two-node in-pod mesh of the end-to-end tests
+//! (`ztunnel_test_support::cluster`), with a load-generator server in three
+//! server pods on node-b and clients on node-a, so that the three paths
+//! share nodes, bridges and routes:
+//!
+//! - direct: a pod outside the mesh to a pod outside the mesh, no proxy;
+//! - tcp: a meshed client to a meshed server whose workload speaks plain
+//!   TCP: the client's ztunnel passes the bytes through and the server's
+//!   ztunnel takes them on its plaintext inbound listener;
+//! - hbone: a meshed client to a meshed HBONE server, through the tunnel.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use ztunnel_test_support::cluster::{Binaries, Cluster, Pod, PodSpec};
+use ztunnel_test_support::wait;
+
+use crate::harness::process::Process;
+
+/// The port the load-generator servers listen on.
+const SERVER_PORT: u16 = 9000;
+/// The meshed namespace.
+const MESHED: &str = "bench";
+/// The namespace left out of the mesh, for the direct path.
+const UNMESHED: &str = "bench-direct";
+/// The node of the clients and the node of the servers.
+const CLIENT_NODE: &str = "node-a";
+const SERVER_NODE: &str = "node-b";
+/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
+const HBONE_PORT: u16 = 15008;
+/// How long a load-generator server gets to bind.
+const SERVER_START: Duration = Duration::from_secs(10);
+
+/// One way from a client pod to a server pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Path3 {
+    /// No proxy.
+    Direct,
+    /// Through both ztunnels as plain TCP.
+    Tcp,
+    /// Through the HBONE tunnel.
+    Hbone,
+}
+
+impl Path3 {
+    /// Every path, in report order.
+    pub const ALL: [Path3; 3] = [Path3::Direct, Path3::Tcp, Path3::Hbone];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path3::Direct => "direct",
+            Path3::Tcp => "tcp",
+            Path3::Hbone => "hbone",
+        }
+    }
+
+    /// The path named `name`.
+    pub fn parse(name: &str) -> Option<Path3> {
+        Path3::ALL.into_iter().find(|path| path.name() == name)
+    }
+
+    /// The client and server pod names.
+    fn pods(self) -> (&'static str, &'static str) {
+        match self {
+            Path3::Direct => ("direct-client", "direct-server"),
+            Path3::Tcp => ("client", "tcp-server"),
+            Path3::Hbone => ("client", "hbone-server"),
+        }
+    }
+}
+
+/// The running topology.
+pub struct Topology {
+    /// The cluster; dropping it removes every namespace and process.
+    pub cluster: Cluster,
+    loadgen: PathBuf,
+    servers: Vec<Child>,
+}
+
+impl Topology {
+    /// Builds the cluster with `ztunnel` as the proxy of both nodes, adds
+    /// the pods and starts a load-generator server in each server pod.
+    pub fn start(
+        ztunnel: &Path,
+        loadgen: &Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Topology> {
+        let mut binaries = Binaries::from_target_dir()?;
+        binaries.ztunnel = ztunnel.to_path_buf();
+        let specs = [
+            PodSpec::new("client", MESHED, "client", CLIENT_NODE),
+            PodSpec::new("hbone-server", MESHED, "server", SERVER_NODE),
+            PodSpec::new("tcp-server", MESHED, "server", SERVER_NODE),
+            PodSpec::new("direct-client", UNMESHED, "client", CLIENT_NODE),
+            PodSpec::new("direct-server", UNMESHED, "server", SERVER_NODE),
+        ];
+        let mut cluster = Cluster::start(&[CLIENT_NODE, SERVER_NODE], &specs, &[MESHED], binaries)?;
+        for (key, value) in env {
+            cluster.set_ztunnel_env(key, value);
+        }
+        for spec in &specs {
+            cluster.add_pod(spec)?;
+        }
+        // The tcp-server pod is captured like any meshed pod, but its
+        // workload says plain TCP: that is what makes the tcp path.
+        let tcp_server = cluster.pod("tcp-server")?;
+        let (spec, ip) = (tcp_server.spec.clone(), tcp_server.ip);
+        cluster.mesh().set_workload(&spec, ip, false)?;
+        let mut topology = Topology {
+            cluster,
+            loadgen: loadgen.to_path_buf(),
+            servers: Vec::new(),
+        };
+        topology.restart_ztunnels()?;
+        for path in Path3::ALL {
+            let (_, server) = path.pods();
+            topology.start_server(server)?;
+        }
+        Ok(topology)
+    }
+
+    /// Restarts both ztunnels (with the binary and environment set on the
+    /// cluster) and waits until they serve every pod.
+    pub fn restart_ztunnels(&mut self) -> anyhow::Result<()> {
+        for node in [CLIENT_NODE, SERVER_NODE] {
+            self.cluster.start_ztunnel(node)?;
+        }
+        self.cluster.wait_synced()?;
+        // Ready follows the served snapshot; the HBONE listener in the
+        // server pod is what the tunnel needs.
+        let server = self.cluster.pod("hbone-server")?;
+        if !wait::until(SERVER_START, || server.listens_on(HBONE_PORT)) {
+            bail!("hbone-server has no HBONE listener after a restart");
+        }
+        Ok(())
+    }
+
+    /// The client ztunnel (node-a) and the server ztunnel (node-b).
+    pub fn proxies(&self) -> anyhow::Result<[Process; 2]> {
+        let pid = |node: &str| -> anyhow::Result<Process> {
+            let pid = self
+                .cluster
+                .node(node)?
+                .ztunnel_pid()
+                .with_context(|| format!("{node}: ztunnel not running"))?;
+            Ok(Process { pid })
+        };
+        Ok([pid(CLIENT_NODE)?, pid(SERVER_NODE)?])
+    }
+
+    /// A load-generator client command inside the client pod of `path`,
+    /// and the server address it targets.
+    pub fn client(&self, path: Path3) -> anyhow::Result<(Command, SocketAddr)> {
+        let (client, server) = path.pods();
+        let server = self.cluster.pod(server)?;
+        let command = self
+            .cluster
+            .pod(client)?
+            .ns
+            .command(&self.loadgen.to_string_lossy());
+        Ok((command, SocketAddr::from((server.ip, SERVER_PORT))))
+    }
+
+    /// The node logs, for failure messages.
+    pub fn ztunnel_logs(&self) -> String {
+        self.cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                format!(
+                    "--- {} ---\n{}",
+                    node.name,
+                    ztunnel_test_support::cluster::tail(&node.ztunnel_log(), 20)
+                )
+            })
+            .collect()
+    }
+
+    /// Starts a load-generator server in `pod`; it is stopped with the
+    /// topology, also when it fails to come up.
+    fn start_server(&mut self, pod: &str) -> anyhow::Result<()> {
+        let pod: &Pod = self.cluster.pod(pod)?;
+        let listen = SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)).to_string();
+        let child = pod
+            .ns
+            .command(&self.loadgen.to_string_lossy())
+            .args(["serve", "--listen", &listen])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {} in {}", self.loadgen.display(), pod.spec.name))?;
+        self.servers.push(child);
+        // Checked from inside the server pod itself, where no capture
+        // applies to its own address.
+        if !wait::until(SERVER_START, || pod.listens_on(SERVER_PORT)) {
+            bail!(
+                "the load-generator server in {} did not listen on port {SERVER_PORT}",
+                pod.spec.name
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The command line: one `serve` command and four client modes, parsed once
+//! into typed values (addresses, durations, sizes). What each mode does with
+//! them lives in its own module.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use super::protocol::MAX_MESSAGE;
+
+/// The longest duration accepted. A run of more than a day is not a
+/// benchmark, and the cap keeps deadline arithmetic far from overflow.
+const MAX_SECONDS: f64 = 86_400.0;
+
+/// The highest total request rate accepted; far above what one host can
+/// answer, it only keeps the schedule's arithmetic meaningful.
+const MAX_RATE: f64 = 1e9;
+
+/// Load generator for ztunnel benchmarks: a server and four client modes
+/// that measure throughput, latency, connection set-up and idle connections.
+///
+/// Run `serve` on the far side and a client mode on the near side; between
+/// them there may be nothing, proxies, or a tunnel. Each client connection
+/// starts with a 16-byte header (big-endian): magic "ZLG1", mode byte
+/// (1 sink, 2 source, 3 echo), flags byte (bit 0: server closes after its
+/// first response), two zero bytes, u32 request size, u32 response size.
+///
+/// Every client run ends by printing one JSON object as the last line of
+/// stdout; earlier stdout lines are `{"event":...}` objects. Progress for
+/// people goes to stderr once a second on runs longer than 3 s. If every
+/// attempt fails the report is still printed and the exit status is 1.
+/// Client runs other than idle are bounded by --duration and their count
+/// limit; a signal ends them without a report.
+///
+/// `ztunnel-loadgen <COMMAND> --help` describes each command's flags and output.
+#[derive(Debug, Parser)]
+#[command(name = "ztunnel-loadgen", version)]
+pub struct Cli {
+    /// Worker threads for the runtime; 1 runs everything on the main thread,
+    /// which leaves the most CPU to the proxies being measured.
+    #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: u16,
+
+    /// No progress lines on stderr.
+    #[arg(long, global = true)]
+    pub quiet: bool,
+
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The program's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve every client mode on one port until SIGTERM or SIGINT.
+    ///
+    /// Prints `{"event":"listening","addr":"IP:PORT"}` on stdout once bound
+    /// (with the real port when given port 0). A connection with a bad header
+    /// is closed and logged on stderr; the server keeps serving.
+    Serve(ServeArgs),
+    /// Bulk transfer over N connections, one direction.
+    ///
+    /// Prints `{"mode":"stream","direction":"up|down","connections":N,
+    /// "duration_s":F,"bytes":N,"gbit_per_s":F,"errors":N}`. Bytes are those
+    /// the client wrote (up) or read (down).
+    Stream(StreamArgs),
+    /// Fixed-size requests and responses over C connections, closed loop or
+    /// at a fixed total rate.
+    ///
+    /// Prints `{"mode":"rr","connections":C,"duration_s":F,"requests":N,
+    /// "requests_per_s":F,"errors":N,"latency_us":{"p50":F,"p90":F,"p99":F,
+    /// "p999":F,"max":F,"mean":F}}`. At a fixed rate, a request held back by
+    /// a slow response is charged from its intended send time, so a stall is
+    /// not hidden by the requests it delayed (no coordinated omission); this
+    /// program's own timer lateness is not charged.
+    Rr(RrArgs),
+    /// A new connection for every request: connect, send one request, read
+    /// the full response, close.
+    ///
+    /// Prints `{"mode":"connect","connections_made":N,"connections_per_s":F,
+    /// "errors":N,"connect_us":{...},"setup_us":{...}}` where connect_us is
+    /// the connect() call and setup_us runs from the start of connect() to
+    /// the full first response.
+    Connect(ConnectArgs),
+    /// Open N connections, prove each with a 1-byte round trip, and hold them.
+    ///
+    /// Prints `{"event":"holding","held":N,"errors":N}` once open, holds for
+    /// --hold seconds or until stdin reaches EOF or SIGTERM/SIGINT (whichever
+    /// comes first), then prints `{"mode":"idle","held":N,"errors":N,
+    /// "dropped":N,"open_s":F}`; dropped counts held connections the far side
+    /// had closed by then. Keep stdin open (a pipe) or pass --ignore-stdin,
+    /// else the hold ends at once. Needs N + 64 open files (`ulimit -n`).
+    Idle(IdleArgs),
+}
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. 0.0.0.0:9000; port 0 picks a free port.
+    #[arg(long)]
+    pub listen: SocketAddr,
+}
+
+/// Which way a stream's bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Client to server.
+    Up,
+    /// Server to client.
+    Down,
+}
+
+/// Arguments of `stream`.
+#[derive(Debug, Args)]
+pub struct StreamArgs {
+    /// Server address, IP:PORT.
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// Parallel connections.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+    /// Seconds to transfer for (fractions allowed).
+    #[arg(long, default_value = "10", value_parser = positive_seconds)]
+    pub duration: Duration,
+    /// up: client sends; down: server sends.
+    #[arg(long, value_enum)]
+    pub direction: Direction,
+    /// Stop once this many bytes have moved in total.
+    #[arg(long)]
+    pub max_bytes: Option<u64>,
+}
+
+/// Arguments of `rr`.
+#[derive(Debug, Args)]
+pub struct RrArgs {
+    /// Server address, IP:PORT.
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// Request size in bytes.
+    #[arg(long, default_value_t = NonZeroU32::MIN, value_parser = message_size)]
+    pub size: NonZeroU32,
+    /// Response size in bytes [default: --size].
+    #[arg(long, value_parser = message_size)]
+    pub response_size: Option<NonZeroU32>,
+    /// Parallel connections, each with one request in flight.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+    /// Seconds to run for (fractions allowed).
+    #[arg(long, default_value = "10", value_parser = positive_seconds)]
+    pub duration: Duration,
+    /// Stop after this many requests in total.
+    #[arg(long)]
+    pub max_requests: Option<u64>,
+    /// Total requests per second over all connections; 0 sends each request
+    /// as soon as the previous response is in (closed loop).
+    #[arg(long, default_value_t = 0.0, value_parser = rate)]
+    pub rate: f64,
+}
+
+/// How the connect mode ends each connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Close {
+    /// The server closes first after its response and the client closes on
+    /// its FIN: every hop, proxies included, sees an ordinary close, and
+    /// TIME_WAIT stays off the client's ephemeral ports.
+    Server,
+    /// The client closes with SO_LINGER 0 right after the response: a reset,
+    /// which leaves no TIME_WAIT anywhere but takes the proxies' error paths.
+    Reset,
+}
+
+/// Arguments of `connect`.
+#[derive(Debug, Args)]
+pub struct ConnectArgs {
+    /// Server address, IP:PORT.
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// Seconds to run for (fractions allowed).
+    #[arg(long, default_value = "10", value_parser = positive_seconds)]
+    pub duration: Duration,
+    /// Stop after this many connection attempts in total.
+    #[arg(long)]
+    pub max_connections: Option<u64>,
+    /// Connections in progress at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+    /// Request and response size in bytes.
+    #[arg(long, default_value_t = NonZeroU32::MIN, value_parser = message_size)]
+    pub size: NonZeroU32,
+    /// Which side closes each connection.
+    #[arg(long, value_enum, default_value_t = Close::Server)]
+    pub close: Close,
+}
+
+/// Arguments of `idle`.
+#[derive(Debug, Args)]
+pub struct IdleArgs {
+    /// Server address, IP:PORT.
+    #[arg(long)]
+    pub target: SocketAddr,
+    /// Connections to open and hold.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+    /// Seconds to hold them for (fractions allowed).
+    #[arg(long, default_value = "60", value_parser = seconds)]
+    pub hold: Duration,
+    /// New connections per second; 0 or absent: as fast as possible. At most
+    /// 256 connect at once either way.
+    #[arg(long, value_parser = rate)]
+    pub open_rate: Option<f64>,
+    /// Hold for the full --hold even when stdin reaches EOF.
+    #[arg(long)]
+    pub ignore_stdin: bool,
+}
+
+/// Parses seconds (fractions allowed), zero included.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.0..=MAX_SECONDS).contains(&value) {
+        return Err(format!("{value} s is outside 0..={MAX_SECONDS} s"));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+/// Parses seconds (fractions allowed), above zero.
+fn positive_seconds(text: &str) -> Result<Duration, String> {
+    let duration = seconds(text)?;
+    if duration.is_zero() {
+        return Err("the duration must be above zero".to_owned());
+    }
+    Ok(duration)
+}
+
+/// Parses a per-second rate: zero, or a positive number up to [`MAX_RATE`].
+fn rate(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a rate per second"))?;
+    if !(0.0..=MAX_RATE).contains(&value) {
+        return Err(format!("{value}/s is outside 0..={MAX_RATE}/s"));
+    }
+    Ok(value)
+}
+
+/// Parses a message size: 1 byte up to the protocol's limit.
+fn message_size(text: &str) -> Result<NonZeroU32, String> {
+    let value: u32 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size in bytes"))?;
+    match NonZeroU32::new(value) {
+        Some(size) if value <= MAX_MESSAGE => Ok(size),
+        _ => Err(format!("{value} is outside 1..={MAX_MESSAGE} bytes")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_take_fractions_and_refuse_nonsense() {
+        assert_eq!(seconds("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(seconds("0"), Ok(Duration::ZERO));
+        for bad in ["-1", "NaN", "inf", "1e30", "two"] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+        assert!(positive_seconds("0").is_err());
+        assert_eq!(positive_seconds("0.001"), Ok(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn rates_and_sizes_have_bounds() {
+        assert_eq!(rate("0"), Ok(0.0));
+        assert_eq!(rate("1500.5"), Ok(1500.5));
+        assert!(rate("-3").is_err());
+        assert!(rate("NaN").is_err());
+        assert_eq!(message_size("1024"), Ok(NonZeroU32::new(1024).unwrap()));
+        assert!(message_size("0").is_err());
+        assert!(message_size(&(MAX_MESSAGE as u64 + 1).to_string()).is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses_into_modes() {
+        let cli = Cli::try_parse_from([
+            "ztunnel-loadgen",
+            "rr",
+            "--target",
+            "127.0.0.1:9000",
+            "--size",
+            "1024",
+            "--duration",
+            "2.5",
+            "--rate",
+            "1000",
+            "--quiet",
+        ])
+        .unwrap();
+        assert!(cli.quiet);
+        assert_eq!(cli.threads, 1);
+        let Command::Rr(args) = cli.command else {
+            panic!("not rr: {:?}", cli.command)
+        };
+        assert_eq!(args.size.get(), 1024);
+        assert_eq!(args.response_size, None);
+        assert_eq!(args.duration, Duration::from_millis(2500));
+        assert_eq!(args.rate, 1000.0);
+    }
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

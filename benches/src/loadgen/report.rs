@@ -1,0 +1,180 @@
+//! What `ztunnel-loadgen` prints on stdout: `{"event":...}` lines while it
+//! runs and one result object per client run, always the last line. The
+//! types are public so that the harness parses exactly what is printed.
+//! Progress for people goes to stderr and lives in `progress.rs`.
+
+use std::io::{self, Write};
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::cli::Direction;
+use super::latency::Latency;
+
+/// A line printed while the program runs, before any result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum Event {
+    /// The server is bound and accepting.
+    Listening {
+        /// The bound address (the real port when asked for port 0).
+        addr: SocketAddr,
+    },
+    /// The idle client has opened its connections and is holding them.
+    Holding {
+        /// Connections open and proven by a round trip.
+        held: u64,
+        /// Connections that failed to open.
+        errors: u64,
+    },
+}
+
+/// The result of one client run, printed as the last line of stdout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum Report {
+    /// Bulk transfer.
+    Stream(StreamReport),
+    /// Request/response.
+    Rr(RrReport),
+    /// New connection per request.
+    Connect(ConnectReport),
+    /// Idle connections held open.
+    Idle(IdleReport),
+}
+
+/// The result of `stream`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamReport {
+    /// Which way the bytes went.
+    pub direction: Direction,
+    /// Connections asked for.
+    pub connections: u64,
+    /// Seconds from the start of the transfer to the last connection's end.
+    pub duration_s: f64,
+    /// Bytes written (up) or read (down) by the client.
+    pub bytes: u64,
+    /// `bytes` as gigabits per second over `duration_s`.
+    pub gbit_per_s: f64,
+    /// Failed connects and connections that broke during the run.
+    pub errors: u64,
+}
+
+/// The result of `rr`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RrReport {
+    /// Connections asked for.
+    pub connections: u64,
+    /// Seconds from the first request to the last response.
+    pub duration_s: f64,
+    /// Requests answered in full.
+    pub requests: u64,
+    /// `requests` over `duration_s`.
+    pub requests_per_s: f64,
+    /// Failed connects and connections that broke during the run.
+    pub errors: u64,
+    /// Time from send (at a fixed rate: from the intended send) to full response.
+    pub latency_us: Latency,
+}
+
+/// The result of `connect`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConnectReport {
+    /// Connections that completed their request and response.
+    pub connections_made: u64,
+    /// `connections_made` over the run's length.
+    pub connections_per_s: f64,
+    /// Connections that failed at any step.
+    pub errors: u64,
+    /// The time connect() took.
+    pub connect_us: Latency,
+    /// From the start of connect() to the full first response: what a
+    /// tunnel's set-up adds shows here.
+    pub setup_us: Latency,
+}
+
+/// The result of `idle`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdleReport {
+    /// Connections opened and held.
+    pub held: u64,
+    /// Connections that failed to open.
+    pub errors: u64,
+    /// Of the held connections, those found closed or reset by the far side
+    /// when the hold ended.
+    pub dropped: u64,
+    /// Seconds spent opening the connections.
+    pub open_s: f64,
+}
+
+impl Report {
+    /// Whether anything succeeded; a run where every attempt failed exits
+    /// non-zero after printing its report.
+    pub fn succeeded(&self) -> bool {
+        match self {
+            Report::Stream(report) => report.bytes > 0,
+            Report::Rr(report) => report.requests > 0,
+            Report::Connect(report) => report.connections_made > 0,
+            Report::Idle(report) => report.held > 0,
+        }
+    }
+
+    /// The failures counted, for the exit message.
+    pub fn errors(&self) -> u64 {
+        match self {
+            Report::Stream(report) => report.errors,
+            Report::Rr(report) => report.errors,
+            Report::Connect(report) => report.errors,
+            Report::Idle(report) => report.errors,
+        }
+    }
+}
+
+/// Prints one JSON line on stdout and flushes it, so that a reader waiting
+/// for the line sees it now and not when the buffer fills.
+pub fn print<T: Serialize>(line: &T) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    serde_json::to_writer(&mut stdout, line)?;
+    stdout.write_all(b"\n")?;
+    stdout.flush()
+}
+
+/// A rate over a duration, zero when the duration is.
+pub fn per_second(count: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_carry_their_mode_tag() {
+        let report = Report::Stream(StreamReport {
+            direction: Direction::Up,
+            connections: 2,
+            duration_s: 1.5,
+            bytes: 10,
+            gbit_per_s: 0.0,
+            errors: 0,
+        });
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["mode"], "stream");
+        assert_eq!(json["direction"], "up");
+        let back: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn events_carry_their_event_tag() {
+        let line = serde_json::to_string(&Event::Listening {
+            addr: "127.0.0.1:80".parse().unwrap(),
+        })
+        .unwrap();
+        assert_eq!(line, r#"{"event":"listening","addr":"127.0.0.1:80"}"#);
+    }
+}

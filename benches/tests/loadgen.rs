@@ -1,0 +1,409 @@
+//! The `ztunnel-loadgen` binary end to end on loopback: a real server
+//! process, each client mode against it, and the JSON a harness would parse.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ztunnel_benches::loadgen::{Event, Report};
+
+/// The longest any client run here may take: every run asks for about a
+/// second, so this only trips on a hang.
+const RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long to wait for a line the program should print at once.
+const LINE_LIMIT: Duration = Duration::from_secs(10);
+
+fn loadgen() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ztunnel-loadgen"))
+}
+
+/// A child process killed when the test ends, pass or fail.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads a child's stdout lines on a thread, so reads can time out.
+fn line_reader(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (lines, received) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    received
+}
+
+/// A `serve` process on 127.0.0.1 with an ephemeral port.
+struct Server {
+    process: Running,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = loadgen()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = line_reader(child.stdout.take().unwrap());
+        let process = Running(child);
+        let line = lines.recv_timeout(LINE_LIMIT).unwrap();
+        let Event::Listening { addr } = serde_json::from_str(&line).unwrap() else {
+            panic!("expected the listening event, got {line}");
+        };
+        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        assert_ne!(addr.port(), 0, "the real port is reported");
+        Server { process, addr }
+    }
+
+    fn target(&self) -> String {
+        self.addr.to_string()
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.process.0.try_wait().unwrap().is_none()
+    }
+}
+
+/// Runs a client to completion (within [`RUN_LIMIT`]).
+fn run(args: &[&str]) -> Output {
+    let child = loadgen()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut running = Running(child);
+    let start = Instant::now();
+    while running.0.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < RUN_LIMIT, "{args:?} did not finish");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut output = Output {
+        status: running.0.wait().unwrap(),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    running
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut output.stdout)
+        .unwrap();
+    running
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut output.stderr)
+        .unwrap();
+    output
+}
+
+/// Runs a client that must succeed and returns its result line, checking
+/// that every earlier stdout line is an event.
+fn report(args: &[&str]) -> Report {
+    let output = run(args);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let (last, earlier) = lines.split_last().expect("no output");
+    for line in earlier {
+        serde_json::from_str::<Event>(line).unwrap();
+    }
+    serde_json::from_str(last).unwrap()
+}
+
+#[test]
+fn stream_moves_bytes_both_ways() {
+    let server = Server::start();
+    for direction in ["up", "down"] {
+        let args = [
+            "stream",
+            "--target",
+            &server.target(),
+            "--connections",
+            "2",
+            "--duration",
+            "0.5",
+            "--direction",
+            direction,
+        ];
+        let Report::Stream(stream) = report(&args) else {
+            panic!("not a stream report")
+        };
+        assert_eq!(serde_json::to_value(stream.direction).unwrap(), direction);
+        assert_eq!(stream.connections, 2);
+        assert!(stream.bytes > 0, "{stream:?}");
+        assert!(stream.gbit_per_s > 0.0, "{stream:?}");
+        assert_eq!(stream.errors, 0, "{stream:?}");
+        assert!(stream.duration_s >= 0.5, "{stream:?}");
+    }
+}
+
+#[test]
+fn stream_stops_at_the_byte_limit() {
+    let server = Server::start();
+    let args = [
+        "stream",
+        "--target",
+        &server.target(),
+        "--duration",
+        "20",
+        "--direction",
+        "up",
+        "--max-bytes",
+        "1000000",
+    ];
+    let Report::Stream(stream) = report(&args) else {
+        panic!("not a stream report")
+    };
+    assert_eq!(stream.bytes, 1_000_000);
+    assert!(stream.duration_s < 20.0);
+}
+
+#[test]
+fn rr_answers_requests_closed_loop_and_at_a_rate() {
+    let server = Server::start();
+    let target = server.target();
+    let closed = [
+        "rr",
+        "--target",
+        &target,
+        "--size",
+        "1024",
+        "--connections",
+        "2",
+        "--duration",
+        "0.5",
+    ];
+    let Report::Rr(rr) = report(&closed) else {
+        panic!("not an rr report")
+    };
+    assert!(rr.requests > 0, "{rr:?}");
+    assert!(rr.requests_per_s > 0.0, "{rr:?}");
+    assert_eq!(rr.errors, 0, "{rr:?}");
+    assert!(rr.latency_us.p50 > 0.0, "{rr:?}");
+    assert!(rr.latency_us.p50 <= rr.latency_us.p99, "{rr:?}");
+    assert!(rr.latency_us.p99 <= rr.latency_us.max, "{rr:?}");
+
+    let paced = [
+        "rr",
+        "--target",
+        &target,
+        "--size",
+        "64",
+        "--response-size",
+        "4096",
+        "--connections",
+        "2",
+        "--duration",
+        "1",
+        "--rate",
+        "200",
+    ];
+    let Report::Rr(rr) = report(&paced) else {
+        panic!("not an rr report")
+    };
+    assert!(rr.requests > 0, "{rr:?}");
+    // 200/s for 1 s: a closed loop would send thousands.
+    assert!(rr.requests <= 210, "the rate was not kept: {rr:?}");
+    assert!(rr.latency_us.p50 <= rr.latency_us.p99, "{rr:?}");
+}
+
+#[test]
+fn rr_stops_at_the_request_limit() {
+    let server = Server::start();
+    let args = [
+        "rr",
+        "--target",
+        &server.target(),
+        "--connections",
+        "3",
+        "--duration",
+        "20",
+        "--max-requests",
+        "100",
+    ];
+    let Report::Rr(rr) = report(&args) else {
+        panic!("not an rr report")
+    };
+    assert_eq!(rr.requests, 100);
+    assert!(rr.duration_s < 20.0);
+}
+
+#[test]
+fn connect_makes_connections_with_either_close() {
+    let server = Server::start();
+    let target = server.target();
+    for close in ["server", "reset"] {
+        let args = [
+            "connect",
+            "--target",
+            &target,
+            "--duration",
+            "0.5",
+            "--concurrency",
+            "2",
+            "--size",
+            "100",
+            "--close",
+            close,
+        ];
+        let Report::Connect(connect) = report(&args) else {
+            panic!("not a connect report")
+        };
+        assert!(connect.connections_made > 0, "{close}: {connect:?}");
+        assert!(connect.connections_per_s > 0.0, "{close}: {connect:?}");
+        assert_eq!(connect.errors, 0, "{close}: {connect:?}");
+        // Set-up includes connect() for every sample, so its median does too.
+        assert!(
+            connect.connect_us.p50 <= connect.setup_us.p50,
+            "{close}: {connect:?}"
+        );
+    }
+    let limited = [
+        "connect",
+        "--target",
+        &target,
+        "--duration",
+        "20",
+        "--max-connections",
+        "25",
+    ];
+    let Report::Connect(connect) = report(&limited) else {
+        panic!("not a connect report")
+    };
+    assert_eq!(connect.connections_made, 25);
+}
+
+#[test]
+fn idle_holds_every_connection_until_stdin_closes() {
+    let mut server = Server::start();
+    let mut child = loadgen()
+        .args([
+            "idle",
+            "--target",
+            &server.target(),
+            "--connections",
+            "50",
+            "--hold",
+            "30",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdin: ChildStdin = child.stdin.take().unwrap();
+    let lines = line_reader(child.stdout.take().unwrap());
+    let mut client = Running(child);
+
+    let holding = lines.recv_timeout(LINE_LIMIT).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Event>(&holding).unwrap(),
+        Event::Holding {
+            held: 50,
+            errors: 0
+        }
+    );
+    // Still holding: no result yet.
+    assert!(lines.recv_timeout(Duration::from_millis(200)).is_err());
+
+    let released = Instant::now();
+    drop(stdin);
+    let last = lines.recv_timeout(LINE_LIMIT).unwrap();
+    let Report::Idle(idle) = serde_json::from_str(&last).unwrap() else {
+        panic!("not an idle report: {last}")
+    };
+    assert_eq!(idle.held, 50);
+    assert_eq!(idle.errors, 0);
+    assert_eq!(idle.dropped, 0);
+    assert!(idle.open_s > 0.0);
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "stdin EOF ended the hold"
+    );
+    assert!(
+        lines.recv_timeout(LINE_LIMIT).is_err(),
+        "the result is the last line"
+    );
+    assert!(client.0.wait().unwrap().success());
+    assert!(server.is_running());
+}
+
+#[test]
+fn a_bad_header_closes_only_its_connection() {
+    let mut server = Server::start();
+    for garbage in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], b"ZLG1\x09"] {
+        let mut stream = TcpStream::connect(server.addr).unwrap();
+        stream.set_read_timeout(Some(LINE_LIMIT)).unwrap();
+        stream.write_all(garbage).unwrap();
+        // The truncated header is only refused once the client closes; the
+        // bad magic may already have been answered with a reset.
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut rest = Vec::new();
+        // The server closes (EOF) or resets; either way, it answers nothing.
+        let _ = stream.read_to_end(&mut rest);
+        assert!(rest.is_empty());
+    }
+    assert!(server.is_running());
+    let args = ["rr", "--target", &server.target(), "--duration", "0.3"];
+    let Report::Rr(rr) = report(&args) else {
+        panic!("not an rr report")
+    };
+    assert!(rr.requests > 0, "{rr:?}");
+}
+
+#[test]
+fn a_run_where_everything_fails_exits_non_zero_after_its_report() {
+    // A port that was just free: connecting is refused.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let target = format!("127.0.0.1:{port}");
+    let output = run(&["rr", "--target", &target, "--duration", "0.3"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("nothing succeeded"), "{stderr}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let Report::Rr(rr) = serde_json::from_str(stdout.lines().last().unwrap()).unwrap() else {
+        panic!("not an rr report: {stdout}")
+    };
+    assert_eq!(rr.requests, 0);
+    assert!(rr.errors > 0);
+}
+
+#[test]
+fn help_documents_every_mode() {
+    let output = loadgen().arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for mode in ["serve", "stream", "rr", "connect", "idle"] {
+        assert!(help.contains(mode), "{mode} missing from:\n{help}");
+    }
+}
