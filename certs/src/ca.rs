@@ -1,9 +1,10 @@
 //! The CA service (`ztunnel-ca`): authenticates callers by their
 //! service-account token, authorizes the identity each certificate carries
-//! against the pod registry, and signs with the [`Issuer`].
+//! against the mesh registry, and signs with the [`Issuer`].
 //!
 //! Decisions are pure functions (`authn`, `authz`); `service` is the gRPC
-//! shell around them and `server` the TLS listener.
+//! shell around them and `server` the TLS listener, which also serves the
+//! delta xDS of `crate::xds` from the same registry.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -38,9 +39,11 @@ pub struct CaConfig {
     pub token_keys: TokenKeys,
     /// Required token issuer and audience.
     pub token_policy: TokenPolicy,
-    /// Node agents allowed to request the identities of pods on their node.
+    /// Node agents allowed to request the identities of pods on their node,
+    /// and to subscribe to xDS.
     pub trusted_node_accounts: Vec<NodeAgentAccount>,
-    /// Pods and their nodes.
+    /// The mesh file: pods and their nodes (what impersonation is
+    /// authorized against), services and policies (what xDS serves).
     pub registry: Arc<dyn PodRegistry>,
     /// Counters, shared with the `/metrics` endpoint.
     pub metrics: Arc<CaMetrics>,

@@ -1,6 +1,7 @@
-//! `ztunnel-ca`: the mesh certificate authority.
+//! `ztunnel-ca`: the mesh certificate authority and control plane.
 //!
-//! `serve` runs the CA (gRPC over TLS, plus `/metrics` over plain HTTP);
+//! `serve` runs the CA and the delta xDS server (both gRPC on one TLS
+//! port, as istiod's 15012), plus `/metrics` over plain HTTP;
 //! `token` mints a pod-bound service-account token with the state
 //! directory's local key, which `serve` trusts when `--token-keys` is not
 //! given. This file only parses flags and wires the library together.
@@ -18,16 +19,18 @@ use tokio::sync::watch;
 use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_LEEWAY, TokenPolicy};
 use ztunnel_certs::ca::authz::{DEFAULT_TRUSTED_NODE_ACCOUNT, NodeAgentAccount};
 use ztunnel_certs::ca::metrics::{self, CaMetrics};
-use ztunnel_certs::ca::registry::{FileRegistry, PodRegistry, PodSnapshot, StaticRegistry};
+use ztunnel_certs::ca::registry::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
 use ztunnel_certs::ca::state_dir::{StateDir, StateDirError};
 use ztunnel_certs::ca::token::PodToken;
 use ztunnel_certs::ca::token_keys::TokenKeys;
 use ztunnel_certs::ca::{CaConfig, server};
 use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SigningMaterial, TtlPolicy};
 
-/// The mesh certificate authority: issues SPIFFE workload certificates to
-/// callers authenticated by Kubernetes service-account tokens, and lets
-/// trusted node agents obtain the identities of pods on their own node.
+/// The mesh certificate authority and control plane: issues SPIFFE workload
+/// certificates to callers authenticated by Kubernetes service-account
+/// tokens, lets trusted node agents obtain the identities of pods on their
+/// own node, and serves the mesh file's workloads, services and policies to
+/// those node agents over delta xDS on the same port.
 #[derive(Debug, Parser)]
 #[command(name = "ztunnel-ca", version)]
 struct Cli {
@@ -39,7 +42,8 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the CA: IstioCertificateService over TLS, and /metrics.
+    /// Run the CA: IstioCertificateService and delta ADS over TLS, and
+    /// /metrics.
     Serve(ServeArgs),
     /// Print a pod-bound service-account token signed by the state
     /// directory's local key (created on first use).
@@ -75,14 +79,21 @@ struct ServeArgs {
     /// Directory for the generated root and the local token key (mode 0700).
     #[arg(long, default_value = "ztunnel-ca-state")]
     state_dir: PathBuf,
-    /// Pod registry: a YAML list of pods (name, namespace, uid,
-    /// serviceAccount, nodeName, phase, ips), reloaded when it changes.
-    /// Without it no impersonation is authorized.
-    #[arg(long)]
-    pods: Option<PathBuf>,
-    /// How often the pod registry file is checked for changes.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    pods_poll_interval: Duration,
+    /// Mesh file (YAML), the source of truth for impersonation and xDS:
+    /// `{pods: [...], services: [...], policies: [...]}`, or a bare list of
+    /// pods. Pods: name, namespace, uid, serviceAccount, nodeName, phase,
+    /// ips, labels, protocol (HBONE or TCP), network, clusterId,
+    /// workloadName. Services: name, namespace, hostname, vips, ports
+    /// {servicePort: targetPort}, and selector (labels) or endpoints (pod
+    /// uids). Policies: as ztunnel's local file, plus selector for scope
+    /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
+    /// good file. Without it no impersonation is authorized and xDS serves
+    /// nothing.
+    #[arg(long, visible_alias = "pods")]
+    mesh: Option<PathBuf>,
+    /// How often the mesh file is checked for changes.
+    #[arg(long, visible_alias = "pods-poll-interval", default_value = "1s", value_parser = parse_duration)]
+    mesh_poll_interval: Duration,
     /// Token verification keys: a JWKS JSON file or PEM public keys (RS256,
     /// ES256). Default: the state directory's local token key.
     #[arg(long)]
@@ -94,7 +105,7 @@ struct ServeArgs {
     #[arg(long, default_value = DEFAULT_AUDIENCE)]
     audience: String,
     /// A node agent (`namespace/service-account`) allowed to request the
-    /// identities of pods on its node. Repeatable.
+    /// identities of pods on its node, and to subscribe to xDS. Repeatable.
     #[arg(long = "trusted-node-account", default_value = DEFAULT_TRUSTED_NODE_ACCOUNT)]
     trusted_node_accounts: Vec<NodeAgentAccount>,
     /// Lifetime of a workload certificate when the request asks for none.
@@ -181,20 +192,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => state()?.token_signer()?.verifying_keys()?,
     };
     let (stop, stopped) = watch::channel(false);
-    let registry: Arc<dyn PodRegistry> = match &args.pods {
+    let metrics = Arc::new(CaMetrics::new());
+    let registry: Arc<dyn PodRegistry> = match &args.mesh {
         Some(path) => {
             let registry = Arc::new(FileRegistry::load(path)?);
-            let watcher =
-                Arc::clone(&registry).watch(args.pods_poll_interval, wait(stopped.clone()));
+            let watcher = Arc::clone(&registry).watch(
+                args.mesh_poll_interval,
+                Arc::clone(&metrics),
+                wait(stopped.clone()),
+            );
             tokio::spawn(watcher);
             registry
         }
         None => {
-            tracing::warn!("no --pods registry: impersonation will be denied");
-            Arc::new(StaticRegistry::new(PodSnapshot::default()))
+            tracing::warn!("no --mesh file: impersonation will be denied, xDS serves nothing");
+            Arc::new(StaticRegistry::new(MeshSnapshot::default()))
         }
     };
-    let metrics = Arc::new(CaMetrics::new());
     let config = CaConfig {
         trust_domain: args.trust_domain.clone(),
         issuer,
@@ -220,7 +234,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.metrics_listen))?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
     tokio::spawn(metrics::serve(metrics, http, wait(stopped.clone())));
-    tracing::info!(%grpc_addr, %http_addr, trust_domain = %args.trust_domain, "CA serving");
+    tracing::info!(%grpc_addr, %http_addr, trust_domain = %args.trust_domain, "CA and xDS serving");
     // One line on stdout, for scripts and tests that pass port 0.
     let mut stdout = std::io::stdout();
     writeln!(

@@ -177,7 +177,7 @@ fn help_documents_every_flag() {
         "--root-cert",
         "--root-key",
         "--state-dir",
-        "--pods",
+        "--mesh",
         "--token-keys",
         "--audience",
         "--trusted-node-account",
@@ -195,6 +195,10 @@ fn help_documents_every_flag() {
             .is_some_and(|next| !next.trim().is_empty());
         assert!(documented, "{flag} has no description");
     }
+    assert!(
+        help.contains("[alias: --pods]"),
+        "the mesh file's old flag still works"
+    );
     let output = Command::new(BIN)
         .args(["token", "--namespace", "a"])
         .output()

@@ -3,29 +3,24 @@
 //! issued, what is denied and why (as counted on /metrics), input bounds,
 //! and registry reload.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tonic::{Code, Status};
 use x509_parser::prelude::{FromDer, X509Certificate};
-use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
-use ztunnel_certs::ca::metrics::{self, CaMetrics};
-use ztunnel_certs::ca::registry::FileRegistry;
+use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER};
 use ztunnel_certs::ca::token::{PodToken, TokenSigner};
-use ztunnel_certs::ca::{CaConfig, server};
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
-use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
 use ztunnel_proto::istio::v1::auth::IstioCertificateResponse;
 
 #[path = "support/ca_client.rs"]
 mod ca_client;
+#[path = "support/server.rs"]
+mod test_server;
 
 const APP: &str = "spiffe://cluster.local/ns/default/sa/app";
 const DB: &str = "spiffe://cluster.local/ns/default/sa/db";
@@ -39,77 +34,11 @@ const PODS: &str = "\
 - {name: rogue-a, namespace: default, uid: uid-rogue, serviceAccount: rogue, nodeName: node-a, phase: Running}
 ";
 
-/// A CA running in-process on loopback.
-struct Ca {
-    addr: SocketAddr,
-    metrics_addr: SocketAddr,
-    issuer: Arc<Issuer>,
-    signer: TokenSigner,
-    pods: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
+/// The CA running in-process on loopback, reading `PODS`.
+type Ca = test_server::TestServer;
 
 async fn start_ca() -> Ca {
-    ztunnel_certs::tls::install_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let root = generate_root("cluster.local", SystemTime::now()).unwrap();
-    let issuer = Arc::new(
-        Issuer::new(&SigningMaterial {
-            root_cert_pem: root.cert_pem,
-            root_key_pem: Some(root.key_pem),
-            ..SigningMaterial::default()
-        })
-        .unwrap(),
-    );
-    let signer = TokenSigner::generate().unwrap();
-    let pods = dir.path().join("pods.yaml");
-    std::fs::write(&pods, PODS).unwrap();
-    let registry = Arc::new(FileRegistry::load(&pods).unwrap());
-    let metrics = Arc::new(CaMetrics::new());
-    let config = CaConfig {
-        trust_domain: "cluster.local".into(),
-        issuer: Arc::clone(&issuer),
-        ttl: TtlPolicy::new(24 * HOUR, 48 * HOUR),
-        token_keys: signer.verifying_keys().unwrap(),
-        token_policy: TokenPolicy::default(),
-        trusted_node_accounts: vec!["istio-system/ztunnel".parse().unwrap()],
-        registry: Arc::clone(&registry) as _,
-        metrics: Arc::clone(&metrics),
-        serving_dns_names: vec!["localhost".into()],
-        serving_ips: vec!["127.0.0.1".parse().unwrap()],
-    };
-    let (stop, stopped) = oneshot::channel::<()>();
-    let stopped = async move {
-        let _ = stopped.await;
-    };
-    let (stop_side, side_stopped) = tokio::sync::watch::channel(false);
-    let side = move || {
-        let mut rx = side_stopped.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    };
-
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = http.local_addr().unwrap();
-    tokio::spawn(metrics::serve(metrics, http, side()));
-    tokio::spawn(registry.watch(Duration::from_millis(20), side()));
-    tokio::spawn(async move {
-        server::serve(config, listener, stopped).await.unwrap();
-        let _ = stop_side.send(true);
-    });
-    Ca {
-        addr,
-        metrics_addr,
-        issuer,
-        signer,
-        pods,
-        stop: Some(stop),
-        _dir: dir,
-    }
+    test_server::start(PODS).await
 }
 
 fn pod_token(
@@ -183,14 +112,6 @@ impl Ca {
 
     async fn metrics(&self) -> String {
         ca_client::metrics(self.metrics_addr).await
-    }
-}
-
-impl Drop for Ca {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 
@@ -455,7 +376,7 @@ async fn a_pod_moving_node_revokes_the_node_agent_authorization() {
         "{name: app-a, namespace: default, uid: uid-app, serviceAccount: app, nodeName: node-b",
     );
     assert_ne!(moved, PODS);
-    std::fs::write(&ca.pods, moved).unwrap();
+    std::fs::write(&ca.mesh, moved).unwrap();
     // The registry polls every 20 ms; give it up to 10 s.
     let mut last = Ok(Default::default());
     for _ in 0..500 {
@@ -477,7 +398,7 @@ async fn a_pod_moving_node_revokes_the_node_agent_authorization() {
     assert!(ca.issue(&ztunnel_b, Some(APP)).await.is_ok());
 
     // A broken file keeps the last good registry.
-    std::fs::write(&ca.pods, "- {name: [broken\n").unwrap();
+    std::fs::write(&ca.mesh, "- {name: [broken\n").unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(ca.issue(&ztunnel_b, Some(APP)).await.is_ok());
 }

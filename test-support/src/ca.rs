@@ -1,8 +1,9 @@
-//! A real CA for end-to-end tests: `ztunnel-ca`'s server, run in-process on
-//! its own runtime thread with a socket bound inside a test namespace, a
-//! generated root, a pod registry file the test can rewrite, and pod-bound
-//! tokens minted with the CA's own token key. Stopping it is how tests
-//! produce a CA outage.
+//! A real CA and control plane for end-to-end tests: `ztunnel-ca`'s
+//! server (the CA and delta xDS on one port), run in-process on its own
+//! runtime thread with a socket bound inside a test namespace, a generated
+//! root, a mesh file (pods, services, policies) the test can rewrite, and
+//! pod-bound tokens minted with the CA's own token key. Stopping it is how
+//! tests produce a CA and xDS outage.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,8 @@ use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, 
 
 use crate::netns::NetNs;
 
-/// How often the CA re-reads the registry file: short, so tests that move a
-/// pod see the change quickly.
+/// How often the CA re-reads the mesh file: short, so tests that move a
+/// pod see the change quickly (in authorization and in xDS pushes).
 const REGISTRY_POLL: Duration = Duration::from_millis(100);
 
 /// A pod whose token a test mints.
@@ -54,8 +55,9 @@ pub struct TestCa {
 }
 
 impl TestCa {
-    /// Starts a CA listening on `addr` inside `ns`, with the pod registry
-    /// `pods` (the YAML list the CA reads).
+    /// Starts a CA listening on `addr` inside `ns`, with the mesh file
+    /// `pods`: a YAML list of pods, or `{pods, services, policies}` (the
+    /// format of `ztunnel-ca serve --mesh`).
     pub fn start(
         ns: &NetNs,
         addr: SocketAddr,
@@ -117,7 +119,15 @@ impl TestCa {
         self.dir.path().join("root-cert.pem")
     }
 
-    /// The registry file; rewriting it changes what the CA authorizes.
+    /// The xDS address, as `https://ip:port` for `XDS_ADDRESS`: the CA's
+    /// own, as istiod serves both on 15012. Only trusted node agents
+    /// (`istio-system/ztunnel`) whose pod is in the mesh file may subscribe.
+    pub fn xds_address(&self) -> String {
+        self.address()
+    }
+
+    /// The mesh file; rewriting it changes what the CA authorizes and what
+    /// xDS pushes.
     pub fn pods_path(&self) -> PathBuf {
         self.dir.path().join("pods.yaml")
     }
@@ -211,7 +221,8 @@ fn serve(
             return;
         };
         let (watch_stop, watch_stopped) = oneshot::channel::<()>();
-        tokio::spawn(registry.watch(REGISTRY_POLL, async move {
+        let metrics = Arc::clone(&config.metrics);
+        tokio::spawn(registry.watch(REGISTRY_POLL, metrics, async move {
             let _ = watch_stopped.await;
         }));
         let shutdown = async move {

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use crate::identity::{Identity, IdentityError};
 
 use super::authn::{AuthnError, Caller};
-use super::registry::PodSnapshot;
+use super::registry::MeshSnapshot;
 
 /// The default trusted node agent: ztunnel in `istio-system`.
 pub const DEFAULT_TRUSTED_NODE_ACCOUNT: &str = "istio-system/ztunnel";
@@ -131,7 +131,7 @@ pub fn authorize(
     impersonate: Option<&str>,
     trust_domain: &str,
     trusted_node_accounts: &[NodeAgentAccount],
-    registry: &PodSnapshot,
+    registry: &MeshSnapshot,
 ) -> Result<Identity, Denial> {
     let own = Identity::new(trust_domain, &caller.namespace, &caller.service_account)
         .map_err(Denial::InvalidCallerIdentity)?;
@@ -139,12 +139,7 @@ pub fn authorize(
         return Ok(own);
     };
 
-    let trusted = trusted_node_accounts.iter().any(|account| {
-        account.namespace == caller.namespace && account.service_account == caller.service_account
-    });
-    if !trusted {
-        return Err(Denial::UntrustedCaller);
-    }
+    trusted_node_agent(caller, trusted_node_accounts)?;
     let requested: Identity = requested
         .parse()
         .map_err(Denial::InvalidRequestedIdentity)?;
@@ -154,7 +149,33 @@ pub fn authorize(
             ours: trust_domain.to_owned(),
         });
     }
+    let node = caller_node(caller, registry)?;
+    if !registry.has_live_pod(node, requested.namespace(), requested.service_account()) {
+        return Err(Denial::NoPodOnNode);
+    }
+    Ok(requested)
+}
 
+/// Whether the caller's namespace and service account are those of a
+/// trusted node agent.
+pub fn trusted_node_agent(
+    caller: &Caller,
+    trusted_node_accounts: &[NodeAgentAccount],
+) -> Result<(), Denial> {
+    let trusted = trusted_node_accounts.iter().any(|account| {
+        account.namespace == caller.namespace && account.service_account == caller.service_account
+    });
+    if trusted {
+        Ok(())
+    } else {
+        Err(Denial::UntrustedCaller)
+    }
+}
+
+/// The node the caller's pod runs on, from the registry: the pod must exist
+/// with the token's UID and service account, and be scheduled on the node
+/// the token claims (if it claims one).
+pub fn caller_node<'a>(caller: &Caller, registry: &'a MeshSnapshot) -> Result<&'a str, Denial> {
     let pod = registry
         .pod(&caller.namespace, &caller.pod_name)
         .ok_or(Denial::CallerPodNotFound)?;
@@ -176,10 +197,7 @@ pub fn authorize(
     {
         return Err(Denial::NodeClaimMismatch);
     }
-    if !registry.has_live_pod(node, requested.namespace(), requested.service_account()) {
-        return Err(Denial::NoPodOnNode);
-    }
-    Ok(requested)
+    Ok(node)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The CA's Prometheus metrics and the plain-HTTP `/metrics` endpoint that
-//! serves them.
+//! The CA's Prometheus metrics (certificate requests, the mesh file, and
+//! the xDS server sharing its port) and the plain-HTTP `/metrics` endpoint
+//! that serves them.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
@@ -32,6 +34,24 @@ pub struct CaMetrics {
     rejected: Family<ReasonLabels, Counter>,
     /// Issued certificates, own identity or impersonated.
     issued: Family<KindLabels, Counter>,
+    /// Mesh file edits refused: a non-zero rate means the CA and xDS serve
+    /// an older file than the one on disk.
+    mesh_reload_errors: Counter,
+    /// xDS streams open now.
+    xds_clients: Gauge,
+    /// xDS subscriptions refused, by reason.
+    xds_denied: Family<ReasonLabels, Counter>,
+    /// xDS responses sent, by type.
+    xds_pushes: Family<TypeLabels, Counter>,
+    /// Resources carried by those responses, by type.
+    xds_resources: Family<TypeLabels, Counter>,
+    /// Removed resource names carried by those responses, by type.
+    xds_removals: Family<TypeLabels, Counter>,
+    /// Encoded bytes of those responses, by type.
+    xds_bytes: Family<TypeLabels, Counter>,
+    /// Responses a client rejected, by type: a client and this server
+    /// disagree on the wire format.
+    xds_nacks: Family<TypeLabels, Counter>,
 }
 
 impl CaMetrics {
@@ -56,12 +76,67 @@ impl CaMetrics {
             "Workload certificates issued, by kind (own or impersonated)",
             issued.clone(),
         );
-        CaMetrics {
+        let mut metrics = CaMetrics {
             registry,
             denied,
             rejected,
             issued,
-        }
+            mesh_reload_errors: Counter::default(),
+            xds_clients: Gauge::default(),
+            xds_denied: Family::default(),
+            xds_pushes: Family::default(),
+            xds_resources: Family::default(),
+            xds_removals: Family::default(),
+            xds_bytes: Family::default(),
+            xds_nacks: Family::default(),
+        };
+        metrics.register_mesh();
+        metrics
+    }
+
+    /// Registers the mesh file and xDS metrics.
+    fn register_mesh(&mut self) {
+        let registry = &mut self.registry;
+        registry.register(
+            "mesh_reload_errors",
+            "Mesh file edits refused (the last good file stays in use)",
+            self.mesh_reload_errors.clone(),
+        );
+        registry.register(
+            "xds_clients",
+            "Delta xDS streams open",
+            self.xds_clients.clone(),
+        );
+        registry.register(
+            "xds_subscriptions_denied",
+            "Delta xDS subscriptions refused, by reason",
+            self.xds_denied.clone(),
+        );
+        registry.register(
+            "xds_pushes",
+            "Delta xDS responses sent, by type",
+            self.xds_pushes.clone(),
+        );
+        registry.register(
+            "xds_resources_sent",
+            "Resources sent in delta xDS responses, by type",
+            self.xds_resources.clone(),
+        );
+        registry.register(
+            "xds_removals_sent",
+            "Removed resource names sent in delta xDS responses, by type",
+            self.xds_removals.clone(),
+        );
+        registry.register(
+            "xds_bytes_sent",
+            "Encoded bytes of delta xDS responses, by type",
+            self.xds_bytes.clone(),
+        );
+        registry.register(
+            "xds_nacks",
+            "Delta xDS responses rejected by clients, by type",
+            self.xds_nacks.clone(),
+        );
     }
 
     /// Counts a denial under its reason label.
@@ -83,6 +158,47 @@ impl CaMetrics {
         self.issued.get_or_create(&KindLabels { kind }).inc();
     }
 
+    /// Counts a refused mesh file edit.
+    pub fn record_mesh_reload_error(&self) {
+        self.mesh_reload_errors.inc();
+    }
+
+    /// Counts an open xDS stream until the returned guard is dropped.
+    pub fn xds_client_connected(self: &Arc<Self>) -> XdsClientGuard {
+        self.xds_clients.inc();
+        XdsClientGuard(Arc::clone(self))
+    }
+
+    /// Counts a refused xDS subscription under its reason label.
+    pub fn record_xds_denial(&self, denial: &Denial) {
+        let labels = ReasonLabels {
+            reason: denial.label(),
+        };
+        self.xds_denied.get_or_create(&labels).inc();
+    }
+
+    /// Counts one xDS response of `type_label` with its resources, removed
+    /// names and encoded size.
+    pub fn record_xds_push(
+        &self,
+        type_label: &'static str,
+        resources: u64,
+        removals: u64,
+        bytes: u64,
+    ) {
+        let labels = TypeLabels { r#type: type_label };
+        self.xds_pushes.get_or_create(&labels).inc();
+        self.xds_resources.get_or_create(&labels).inc_by(resources);
+        self.xds_removals.get_or_create(&labels).inc_by(removals);
+        self.xds_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    /// Counts a rejected xDS response.
+    pub fn record_xds_nack(&self, type_label: &'static str) {
+        let labels = TypeLabels { r#type: type_label };
+        self.xds_nacks.get_or_create(&labels).inc();
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -102,6 +218,22 @@ impl Default for CaMetrics {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
+}
+
+/// Keeps one xDS stream counted in `ca_xds_clients`.
+#[derive(Debug)]
+pub struct XdsClientGuard(Arc<CaMetrics>);
+
+impl Drop for XdsClientGuard {
+    fn drop(&mut self) {
+        self.0.xds_clients.dec();
+    }
+}
+
+/// Labels of the xDS counters: the short name of the resource type.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabels {
+    r#type: &'static str,
 }
 
 /// Labels of the issued-certificates counter.

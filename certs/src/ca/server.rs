@@ -1,24 +1,32 @@
 //! The CA's gRPC listener: TLS 1.3 only, ALPN `h2`, server authentication
 //! only (callers authenticate with their token, WIRE.md §3), with a serving
-//! certificate the CA issues itself at start-up.
+//! certificate the CA issues itself at start-up. It serves two services, as
+//! istiod does on 15012: `IstioCertificateService` and the delta ADS of
+//! `crate::xds`, routed by path.
 //!
 //! Handshakes run in their own tasks, bounded in number and time, so that a
 //! slow or failing client never stalls or stops the listener.
 
+use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 
 use crate::issuer::{IssuerError, ServingCertificate};
 use crate::tls;
+use crate::xds::service::{self as ads, AdsService};
 
 use super::CaConfig;
 use super::service::CertificateService;
@@ -29,6 +37,19 @@ pub const MAX_DECODING_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// Largest response encoded: a chain with a large root bundle stays far below.
 const MAX_ENCODING_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// Largest xDS request decoded: a reconnecting client lists every resource
+/// it holds in `initial_resource_versions`, about 60 bytes each; 32 MiB
+/// covers half a million. Only authenticated callers get this far.
+const MAX_XDS_DECODING_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// HTTP/2 ping interval: xDS streams live for hours, and a client that
+/// vanished without closing its connection is only noticed by pings. 30 s
+/// is what ztunnel uses towards us (WIRE.md §3).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a ping may go unanswered before the connection is dropped.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TLS handshake takes milliseconds on loopback and well under a second
 /// across a cluster; 10 s frees the slot of a client that stalls.
@@ -62,8 +83,9 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves `IstioCertificateService` on `listener` until `shutdown`
-/// resolves, then drains in-flight requests and returns.
+/// Serves `IstioCertificateService` and delta ADS on `listener` until
+/// `shutdown` resolves, then ends the xDS streams, drains in-flight
+/// requests and returns.
 pub async fn serve(
     config: CaConfig,
     listener: TcpListener,
@@ -75,19 +97,65 @@ pub async fn serve(
         SystemTime::now(),
     )?;
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(serving)?));
-    let service = IstioCertificateServiceServer::new(CertificateService::new(config))
+    let (stop, stopped) = watch::channel(false);
+    let ads = AdsService::start(&config, MAX_XDS_DECODING_MESSAGE_BYTES, stopped);
+    let ca = IstioCertificateServiceServer::new(CertificateService::new(config))
         .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_ENCODING_MESSAGE_BYTES);
+    let shutdown = async move {
+        shutdown.await;
+        // Long-lived xDS streams end now, so the graceful shutdown below
+        // does not wait for them.
+        let _ = stop.send(true);
+    };
 
     let (connections, incoming) = mpsc::channel(MAX_CONCURRENT_HANDSHAKES);
     let accept = tokio::spawn(accept_loop(listener, acceptor, connections));
     let result = tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .serve_with_incoming_shutdown(service, ReceiverStream::new(incoming), shutdown)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .serve_with_incoming_shutdown(Routes { ca, ads }, ReceiverStream::new(incoming), shutdown)
         .await;
     accept.abort();
     Ok(result?)
+}
+
+/// The two services of the listener, chosen by the request path's
+/// `/<service>/` prefix; any other path is `Unimplemented`. (tonic's own
+/// router would bring axum in for this one choice.)
+#[derive(Clone)]
+struct Routes {
+    ca: IstioCertificateServiceServer<CertificateService>,
+    ads: AdsService,
+}
+
+impl Service<http::Request<Body>> for Routes {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Both services are always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let service = request
+            .uri()
+            .path()
+            .strip_prefix('/')
+            .and_then(|path| path.split_once('/'))
+            .map(|(service, _)| service);
+        match service {
+            Some(IstioCertificateServiceServer::<CertificateService>::NAME) => {
+                self.ca.call(request)
+            }
+            Some(ads::SERVICE_NAME) => self.ads.call(request),
+            _ => Box::pin(async { Ok(tonic::Status::unimplemented("").into_http()) }),
+        }
+    }
 }
 
 /// The CA's rustls configuration: our provider, TLS 1.3 only, ALPN `h2`,

@@ -132,7 +132,7 @@ impl CertificateService {
         });
         tracing::warn!(
             caller = caller.as_deref().unwrap_or("unauthenticated"),
-            requested = requested.map_or("own identity", bounded_for_log),
+            requested = requested.map_or("own identity", |text| bounded_for_log(text, 256)),
             reason = denial.label(),
             detail = %denial,
             "certificate request denied"
@@ -169,11 +169,11 @@ fn impersonated_identity(request: &IstioCertificateRequest) -> Option<&str> {
     }
 }
 
-/// The first 256 characters of a caller-supplied string: enough to
-/// recognise it, without letting a caller write 256 KiB log lines.
-fn bounded_for_log(text: &str) -> &str {
+/// The first `max` characters of a caller-supplied string: enough to
+/// recognise it, without letting a caller write megabyte log lines.
+pub(crate) fn bounded_for_log(text: &str, max: usize) -> &str {
     text.char_indices()
-        .nth(256)
+        .nth(max)
         .and_then(|(end, _)| text.get(..end))
         .unwrap_or(text)
 }
@@ -224,8 +224,8 @@ mod tests {
 
     #[test]
     fn caller_strings_are_bounded_in_logs() {
-        assert_eq!(bounded_for_log("short"), "short");
+        assert_eq!(bounded_for_log("short", 256), "short");
         let long = "é".repeat(1000);
-        assert_eq!(bounded_for_log(&long).chars().count(), 256);
+        assert_eq!(bounded_for_log(&long, 256).chars().count(), 256);
     }
 }

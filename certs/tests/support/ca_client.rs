@@ -1,6 +1,7 @@
 //! A client of the CA for integration tests: gRPC over TLS dialed by hand
 //! (trusting only the given roots and checking the `localhost` name), the
-//! request shape ztunnel sends, and a bare HTTP/1.1 GET of `/metrics`.
+//! request shape ztunnel sends, and a bare HTTP/1.1 GET of `/metrics`. The
+//! xDS tests dial the same channel.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +21,12 @@ pub async fn connect(
     addr: SocketAddr,
     roots: &[CertificateDer<'static>],
 ) -> IstioCertificateServiceClient<Channel> {
+    IstioCertificateServiceClient::new(channel(addr, roots).await)
+}
+
+/// A gRPC channel to the CA's port at `addr` over TLS 1.3, verifying its
+/// serving certificate for `localhost` against `roots`.
+pub async fn channel(addr: SocketAddr, roots: &[CertificateDer<'static>]) -> Channel {
     let mut store = rustls::RootCertStore::empty();
     for root in roots {
         store.add(root.clone()).unwrap();
@@ -31,7 +38,7 @@ pub async fn connect(
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h2".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
+    Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let connector = connector.clone();
@@ -43,8 +50,7 @@ pub async fn connect(
             }
         }))
         .await
-        .unwrap();
-    IstioCertificateServiceClient::new(channel)
+        .unwrap()
 }
 
 /// A `CreateCertificate` request as ztunnel sends it: the token in the

@@ -29,13 +29,13 @@ fn pod(
         service_account: sa.into(),
         node_name: node.map(Into::into),
         phase,
-        ips: Vec::new(),
+        ..Pod::default()
     }
 }
 
-fn registry() -> PodSnapshot {
+fn registry() -> MeshSnapshot {
     use PodPhase::*;
-    PodSnapshot::from_pods(vec![
+    MeshSnapshot::from_pods(vec![
         pod(
             "istio-system",
             "ztunnel-a",
@@ -266,7 +266,7 @@ fn authorization_table() {
 
 #[test]
 fn caller_pod_service_account_must_match_the_registry() {
-    let registry = PodSnapshot::from_pods(vec![
+    let registry = MeshSnapshot::from_pods(vec![
         pod(
             "istio-system",
             "ztunnel-a",

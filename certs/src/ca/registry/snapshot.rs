@@ -1,0 +1,431 @@
+//! The mesh file as a whole ([`MeshFile`]: `{pods, services, policies}`, or
+//! a bare list of pods) and the immutable, validated, indexed
+//! [`MeshSnapshot`] one load of it becomes. The CA's authorizer and the xDS
+//! server read the same snapshot, so both see a pod on the same node.
+//!
+//! Checks across entries live here: duplicates, references, and the pairs
+//! of keys that must or must not go together.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use super::pod::{Pod, PodPhase};
+use super::policy::{Policy, PolicyScope};
+use super::service::Service;
+
+/// The file's content, parsed but not yet checked as a whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MeshFile {
+    /// Every pod, whichever its phase.
+    pub pods: Vec<Pod>,
+    /// Services over those pods.
+    pub services: Vec<Service>,
+    /// Authorization policies.
+    pub policies: Vec<Policy>,
+}
+
+/// The map form of the file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MeshFileMap {
+    #[serde(default)]
+    pods: Vec<Pod>,
+    #[serde(default)]
+    services: Vec<Service>,
+    #[serde(default)]
+    policies: Vec<Policy>,
+}
+
+impl<'de> Deserialize<'de> for MeshFile {
+    /// A map `{pods, services, policies}`, or a list (the pods-only form
+    /// the registry started with). Entries are read by the YAML
+    /// deserializer itself, so their errors keep their line.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(MeshFileVisitor)
+    }
+}
+
+struct MeshFileVisitor;
+
+impl<'de> Visitor<'de> for MeshFileVisitor {
+    type Value = MeshFile;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a map {pods, services, policies} or a list of pods")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        let pods = Vec::<Pod>::deserialize(SeqAccessDeserializer::new(seq))?;
+        Ok(MeshFile {
+            pods,
+            ..MeshFile::default()
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let form = MeshFileMap::deserialize(MapAccessDeserializer::new(map))?;
+        Ok(MeshFile {
+            pods: form.pods,
+            services: form.services,
+            policies: form.policies,
+        })
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(MeshFile::default())
+    }
+}
+
+/// An immutable, checked view of the mesh file, indexed for the authorizer
+/// and for xDS.
+#[derive(Debug, Default)]
+pub struct MeshSnapshot {
+    /// Every pod, in file order.
+    pods: Vec<Pod>,
+    /// Index into `pods` by (namespace, name).
+    by_name: HashMap<(String, String), usize>,
+    /// Index into `pods` by uid.
+    by_uid: HashMap<String, usize>,
+    /// (node, namespace, service account) of every pod not in phase Failed:
+    /// the identities each node may be issued.
+    live_on_node: HashMap<(String, String, String), usize>,
+    /// Services, in file order.
+    services: Vec<Service>,
+    /// Policies, in file order.
+    policies: Vec<Policy>,
+}
+
+impl MeshSnapshot {
+    /// Checks and indexes a file's content.
+    pub fn new(file: MeshFile) -> Result<Self, MeshError> {
+        let mut snapshot = MeshSnapshot::default();
+        snapshot.add_pods(file.pods)?;
+        snapshot.check_services(&file.services)?;
+        check_policies(&file.policies)?;
+        snapshot.services = file.services;
+        snapshot.policies = file.policies;
+        Ok(snapshot)
+    }
+
+    /// A snapshot of pods only.
+    pub fn from_pods(pods: Vec<Pod>) -> Result<Self, MeshError> {
+        Self::new(MeshFile {
+            pods,
+            ..MeshFile::default()
+        })
+    }
+
+    /// The pod `namespace/name`, if it exists.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Pod> {
+        let index = self.by_name.get(&(namespace.to_owned(), name.to_owned()))?;
+        self.pods.get(*index)
+    }
+
+    /// The pod with this uid, if it exists.
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&Pod> {
+        self.pods.get(*self.by_uid.get(uid)?)
+    }
+
+    /// Every pod, in file order.
+    pub fn pods(&self) -> &[Pod] {
+        &self.pods
+    }
+
+    /// Every service, in file order.
+    pub fn services(&self) -> &[Service] {
+        &self.services
+    }
+
+    /// Every policy, in file order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// Whether some pod with this namespace and service account, not in
+    /// phase Failed, is on `node`.
+    pub fn has_live_pod(&self, node: &str, namespace: &str, service_account: &str) -> bool {
+        let key = (
+            node.to_owned(),
+            namespace.to_owned(),
+            service_account.to_owned(),
+        );
+        self.live_on_node.get(&key).is_some_and(|count| *count > 0)
+    }
+
+    /// How many pods there are.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Whether there are no pods.
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    fn add_pods(&mut self, pods: Vec<Pod>) -> Result<(), MeshError> {
+        // (network, IP) → pod, over the pods that make workloads: two of
+        // them on one address would make the address ambiguous.
+        let mut addresses: HashMap<(&str, IpAddr), String> = HashMap::new();
+        for (index, pod) in pods.iter().enumerate() {
+            let item = || format!("pod {}/{}", pod.namespace, pod.name);
+            for (field, value) in [
+                ("name", &pod.name),
+                ("namespace", &pod.namespace),
+                ("uid", &pod.uid),
+                ("serviceAccount", &pod.service_account),
+            ] {
+                non_empty(value, field, item)?;
+            }
+            if pod.uid.contains('/') {
+                return Err(MeshError::SlashInUid {
+                    uid: pod.uid.clone(),
+                });
+            }
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if self.by_name.insert(key, index).is_some() {
+                return Err(MeshError::DuplicatePod {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                });
+            }
+            if self.by_uid.insert(pod.uid.clone(), index).is_some() {
+                return Err(MeshError::DuplicateUid {
+                    uid: pod.uid.clone(),
+                });
+            }
+            if pod.is_live() {
+                for ip in &pod.ips {
+                    let key = (pod.network.as_str(), ip.to_canonical());
+                    if let Some(first) = addresses.insert(key, item()) {
+                        return Err(MeshError::DuplicateIp {
+                            address: *ip,
+                            first,
+                            second: item(),
+                        });
+                    }
+                }
+            }
+            if pod.phase != PodPhase::Failed
+                && let Some(node) = &pod.node_name
+            {
+                let key = (
+                    node.clone(),
+                    pod.namespace.clone(),
+                    pod.service_account.clone(),
+                );
+                *self.live_on_node.entry(key).or_default() += 1;
+            }
+        }
+        self.pods = pods;
+        Ok(())
+    }
+
+    /// Services against each other and against the pods (already added).
+    fn check_services(&self, services: &[Service]) -> Result<(), MeshError> {
+        let mut names = HashMap::new();
+        let mut hostnames: HashMap<(&str, &str), &str> = HashMap::new();
+        for service in services {
+            let item = || format!("service {}/{}", service.namespace, service.name);
+            non_empty(&service.name, "name", item)?;
+            non_empty(&service.namespace, "namespace", item)?;
+            non_empty(&service.hostname, "hostname", item)?;
+            if names
+                .insert((&service.namespace, &service.name), ())
+                .is_some()
+            {
+                return Err(MeshError::DuplicateService { service: item() });
+            }
+            match hostnames.entry((&service.namespace, &service.hostname)) {
+                Entry::Occupied(first) => {
+                    return Err(MeshError::DuplicateHostname {
+                        hostname: service.resource_name(),
+                        first: (*first.get()).to_owned(),
+                        second: service.name.clone(),
+                    });
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(&service.name);
+                }
+            }
+            if service
+                .ports
+                .iter()
+                .any(|(from, to)| *from == 0 || *to == 0)
+            {
+                return Err(MeshError::ZeroPort { service: item() });
+            }
+            match (&service.selector, &service.endpoints) {
+                (Some(_), Some(_)) => {
+                    return Err(MeshError::SelectorAndEndpoints { service: item() });
+                }
+                (Some(selector), None) if selector.is_empty() => {
+                    return Err(MeshError::EmptySelector { service: item() });
+                }
+                (_, Some(endpoints)) => {
+                    if let Some(uid) = endpoints.iter().find(|uid| !self.by_uid.contains_key(*uid))
+                    {
+                        return Err(MeshError::UnknownEndpoint {
+                            service: item(),
+                            uid: uid.clone(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Policies against each other, and scope against selector.
+fn check_policies(policies: &[Policy]) -> Result<(), MeshError> {
+    let mut names = HashMap::new();
+    for policy in policies {
+        let item = || format!("policy {}/{}", policy.namespace, policy.name);
+        non_empty(&policy.name, "name", item)?;
+        non_empty(&policy.namespace, "namespace", item)?;
+        if names
+            .insert((&policy.namespace, &policy.name), ())
+            .is_some()
+        {
+            return Err(MeshError::DuplicatePolicy { policy: item() });
+        }
+        match (policy.scope, &policy.selector) {
+            (PolicyScope::WorkloadSelector, None) => {
+                return Err(MeshError::MissingSelector { policy: item() });
+            }
+            (PolicyScope::Global | PolicyScope::Namespace, Some(_)) => {
+                return Err(MeshError::UnexpectedSelector { policy: item() });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn non_empty(
+    value: &str,
+    field: &'static str,
+    item: impl FnOnce() -> String,
+) -> Result<(), MeshError> {
+    if value.is_empty() {
+        return Err(MeshError::Empty {
+            item: item(),
+            field,
+        });
+    }
+    Ok(())
+}
+
+/// Why a mesh file that parses is still refused: entries that contradict
+/// each other or name what does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    /// A name, namespace, uid, hostname or service account is empty.
+    #[error("{item}: {field} is empty")]
+    Empty {
+        /// The entry.
+        item: String,
+        /// The empty key.
+        field: &'static str,
+    },
+    /// Two pods share a namespace and name.
+    #[error("pod {namespace}/{name} appears twice")]
+    DuplicatePod {
+        /// Namespace of the pod.
+        namespace: String,
+        /// Name of the pod.
+        name: String,
+    },
+    /// Two pods share a uid: it names a workload resource.
+    #[error("pod uid {uid} appears twice")]
+    DuplicateUid {
+        /// The uid.
+        uid: String,
+    },
+    /// A uid with a `/`: it could collide with a service's resource name,
+    /// `namespace/hostname`, among the same type's resources.
+    #[error("pod uid {uid} contains '/'")]
+    SlashInUid {
+        /// The uid.
+        uid: String,
+    },
+    /// Two Running or Pending pods have the same IP on the same network.
+    #[error("{first} and {second} both have IP {address}")]
+    DuplicateIp {
+        /// The address.
+        address: IpAddr,
+        /// The first pod with it.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// Two services share a namespace and name.
+    #[error("{service} appears twice")]
+    DuplicateService {
+        /// The service.
+        service: String,
+    },
+    /// Two services of a namespace share a hostname: it names the resource.
+    #[error("services {first} and {second} both have hostname {hostname}")]
+    DuplicateHostname {
+        /// `namespace/hostname`.
+        hostname: String,
+        /// Name of the first service.
+        first: String,
+        /// Name of the second.
+        second: String,
+    },
+    /// A service or target port is 0.
+    #[error("{service}: port 0")]
+    ZeroPort {
+        /// The service.
+        service: String,
+    },
+    /// A service has both ways of naming its endpoints.
+    #[error("{service}: selector and endpoints are both set; use one")]
+    SelectorAndEndpoints {
+        /// The service.
+        service: String,
+    },
+    /// A service selector with no labels; a service without endpoints
+    /// leaves both keys out or writes `endpoints: []`.
+    #[error("{service}: selector is empty")]
+    EmptySelector {
+        /// The service.
+        service: String,
+    },
+    /// A service endpoint names no pod.
+    #[error("{service}: endpoint {uid} is not the uid of any pod")]
+    UnknownEndpoint {
+        /// The service.
+        service: String,
+        /// The unknown uid.
+        uid: String,
+    },
+    /// Two policies share a namespace and name.
+    #[error("{policy} appears twice")]
+    DuplicatePolicy {
+        /// The policy.
+        policy: String,
+    },
+    /// A `WorkloadSelector` policy without `selector`.
+    #[error("{policy}: scope WorkloadSelector needs a selector")]
+    MissingSelector {
+        /// The policy.
+        policy: String,
+    },
+    /// A `selector` on a `Global` or `Namespace` policy, where it would be
+    /// silently ignored.
+    #[error("{policy}: selector is only for scope WorkloadSelector")]
+    UnexpectedSelector {
+        /// The policy.
+        policy: String,
+    },
+}
