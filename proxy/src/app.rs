@@ -1,7 +1,7 @@
 //! The assembled proxy: what every listener of one workload shares
 //! ([`Proxy`]), the rules both modes use to build it, and start-up
 //! (`app/start.rs`, then `dedicated.rs` or `shared.rs`): state from the local
-//! file, certificates from the CA, the listeners, the policy re-check, and
+//! file or xDS, certificates from the CA, the listeners, the policy re-check, and
 //! the admin, stats and readiness servers. Shutdown is one drain
 //! (`drain.rs`).
 
@@ -168,10 +168,11 @@ pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<String>)>
     }
 }
 
-/// Re-checks open inbound connections whenever the state changes, closing
-/// those no longer allowed (each closure logged and counted).
+/// Re-checks open inbound connections whenever policies or workloads
+/// change (a file reload, an xDS update), closing those no longer allowed
+/// (each closure logged and counted).
 pub async fn recheck_policies(proxy: Arc<Proxy>) {
-    let mut changes = proxy.state.subscribe();
+    let mut changes = proxy.state.subscribe_authorization();
     let drain = proxy.drain.clone();
     loop {
         tokio::select! {

@@ -4,7 +4,8 @@
 //! deployment moves over unchanged. This is the one module that reads the
 //! environment (through clap); the rest of the proxy gets a [`Config`].
 //!
-//! The local workload file's format lives in `config/local.rs`.
+//! The local workload file's format lives in `config/local.rs`; the xDS
+//! client's settings are parsed in `config/xds.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,10 +13,14 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::control_plane::ControlPlaneError;
+
 pub mod local;
 mod value;
+mod xds;
 
 pub use value::{ValueError, WorkloadInfo, parse_duration};
+pub use xds::{DEFAULT_TOKEN_PATH, DEFAULT_XDS_ADDRESS, NodeSettings, XdsSettings};
 
 /// How the proxy captures traffic.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,13 +49,15 @@ pub struct Config {
     pub mode: ProxyMode,
     /// Workloads, services and policies from a local file, reloaded on change.
     pub local_xds_path: Option<PathBuf>,
-    /// The xDS server; `None` when configuration comes only from the file.
-    pub xds_address: Option<String>,
+    /// The xDS client's settings; `None` when configuration comes only from
+    /// the local file.
+    pub xds: Option<XdsSettings>,
     /// The CA, always over TLS.
     pub ca_address: String,
     /// The only root the CA's serving certificate is trusted through.
     pub ca_root_ca: PathBuf,
-    /// Service-account token file, re-read on every CA request.
+    /// Service-account token file, re-read on every CA request
+    /// (`AUTH_TOKEN`, else [`DEFAULT_TOKEN_PATH`]).
     pub auth_token: PathBuf,
     /// Sent as `clusterid` to the CA and xDS; the default cluster of workloads.
     pub cluster_id: String,
@@ -151,6 +158,17 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: ValueError,
     },
+    /// A control-plane address or header is unusable.
+    #[error("{name}: {source}")]
+    ControlPlane {
+        /// The environment variable at fault.
+        name: &'static str,
+        /// What is wrong with it.
+        source: ControlPlaneError,
+    },
+    /// Two settings that exclude each other are both set.
+    #[error("{0} and {1} are both set; set only one")]
+    Conflict(&'static str, &'static str),
 }
 
 /// The command line. Each option also reads the environment variable shown
@@ -171,9 +189,28 @@ struct Args {
     /// Local workloads/services/policies file (YAML), reloaded on change.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     local_xds_path: Option<PathBuf>,
-    /// xDS server address; empty means no xDS.
-    #[arg(long, env = "XDS_ADDRESS", default_value = "")]
-    xds_address: String,
+    /// xDS server address; empty means no xDS [default: https://istiod.istio-system.svc:15012, or none with LOCAL_XDS_PATH].
+    #[arg(long, env = "XDS_ADDRESS")]
+    xds_address: Option<String>,
+    /// Roots of the xDS server: a PEM file, inline PEM, or SYSTEM.
+    #[arg(
+        long,
+        env = "XDS_ROOT_CA",
+        default_value = "./var/run/secrets/istio/root-cert.pem"
+    )]
+    xds_root_ca: String,
+    /// A second name the xDS server's certificate may carry.
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    alt_xds_hostname: Option<String>,
+    /// This pod's IP, in the xDS node id [default: 1.1.1.1].
+    #[arg(long, env = "INSTANCE_IP")]
+    instance_ip: Option<String>,
+    /// This pod's name, in the xDS node id.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// This pod's namespace, in the xDS node id.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pod_namespace: Option<String>,
     /// CA address (TLS).
     #[arg(
         long,
@@ -188,13 +225,9 @@ struct Args {
         default_value = "./var/run/secrets/istio/root-cert.pem"
     )]
     ca_root_ca: PathBuf,
-    /// Service-account token file sent as the CA's Bearer token.
-    #[arg(
-        long,
-        env = "AUTH_TOKEN",
-        default_value = "./var/run/secrets/tokens/istio-token"
-    )]
-    auth_token: PathBuf,
+    /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
+    #[arg(long, env = "AUTH_TOKEN")]
+    auth_token: Option<String>,
     /// Cluster ID sent to the CA and used for workloads without one.
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster_id: String,
@@ -287,22 +320,41 @@ const SHARED_MODE_PACKET_MARK: u32 = 1337;
 impl Config {
     /// Parses the process's flags and environment.
     pub fn from_env_and_args() -> Result<Config, ConfigError> {
-        Config::from_args(std::env::args_os())
+        // Variables that are not UTF-8 cannot be any of ours.
+        let env = std::env::vars_os().filter_map(|(name, value)| {
+            Some((name.into_string().ok()?, value.into_string().ok()?))
+        });
+        Config::from_args_and_env(std::env::args_os(), env)
     }
 
     /// Parses the given command line; each option not on it falls back to its
-    /// environment variable, then to the default.
+    /// environment variable, then to the default. No prefixed variables
+    /// (`ISTIO_META_*`, `XDS_HEADER_*`) are read.
     pub fn from_args<I, T>(args: I) -> Result<Config, ConfigError>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        Args::try_parse_from(args)?.into_config()
+        Config::from_args_and_env(args, std::iter::empty())
+    }
+
+    /// [`Config::from_args`], with `env` as the source of the prefixed
+    /// variables (`ISTIO_META_*`, `ISTIO_METAJSON_*`, `XDS_HEADER_*`).
+    pub fn from_args_and_env<I, T>(
+        args: I,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        Args::try_parse_from(args)?.into_config(&env)
     }
 }
 
 impl Args {
-    fn into_config(self) -> Result<Config, ConfigError> {
+    fn into_config(self, env: &[(String, String)]) -> Result<Config, ConfigError> {
         let value = |name: &'static str| move |source| ConfigError::Value { name, source };
         let mode = match self.proxy_mode.as_str() {
             "shared" => ProxyMode::Shared,
@@ -333,13 +385,30 @@ impl Args {
                 source: ValueError::Zero,
             });
         }
+        let xds = xds::parse(
+            &xds::XdsArgs {
+                address: self.xds_address.as_deref(),
+                local_file: self.local_xds_path.is_some(),
+                root_ca: &self.xds_root_ca,
+                alt_hostname: self.alt_xds_hostname.as_deref(),
+                auth_token: self.auth_token.as_deref(),
+                instance_ip: self.instance_ip.as_deref(),
+                pod_name: self.pod_name.as_deref(),
+                pod_namespace: self.pod_namespace.as_deref(),
+                node_name: self.node_name.as_deref(),
+            },
+            env,
+        )?;
         Ok(Config {
             mode,
             local_xds_path: self.local_xds_path,
-            xds_address: Some(self.xds_address).filter(|address| !address.is_empty()),
+            xds,
             ca_address: self.ca_address,
             ca_root_ca: self.ca_root_ca,
-            auth_token: self.auth_token,
+            auth_token: self
+                .auth_token
+                .filter(|path| !path.is_empty())
+                .map_or_else(|| PathBuf::from(DEFAULT_TOKEN_PATH), PathBuf::from),
             cluster_id: self.cluster_id,
             trust_domain: self.trust_domain,
             node_name: self.node_name.filter(|name| !name.is_empty()),
@@ -430,7 +499,12 @@ mod tests {
         let config = parse(&[]).unwrap();
         assert_eq!(config.mode, ProxyMode::Shared);
         assert_eq!(config.packet_mark, Some(1337));
-        assert_eq!(config.xds_address, None);
+        let xds = config.xds.as_ref().unwrap();
+        assert_eq!(xds.address.to_string(), DEFAULT_XDS_ADDRESS);
+        assert_eq!(
+            config.auth_token,
+            PathBuf::from("./var/run/secrets/tokens/istio-token")
+        );
         assert_eq!(config.cluster_id, "Kubernetes");
         assert_eq!(config.trust_domain, "cluster.local");
         assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));

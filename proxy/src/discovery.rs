@@ -1,8 +1,9 @@
-//! The proxy's shared view of workloads, services and policies, and where it
-//! comes from: the local file now (reloaded when it changes), delta xDS later.
-//! Both feed the same [`State`] through [`SharedState`], whose version
-//! counter tells watchers (the policy re-check, certificate prefetch) that
-//! something changed.
+//! The proxy's shared view of workloads, services and policies, and the
+//! local file it may come from (reloaded when it changes). The file and
+//! delta xDS (`xds.rs`) feed the same [`State`] through [`SharedState`],
+//! whose change counters tell watchers that something changed: any change
+//! (certificate prefetch), or a change to what authorization depends on
+//! (the policy re-check of open connections).
 //!
 //! The file's format lives in `config/local.rs`; the store in `state.rs`.
 
@@ -19,11 +20,15 @@ use crate::state::State;
 /// enough for an operator's edit and costs one small read.
 pub const LOCAL_FILE_POLL: Duration = Duration::from_secs(1);
 
-/// The state every task reads, plus a change counter.
+/// The state every task reads, plus change counters.
 #[derive(Clone)]
 pub struct SharedState {
     state: Arc<RwLock<State>>,
+    /// Ticks on every change.
     version: watch::Sender<u64>,
+    /// Ticks when policies or workloads changed, the inputs of authorization,
+    /// so that a service-only update does not re-check every connection.
+    authorization: watch::Sender<u64>,
 }
 
 impl SharedState {
@@ -32,6 +37,7 @@ impl SharedState {
         SharedState {
             state: Arc::new(RwLock::new(state)),
             version: watch::Sender::new(0),
+            authorization: watch::Sender::new(0),
         }
     }
 
@@ -44,21 +50,38 @@ impl SharedState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Changes the state and tells watchers.
+    /// Changes the state and tells every watcher, the policy re-check
+    /// included.
     pub fn update(&self, change: impl FnOnce(&mut State)) {
-        {
+        self.apply(change, true);
+    }
+
+    /// Changes the state and tells watchers; the policy re-check only when
+    /// `authorization_changed`. Returns what `change` returns.
+    pub fn apply<R>(&self, change: impl FnOnce(&mut State) -> R, authorization_changed: bool) -> R {
+        let result = {
             let mut state = self
                 .state
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            change(&mut state);
-        }
+            change(&mut state)
+        };
         self.version.send_modify(|version| *version += 1);
+        if authorization_changed {
+            self.authorization.send_modify(|version| *version += 1);
+        }
+        result
     }
 
     /// A receiver that sees every change after this call.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
+    }
+
+    /// A receiver that sees every change to policies or workloads after
+    /// this call.
+    pub fn subscribe_authorization(&self) -> watch::Receiver<u64> {
+        self.authorization.subscribe()
     }
 }
 
@@ -163,6 +186,23 @@ workloads:
 
         stop.send(()).unwrap();
         watcher.await.unwrap();
+    }
+
+    #[test]
+    fn only_authorization_changes_wake_the_policy_recheck() {
+        let shared = SharedState::new(State::new());
+        let mut every = shared.subscribe();
+        let mut authorization = shared.subscribe_authorization();
+        let removed = shared.apply(|state| state.remove_workload("none").is_some(), false);
+        assert!(!removed);
+        assert!(every.has_changed().unwrap());
+        assert!(!authorization.has_changed().unwrap());
+        every.mark_unchanged();
+        shared.apply(|_| (), true);
+        assert!(every.has_changed().unwrap() && authorization.has_changed().unwrap());
+        authorization.mark_unchanged();
+        shared.update(|_| ());
+        assert!(authorization.has_changed().unwrap());
     }
 
     #[test]

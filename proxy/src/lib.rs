@@ -2,12 +2,14 @@
 //! authorization. Built in issue 3.
 //!
 //! The pure core so far: `state` (workloads, services, policies and upstream
-//! selection), `rbac` (L4 authorization) and `config` (the local config file).
+//! selection), `rbac` (L4 authorization), `config` (the local config file)
+//! and `xds/apply.rs` (an xDS response to state changes and its ACK/NACK).
 
 pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod control_plane;
 pub mod copy;
 pub mod discovery;
 pub mod drain;
@@ -24,3 +26,4 @@ pub mod report;
 pub mod socket;
 pub mod state;
 pub mod telemetry;
+pub mod xds;

@@ -5,6 +5,13 @@ use std::process::ExitCode;
 
 use ztunnel_proxy::config::Config;
 
+/// mimalloc keeps freed memory for reuse, where glibc malloc unmaps large
+/// blocks (the h2 frames and copy buffers of bulk traffic) and faults them
+/// back in on the next one: 35 % of the client proxy's CPU per GB
+/// (benches/README.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     ztunnel_certs::tls::install_provider();
     let config = match Config::from_env_and_args() {

@@ -1,5 +1,6 @@
 //! Start-up, on two runtimes: a small control runtime (configuration
-//! reload, the CA, admin, stats, readiness, the ZDS session) and the
+//! reload or the xDS client, the CA, admin, stats, readiness, the ZDS
+//! session) and the
 //! data-plane runtime with `ZTUNNEL_WORKER_THREADS` workers that moves the
 //! bytes. What both modes share is here; `dedicated.rs` and `shared.rs`
 //! start their listeners.
@@ -24,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
 use crate::socket::LocalSockets;
 use crate::telemetry::{self, LogHandle, LogOptions};
+use crate::xds::{XdsClient, XdsMetrics};
 
 /// What both modes build on.
 pub struct Node {
@@ -108,7 +110,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     drop(control_guard);
 
-    let (registry, metrics) = app::metrics_registry();
+    let (mut registry, metrics) = app::metrics_registry();
+    let xds_metrics = XdsMetrics::register(&mut registry);
     let node = Node {
         config: Arc::clone(&config),
         control,
@@ -120,6 +123,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         drain: watcher,
         trigger,
     };
+    start_xds(&node, xds_metrics)?;
     let started = match dedicated {
         Some((workload, identity)) => dedicated::start(&node, workload, identity)?,
         None => shared::start(&node)?,
@@ -136,6 +140,24 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     } = node;
     drop(drain);
     wait_and_drain(&control, trigger, quit_requests, started.session, &config)
+}
+
+/// Starts the xDS client when one is configured. Its readiness tasks are
+/// registered here, before the readiness server starts.
+fn start_xds(node: &Node, metrics: XdsMetrics) -> anyhow::Result<()> {
+    let Some(settings) = &node.config.xds else {
+        return Ok(());
+    };
+    let client = XdsClient::new(
+        settings,
+        &node.config.cluster_id,
+        node.state.clone(),
+        metrics,
+        &node.ready,
+    )
+    .context("xDS client configuration")?;
+    node.control.spawn(client.run(node.drain.clone()));
+    Ok(())
 }
 
 /// Binds and serves admin (15000), stats (15020) and readiness (15021) in

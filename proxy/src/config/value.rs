@@ -21,6 +21,9 @@ pub enum ValueError {
     /// A duration did not parse.
     #[error("{0:?} is not a duration such as 300ms, 30s, 5m, 1h30m or 24h")]
     Duration(String),
+    /// The value is not an IP address.
+    #[error("{0:?} is not an IP address")]
+    Address(String),
     /// The workload is not `namespace/name/service-account`.
     #[error("{0:?} is not namespace/name/service-account")]
     WorkloadInfo(String),

@@ -1,0 +1,299 @@
+//! The pure core of the xDS client: one `DeltaDiscoveryResponse` and the
+//! versions known so far → the state changes to make, the ACK or NACK to
+//! send, and the versions to remember (WIRE.md §7). No I/O, no clock, no
+//! locks: the client task calls [`decide`], applies the changes under the
+//! state's write lock with [`apply_changes`], and sends the reply.
+//!
+//! Rules:
+//! - a resource that fails to decode or convert is rejected: it is named in
+//!   the NACK as `<name>: <reason>` (joined with `; `), not applied, and its
+//!   version is not recorded (a previously accepted version stays);
+//! - the good resources and the removals of the same response still apply;
+//! - a response of a type we do not handle changes nothing and is ACKed;
+//! - removals come after the resources of the same response, and a removal
+//!   of a name never accepted changes nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use prost::Message;
+use ztunnel_proto::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+use ztunnel_proto::istio::security::Authorization;
+use ztunnel_proto::istio::workload::Address;
+
+use crate::rbac::Policy;
+use crate::state::{AddressResource, NamespacedHostname, State};
+
+use super::ResourceKind;
+use super::request;
+
+/// The resources accepted so far, name → version, per type: what a
+/// reconnect echoes as `initial_resource_versions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KnownVersions {
+    by_kind: BTreeMap<ResourceKind, HashMap<Arc<str>, String>>,
+}
+
+/// One change to [`KnownVersions`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionChange {
+    /// The resource was accepted at this version.
+    Accepted {
+        /// Resource name.
+        name: Arc<str>,
+        /// `Resource.version`.
+        version: String,
+    },
+    /// The resource was removed.
+    Removed(Arc<str>),
+}
+
+impl KnownVersions {
+    /// Nothing known.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The version accepted for `name`, if any.
+    pub fn version(&self, kind: ResourceKind, name: &str) -> Option<&str> {
+        self.by_kind.get(&kind)?.get(name).map(String::as_str)
+    }
+
+    /// How many resources of `kind` are known.
+    pub fn len(&self, kind: ResourceKind) -> usize {
+        self.by_kind.get(&kind).map_or(0, HashMap::len)
+    }
+
+    /// Whether nothing of `kind` is known.
+    pub fn is_empty(&self, kind: ResourceKind) -> bool {
+        self.len(kind) == 0
+    }
+
+    /// The `initial_resource_versions` of a reconnect's request for `kind`.
+    pub fn initial_resource_versions(&self, kind: ResourceKind) -> HashMap<String, String> {
+        self.by_kind
+            .get(&kind)
+            .into_iter()
+            .flatten()
+            .map(|(name, version)| (name.to_string(), version.clone()))
+            .collect()
+    }
+
+    /// Records what [`decide`] reported for `kind`.
+    pub fn record(&mut self, kind: ResourceKind, changes: Vec<VersionChange>) {
+        let known = self.by_kind.entry(kind).or_default();
+        for change in changes {
+            match change {
+                VersionChange::Accepted { name, version } => {
+                    known.insert(name, version);
+                }
+                VersionChange::Removed(name) => {
+                    known.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+/// One change to the state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Insert or replace a workload or service (boxed: a workload is several
+    /// hundred bytes, the other variants a few words).
+    Address(Box<AddressResource>),
+    /// Remove the Address resource with this name: a workload's uid, else a
+    /// service's `namespace/hostname`.
+    RemoveAddress(Arc<str>),
+    /// Insert or replace the policy stored under this resource name.
+    Policy {
+        /// Resource name, the store key.
+        name: Arc<str>,
+        /// The policy.
+        policy: Policy,
+    },
+    /// Remove the policy stored under this resource name.
+    RemovePolicy(Arc<str>),
+}
+
+/// A resource that was not applied, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Resource name.
+    pub name: String,
+    /// The reason, as the NACK carries it.
+    pub reason: String,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name, self.reason)
+    }
+}
+
+/// What to do with one response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    /// The response's type; `None` when it is not one we handle.
+    pub kind: Option<ResourceKind>,
+    /// State changes, in order.
+    pub changes: Vec<Change>,
+    /// Changes to the known versions of `kind`.
+    pub versions: Vec<VersionChange>,
+    /// Resources not applied.
+    pub rejected: Vec<Rejection>,
+    /// The ACK (no rejections) or NACK to send.
+    pub reply: DeltaDiscoveryRequest,
+}
+
+impl Update {
+    /// Whether the reply is an ACK.
+    pub fn is_ack(&self) -> bool {
+        self.rejected.is_empty()
+    }
+
+    /// Whether the inputs of authorization changed, so that open connections
+    /// must be re-checked: a policy, or a workload (its namespace and
+    /// `authorization_policies` pick the policies that apply to it).
+    /// Services and removed workloads cannot turn an allowed connection
+    /// into a denied one.
+    pub fn authorization_changed(&self) -> bool {
+        self.changes.iter().any(|change| match change {
+            Change::Policy { .. } | Change::RemovePolicy(_) => true,
+            Change::Address(resource) => matches!(**resource, AddressResource::Workload(_)),
+            Change::RemoveAddress(_) => false,
+        })
+    }
+}
+
+/// Decides what one response does. `known` is what was accepted before it.
+pub fn decide(known: &KnownVersions, response: &DeltaDiscoveryResponse) -> Update {
+    let Some(kind) = ResourceKind::from_type_url(&response.type_url) else {
+        return Update {
+            kind: None,
+            changes: Vec::new(),
+            versions: Vec::new(),
+            rejected: Vec::new(),
+            reply: request::ack(&response.type_url, &response.nonce),
+        };
+    };
+    let mut changes = Vec::with_capacity(response.resources.len());
+    let mut versions = Vec::with_capacity(response.resources.len());
+    let mut rejected = Vec::new();
+    for resource in &response.resources {
+        match convert(kind, resource) {
+            Ok(change) => {
+                changes.push(change);
+                versions.push(VersionChange::Accepted {
+                    name: resource.name.as_str().into(),
+                    version: resource.version.clone(),
+                });
+            }
+            Err(reason) => rejected.push(Rejection {
+                name: resource.name.clone(),
+                reason,
+            }),
+        }
+    }
+    let accepted_now: HashSet<Arc<str>> = if response.removed_resources.is_empty() {
+        HashSet::new()
+    } else {
+        versions
+            .iter()
+            .filter_map(|version| match version {
+                VersionChange::Accepted { name, .. } => Some(name.clone()),
+                VersionChange::Removed(_) => None,
+            })
+            .collect()
+    };
+    for name in &response.removed_resources {
+        // Only what was accepted, in this response or before, is there to remove.
+        if known.version(kind, name).is_none() && !accepted_now.contains(name.as_str()) {
+            continue;
+        }
+        let name: Arc<str> = name.as_str().into();
+        changes.push(match kind {
+            ResourceKind::Address => Change::RemoveAddress(name.clone()),
+            ResourceKind::Authorization => Change::RemovePolicy(name.clone()),
+        });
+        versions.push(VersionChange::Removed(name));
+    }
+    let reply = if rejected.is_empty() {
+        request::ack(&response.type_url, &response.nonce)
+    } else {
+        request::nack(&response.type_url, &response.nonce, &rejected)
+    };
+    Update {
+        kind: Some(kind),
+        changes,
+        versions,
+        rejected,
+        reply,
+    }
+}
+
+/// Decodes and converts one resource; the error is the NACK reason.
+fn convert(kind: ResourceKind, resource: &Resource) -> Result<Change, String> {
+    let Some(any) = &resource.resource else {
+        return Err("resource is missing".to_owned());
+    };
+    let decode_error = |error: prost::DecodeError| format!("decode error: {error}");
+    match kind {
+        ResourceKind::Address => {
+            let address = Address::decode(any.value.as_slice()).map_err(decode_error)?;
+            let address = AddressResource::try_from(&address).map_err(|error| error.to_string())?;
+            Ok(Change::Address(Box::new(address)))
+        }
+        ResourceKind::Authorization => {
+            let policy = Authorization::decode(any.value.as_slice()).map_err(decode_error)?;
+            let policy = Policy::try_from(&policy).map_err(|error| error.to_string())?;
+            Ok(Change::Policy {
+                name: resource.name.as_str().into(),
+                policy,
+            })
+        }
+    }
+}
+
+/// What [`apply_changes`] did, for logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Resources inserted or replaced.
+    pub updated: usize,
+    /// Resources removed.
+    pub removed: usize,
+}
+
+/// Applies the changes to the store one resource at a time: only the
+/// resources named are touched.
+pub fn apply_changes(state: &mut State, changes: Vec<Change>) -> Applied {
+    let mut applied = Applied::default();
+    for change in changes {
+        match change {
+            Change::Address(resource) => {
+                state.insert_address(*resource);
+                applied.updated += 1;
+            }
+            Change::Policy { name, policy } => {
+                state.insert_policy(name, policy);
+                applied.updated += 1;
+            }
+            Change::RemoveAddress(name) => {
+                let removed = state.remove_workload(&name).is_some()
+                    || name
+                        .parse::<NamespacedHostname>()
+                        .is_ok_and(|key| state.remove_service(&key).is_some());
+                applied.removed += usize::from(removed);
+            }
+            Change::RemovePolicy(name) => {
+                applied.removed += usize::from(state.remove_policy(&name).is_some());
+            }
+        }
+    }
+    applied
+}
+
+#[cfg(test)]
+mod tests;
