@@ -161,8 +161,10 @@ fn run_round(
             // connections would then reuse unseen.
             topology.restart_ztunnels()?;
         }
-        for path in Path3::ALL
-            .into_iter()
+        for path in options
+            .paths
+            .iter()
+            .copied()
             .filter(|path| scenario.runs_on(*path))
         {
             scenario::announce(index, label, *scenario, path);

@@ -1,0 +1,73 @@
+//! The harness's quick mode as a smoke test: the whole scenario set runs on
+//! every path of the real two-node topology and yields numbers. It asserts
+//! that every scenario completed and was measured, never a speed.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn quick_mode_runs_every_scenario_on_every_path_and_writes_results() {
+    if let Some(reason) = ztunnel_test_support::cluster::unavailable() {
+        eprintln!("SKIPPED: the benchmark topology cannot run here: {reason}");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ztunnel-bench"))
+        .args(["--quick", "--name", "smoke", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "ztunnel-bench --quick failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("smoke.json")).unwrap())
+            .unwrap();
+    let runs = report["rounds"][0]["runs"].as_array().unwrap();
+    let ran = |scenario: &str, path: &str| {
+        runs.iter()
+            .any(|run| run["scenario"] == scenario && run["path"] == path)
+    };
+    for scenario in ["stream1", "stream8", "rr", "connect", "idle"] {
+        for path in ["direct", "tcp", "hbone"] {
+            if scenario == "idle" && path == "direct" {
+                continue;
+            }
+            assert!(ran(scenario, path), "{scenario} did not run on {path}");
+        }
+    }
+    // Every figure the targets name was produced, on the tunnel and beside
+    // it, as a finite number.
+    let figures = report["median_a"].as_object().unwrap();
+    for target in ztunnel_benches::harness::TARGETS {
+        for name in target.figures {
+            let value = figures.get(*name).and_then(Value::as_f64);
+            assert!(
+                value.is_some_and(f64::is_finite),
+                "{name} missing from {figures:?}"
+            );
+        }
+    }
+    for path in ["direct", "tcp", "hbone"] {
+        for name in [
+            "stream1.gbit_per_s",
+            "rr.p50_us",
+            "connect.connections_per_s",
+        ] {
+            let value = figures[&format!("{path}.{name}")].as_f64().unwrap();
+            assert!(value > 0.0, "{path}.{name} = {value}");
+        }
+    }
+    // The tunnelled idle connections were all held.
+    assert_eq!(figures["hbone.idle.held"].as_f64(), Some(200.0));
+    let markdown = std::fs::read_to_string(out.path().join("smoke.md")).unwrap();
+    assert!(markdown.contains("## Targets") && markdown.contains("hbone"));
+    let svg = std::fs::read_to_string(out.path().join("smoke.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("Gbit/s"));
+    assert!(Path::new(&out.path().join("smoke.json")).exists());
+}
