@@ -61,6 +61,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    raise_open_files_limit();
     let here = std::env::current_exe()?;
     let dir = here.parent().context("binary without a directory")?;
     let scenarios = args
@@ -120,4 +121,22 @@ fn main() -> anyhow::Result<()> {
         println!("wrote {}", file.display());
     }
     Ok(())
+}
+
+/// Lets the load generators this harness starts hold ten thousand idle
+/// connections and their servers accept them: children inherit the soft
+/// open-files limit, raised here to the hard one.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                eprintln!(
+                    "bench: cannot raise the open-files limit from {soft} to {hard}: {error}"
+                );
+            }
+        }
+        Ok(_) => {}
+        Err(error) => eprintln!("bench: cannot read the open-files limit: {error}"),
+    }
 }
