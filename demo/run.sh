@@ -2,7 +2,8 @@
 # The main job: the local demo mesh (run as root). Builds every binary in
 # release mode, then runs ztunnel-demo: two nodes with the real CNI chain
 # (bridge + host-local, then ztunnel-cni), a node agent and a shared-mode
-# ztunnel on each, the CA on its own; a scripted scenario and a report.
+# ztunnel on each, the control plane on its own (the CA, which feeds the
+# ztunnels over xDS); a scripted scenario and a report.
 # Installs the system tools it needs first when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."

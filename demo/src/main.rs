@@ -1,10 +1,11 @@
 //! `ztunnel-demo`: the local demo mesh. It builds two nodes with the real
-//! CNI chain, a node agent and a shared-mode ztunnel each, and the CA on its
-//! own (`ztunnel_test_support::cluster`); runs a short scenario (allowed
-//! traffic within and across nodes, a denied connection, a policy changed
-//! live, a pod deleted, a pod outside the mesh); prints what happened, from
-//! the ztunnels' own access logs; and removes everything it made, also on
-//! Ctrl-C or failure.
+//! CNI chain, a node agent and a shared-mode ztunnel each, and the control
+//! plane on its own (`ztunnel_test_support::cluster`): the CA, which also
+//! serves the ztunnels every workload and policy over delta xDS from its
+//! mesh file. It runs a short scenario (allowed traffic within and across
+//! nodes, a pod outside the mesh, a policy changed live through the control
+//! plane, a pod deleted); prints what happened, from the ztunnels' own
+//! access logs; and removes everything it made, also on Ctrl-C or failure.
 //!
 //! Run it through `demo/run.sh`, which builds the binaries it starts.
 
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
 use ztunnel_test_support::wait;
 
 /// The application port every pod serves (an echo server).
@@ -114,8 +115,14 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
         PodSpec::new("web", "default", "web", "node-b"),
         PodSpec::new("legacy", "legacy", "legacy", "node-b"),
     ];
-    println!("demo: starting the CA, two nodes (agent + ztunnel each) and four pods via CNI");
+    println!(
+        "demo: starting the control plane (CA + xDS), two nodes (agent + ztunnel each) and four pods via CNI"
+    );
     let mut cluster = Cluster::start(&["node-a", "node-b"], &specs, &["default"], binaries)?;
+    println!(
+        "demo:   the ztunnels are fed over xDS by the control plane, from its mesh file {}",
+        cluster.mesh().path().display()
+    );
     for spec in &specs {
         let pod = cluster.add_pod(spec)?;
         pod.serve_echo(APP_PORT)?;
@@ -133,6 +140,7 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
         );
     }
     cluster.wait_synced()?;
+    println!("demo:   both ztunnels have every workload, pushed over xDS");
     *lock(shared) = Some(cluster);
 
     let mut steps = Vec::new();
@@ -164,7 +172,9 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
         Ok(())
     })?;
 
-    println!("demo: applying a live policy: deny client -> db");
+    println!(
+        "demo: applying a live policy: deny client -> db, written to the mesh file and pushed over xDS"
+    );
     let mut open = with(shared, |c| {
         let target = app(c, "db")?;
         c.pod("client")?.connect(target)
@@ -175,7 +185,7 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
     step(
         "client's connection to db opened before the policy (closed on re-check)",
         false,
-        still_open(&mut open),
+        still_echoes(&mut open),
     );
     with(shared, |c| {
         step(
@@ -234,19 +244,12 @@ fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
     let (Ok(client), Ok(target)) = (cluster.pod(from), app(cluster, to)) else {
         return false;
     };
-    matches!(client.exchange(target, b"hello"), Ok(reply) if reply == b"hello")
+    client.echoes(target)
 }
 
-/// Whether an open connection still echoes.
-fn still_open(stream: &mut std::net::TcpStream) -> bool {
-    use std::io::{Read, Write};
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut reply = [0u8; 2];
-    stream.write_all(b"hi").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"hi"
-}
-
-/// Polls `check` for up to 10 s (the ztunnels reload the mesh file about
-/// once a second).
+/// Polls `check` for up to 10 s (the control plane reads its mesh file
+/// every 100 ms and pushes a change at once; 10 s is for a loaded
+/// machine).
 fn wait_until(check: impl FnMut() -> bool) -> bool {
     wait::until(Duration::from_secs(10), check)
 }
@@ -257,34 +260,23 @@ fn wait_until(check: impl FnMut() -> bool) -> bool {
 fn print_report(cluster: &Cluster) {
     let mut rows: Vec<(String, String, String, String, u64, u64, u64)> = Vec::new();
     for node in &cluster.nodes {
-        for line in node.ztunnel_log().lines() {
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            let field = |name: &str| entry.get(name).and_then(serde_json::Value::as_str);
-            if field("target") != Some("access")
-                || field("direction") != Some("inbound")
-                || field("message") != Some("connection complete")
-            {
+        for entry in node.access_log() {
+            if entry.direction != "inbound" {
                 continue;
             }
-            let number = |name: &str| entry.get(name).and_then(serde_json::Value::as_u64);
             let key = (
                 node.name.clone(),
-                field("src.identity")
-                    .unwrap_or("(none: plain TCP)")
-                    .to_owned(),
-                field("dst.workload").unwrap_or("?").to_owned(),
-                match field("error") {
+                entry
+                    .src_identity
+                    .unwrap_or_else(|| "(none: plain TCP)".to_owned()),
+                entry.dst_workload.unwrap_or_else(|| "?".to_owned()),
+                match entry.error {
                     Some(error) if error.contains("denied") => format!("denied: {error}"),
                     Some(error) => format!("closed: {error}"),
                     None => "allowed".to_owned(),
                 },
             );
-            let (received, sent) = (
-                number("bytes_recv").unwrap_or(0),
-                number("bytes_sent").unwrap_or(0),
-            );
+            let (received, sent) = (entry.bytes_recv, entry.bytes_sent);
             match rows
                 .iter_mut()
                 .find(|row| (&row.0, &row.1, &row.2, &row.3) == (&key.0, &key.1, &key.2, &key.3))

@@ -1,42 +1,51 @@
 //! End-to-end tests of the shared (in-pod) mode on a real cluster layout:
 //! two nodes with pod bridges made by the real CNI plugins, our CNI plugin
 //! chained after them, a node agent and a shared-mode ztunnel per node, and
-//! the CA on its own (`ztunnel_test_support::cluster`). Needs root, `ip`,
-//! `iptables` and containernetworking-plugins; skips with the reason
-//! otherwise.
+//! the control plane on its own (`ztunnel_test_support::cluster`). Needs
+//! root, `ip`, `iptables` and containernetworking-plugins; skips with the
+//! reason otherwise.
+//!
+//! The ztunnels are fed over xDS, as in a real cluster, except in the first
+//! test: it runs on a local file (`LOCAL_XDS_PATH`), the source the
+//! benchmark harness runs every ztunnel build on, so that source stays
+//! covered end to end in shared mode. What changes over xDS at run time
+//! (policies, workloads, a control-plane restart) is `xds_cluster.rs`'s.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, tail};
+use ztunnel_test_support::cluster::{
+    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes, tail,
+};
 use ztunnel_test_support::wait;
 
 const APP_PORT: u16 = 8080;
 
-const DENY_CLIENT: &str = "\
-- name: deny-client
-  namespace: default
-  scope: Namespace
-  action: Deny
-  rules:
-  - - - principals: [!Exact \"cluster.local/ns/default/sa/client\"]
-";
-
-/// The standard cluster: a client and a server on node a, a server on node
-/// b, and a pod of a namespace that is not ambient-enabled on node b. `None`
-/// (after printing why) where the cluster cannot run.
+/// The standard cluster, fed over xDS: a client and a server on node a, a
+/// server on node b, and a pod of a namespace that is not ambient-enabled
+/// on node b. `None` (after printing why) where the cluster cannot run.
 fn start(tag: &str) -> Option<Cluster> {
+    start_with(tag, ConfigSource::Xds)
+}
+
+/// The standard cluster, its ztunnels configured from `source`.
+fn start_with(tag: &str, source: ConfigSource) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
         eprintln!("skipping {tag}: {reason}");
         return None;
     }
     let specs = pod_specs();
     let binaries = Binaries::from_target_dir().unwrap();
-    let mut cluster =
-        Cluster::start(&["node-a", "node-b"], &specs, &["default"], binaries).unwrap();
+    let mut cluster = Cluster::start_with(
+        &["node-a", "node-b"],
+        &specs,
+        &["default"],
+        binaries,
+        source,
+    )
+    .unwrap();
     for spec in &specs {
         let pod = cluster.add_pod(spec).unwrap();
         pod.serve_echo(APP_PORT).unwrap();
@@ -60,10 +69,7 @@ fn app(cluster: &Cluster, pod: &str) -> SocketAddr {
 
 /// Whether `from` gets its bytes echoed by `to`'s application.
 fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
-    let Ok(client) = cluster.pod(from) else {
-        return false;
-    };
-    matches!(client.exchange(app(cluster, to), b"ping"), Ok(reply) if reply == b"ping")
+    cluster.pod(from).unwrap().echoes(app(cluster, to))
 }
 
 /// Waits up to 20 s for `check`, polling.
@@ -71,48 +77,32 @@ fn eventually(check: impl FnMut() -> bool) -> bool {
     wait::until(Duration::from_secs(20), check)
 }
 
-/// The inbound "connection complete" access-log lines of a node's ztunnel
-/// for traffic to `pod`.
-fn inbound_logs(cluster: &Cluster, node: &str, pod: &str) -> Vec<String> {
-    let log = cluster.node(node).unwrap().ztunnel_log();
-    log.lines()
-        .filter(|line| {
-            line.contains("connection complete")
-                && line.contains("\"direction\":\"inbound\"")
-                && line.contains(&format!("\"dst.workload\":\"{pod}\""))
+/// Whether a node's ztunnel delivered a connection to `pod` under
+/// `identity`, as its access log says.
+fn delivered_as(cluster: &Cluster, node: &str, pod: &str, identity: &str) -> bool {
+    cluster
+        .node(node)
+        .unwrap()
+        .access_log()
+        .iter()
+        .any(|entry| {
+            entry.direction == "inbound"
+                && entry.dst_workload.as_deref() == Some(pod)
+                && entry.src_identity.as_deref() == Some(identity)
         })
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Whether the connection is closed by the other side within `within`
-/// (EOF or reset) without data arriving.
-fn closed(stream: &mut TcpStream, within: Duration) -> bool {
-    let _ = stream.set_read_timeout(Some(within));
-    let mut byte = [0u8; 1];
-    matches!(stream.read(&mut byte), Ok(0) | Err(_))
-        && stream.read(&mut byte).map_or(true, |read| read == 0)
-}
-
-/// An open connection that still echoes.
-fn still_echoes(stream: &mut TcpStream) -> bool {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut reply = [0u8; 4];
-    stream.write_all(b"more").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"more"
 }
 
 #[test]
-fn pods_talk_over_hbone_within_and_across_nodes_and_deny_policies_apply() {
-    let Some(mut cluster) = start("pods_talk_over_hbone") else {
+fn pods_talk_over_hbone_within_and_across_nodes_and_deny_policies_apply_from_a_local_file() {
+    let Some(mut cluster) = start_with("pods_talk_over_hbone", ConfigSource::LocalFile) else {
         return;
     };
     let client_identity = cluster.pod("client").unwrap().spec.identity();
 
     // Across nodes: node b's ztunnel admitted it with the client's identity.
     assert!(echoes(&cluster, "client", "server-b"));
-    let logs = inbound_logs(&cluster, "node-b", "server-b");
     assert!(
-        logs.iter().any(|line| line.contains(&client_identity)),
+        eventually(|| delivered_as(&cluster, "node-b", "server-b", &client_identity)),
         "node-b access log shows the client identity:\n{}",
         tail(&cluster.node("node-b").unwrap().ztunnel_log(), 20)
     );
@@ -135,9 +125,7 @@ fn pods_talk_over_hbone_within_and_across_nodes_and_deny_policies_apply() {
     // Within node a: through the same ztunnel, still over HBONE.
     assert!(echoes(&cluster, "client", "server-a"));
     assert!(
-        inbound_logs(&cluster, "node-a", "server-a")
-            .iter()
-            .any(|line| line.contains(&client_identity)),
+        eventually(|| delivered_as(&cluster, "node-a", "server-a", &client_identity)),
         "same-node traffic is tunnelled and admitted with the client identity"
     );
 
@@ -146,12 +134,15 @@ fn pods_talk_over_hbone_within_and_across_nodes_and_deny_policies_apply() {
     let target = app(&cluster, "server-b");
     let mut open = cluster.pod("client").unwrap().connect(target).unwrap();
     assert!(still_echoes(&mut open));
-    cluster.mesh().set_policies(DENY_CLIENT).unwrap();
+    cluster
+        .mesh()
+        .set_policies(&deny_policy("default", "client"))
+        .unwrap();
     assert!(
         eventually(|| !echoes(&cluster, "client", "server-b")),
         "new connections are refused under the deny policy"
     );
-    assert!(closed(&mut open, Duration::from_secs(10)));
+    assert!(closed_by_peer(&mut open, Duration::from_secs(10)));
     assert!(echoes(&cluster, "server-a", "server-b"));
 
     cluster.mesh().set_policies("").unwrap();
@@ -180,7 +171,7 @@ fn deleting_a_pod_closes_its_connections_and_listeners_and_spares_the_others() {
 
     cluster.delete_pod("server-a").unwrap();
     assert!(
-        closed(&mut open, Duration::from_secs(10)),
+        closed_by_peer(&mut open, Duration::from_secs(10)),
         "the deleted pod's connection is closed"
     );
     assert!(

@@ -3,7 +3,8 @@
 //! runtime thread with a socket bound inside a test namespace, a generated
 //! root, a mesh file (pods, services, policies) the test can rewrite, and
 //! pod-bound tokens minted with the CA's own token key. Stopping it is how
-//! tests produce a CA and xDS outage.
+//! tests produce a CA and xDS outage; restarting it (same address, root,
+//! token key and mesh file) is how the outage ends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,8 @@ pub struct PodRef<'a> {
 /// A running CA. Dropping it stops the server.
 pub struct TestCa {
     addr: SocketAddr,
+    /// Kept for a restart, which builds the server's configuration again.
+    trust_domain: String,
     issuer: Arc<Issuer>,
     dir: tempfile::TempDir,
     signer: TokenSigner,
@@ -73,40 +76,61 @@ impl TestCa {
             root_key_pem: Some(root.key_pem),
             ..SigningMaterial::default()
         })?);
-        let own_issuer = Arc::clone(&issuer);
-        let pods_path = dir.path().join("pods.yaml");
-        std::fs::write(&pods_path, pods)?;
-        let registry = Arc::new(FileRegistry::load(&pods_path)?);
-        let signer = TokenSigner::generate()?;
+        std::fs::write(dir.path().join("pods.yaml"), pods)?;
+        let mut ca = TestCa {
+            addr,
+            trust_domain: trust_domain.to_owned(),
+            issuer,
+            dir,
+            signer: TokenSigner::generate()?,
+            stop: None,
+            thread: None,
+        };
+        ca.serve_in(ns)?;
+        Ok(ca)
+    }
+
+    /// Serves again after [`TestCa::stop`]: the same address (inside `ns`),
+    /// root, token key and mesh file, as the file is now, so clients that
+    /// trusted it before trust it again. Does nothing while it serves.
+    pub fn restart(&mut self, ns: &NetNs) -> anyhow::Result<()> {
+        if self.thread.is_some() {
+            return Ok(());
+        }
+        self.serve_in(ns)
+    }
+
+    /// Loads the mesh file, binds the address inside `ns` and serves on a
+    /// thread of its own.
+    fn serve_in(&mut self, ns: &NetNs) -> anyhow::Result<()> {
+        let registry = Arc::new(FileRegistry::load(&self.pods_path())?);
         let hour = Duration::from_secs(3600);
         let config = CaConfig {
-            trust_domain: trust_domain.into(),
-            issuer,
+            trust_domain: self.trust_domain.clone(),
+            issuer: Arc::clone(&self.issuer),
             ttl: TtlPolicy::new(24 * hour, 90 * 24 * hour),
-            token_keys: signer.verifying_keys()?,
+            token_keys: self.signer.verifying_keys()?,
             token_policy: TokenPolicy::default(),
             trusted_node_accounts: vec!["istio-system/ztunnel".parse()?],
             registry: Arc::clone(&registry) as _,
             metrics: Arc::new(CaMetrics::new()),
             serving_dns_names: vec!["localhost".into()],
-            serving_ips: vec![addr.ip()],
+            serving_ips: vec![self.addr.ip()],
         };
+        let addr = self.addr;
+        // std's bind sets SO_REUSEADDR, so a restart binds the address
+        // again at once, whatever connections of the last run linger.
         let listener = ns
-            .run(|| std::net::TcpListener::bind(addr))?
+            .run(move || std::net::TcpListener::bind(addr))?
             .context("binding the CA")?;
         listener.set_nonblocking(true)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("test-ca".into())
             .spawn(move || serve(config, listener, registry, stopped))?;
-        Ok(TestCa {
-            addr,
-            issuer: own_issuer,
-            dir,
-            signer,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        self.stop = Some(stop);
+        self.thread = Some(thread);
+        Ok(())
     }
 
     /// The gRPC address, as `https://ip:port` for `CA_ADDRESS`.
@@ -158,7 +182,8 @@ impl TestCa {
         issue_with(&self.issuer, identity)
     }
 
-    /// Stops the server and waits for it: new CA calls fail from now on.
+    /// Stops the server and waits for it: new CA calls fail, and xDS streams
+    /// end, until [`TestCa::restart`].
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -1,21 +1,26 @@
 //! A small in-pod mesh on this machine, the way a Kubernetes cluster lays it
-//! out: a "fabric" namespace with a bridge joining the CA and the nodes
-//! (198.18.0.0/24), and in each node a pod bridge (`cni0`, a /24 of its own
-//! from 198.18.0.0/15) made by the real `bridge` and `host-local` CNI
-//! plugins, routes to the other nodes' pods, our node agent and a shared-mode
-//! ztunnel. Pods are network namespaces added through the real CNI chain
-//! `bridge` → `ztunnel-cni`, as a container runtime does.
+//! out: a "fabric" namespace with a bridge joining the control plane (the
+//! CA, which also serves delta xDS) and the nodes (198.18.0.0/24), and in
+//! each node a pod bridge (`cni0`, a /24 of its own from 198.18.0.0/15) made
+//! by the real `bridge` and `host-local` CNI plugins, routes to the other
+//! nodes' pods, our node agent and a shared-mode ztunnel. Pods are network
+//! namespaces added through the real CNI chain `bridge` → `ztunnel-cni`, as
+//! a container runtime does.
+//!
+//! The ztunnels get the mesh configuration from the control plane over xDS
+//! by default, or from a local file ([`ConfigSource`]) for ztunnel builds
+//! that only read one.
 //!
 //! Everything lives under one temporary directory and in namespaces named
 //! uniquely; dropping the [`Cluster`] stops every process it started (by
 //! PID) and removes every namespace.
 //!
-//! Pods are in `cluster/pods.rs`; the files the components read (pod
-//! registry, mesh configuration, tokens) in `cluster/files.rs`.
+//! Nodes are in `cluster/node.rs`, pods in `cluster/pods.rs`; the files the
+//! components read (pod registry, mesh configuration) in
+//! `cluster/files.rs`.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -23,15 +28,16 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::ca::{PodRef, TestCa};
-use crate::cni::CniNetwork;
 use crate::netns::{self, NetNs};
 use crate::wait;
 
 mod files;
+mod node;
 mod pods;
 
-pub use files::MeshFile;
-pub use pods::{Pod, PodSpec};
+pub use files::{ConfigSource, MeshFile, deny_policy};
+pub use node::{AccessEntry, Node};
+pub use pods::{Pod, PodSpec, closed_by_peer, still_echoes};
 
 /// The CA's address on the fabric.
 const CA_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -89,109 +95,6 @@ pub fn unavailable() -> Option<String> {
     crate::cni::unavailable()
 }
 
-/// One node: its namespace, address, pod subnet and processes.
-pub struct Node {
-    /// `node-a`, `node-b`, ...
-    pub name: String,
-    /// The node's network namespace.
-    pub ns: NetNs,
-    /// Its address on the fabric.
-    pub ip: Ipv4Addr,
-    /// The third octet of its pod subnet, `198.18.<octet>.0/24`.
-    pod_octet: u8,
-    /// Files of this node: sockets, agent state, logs, token.
-    pub dir: PathBuf,
-    /// The pod network: bridge, IPAM and our plugin.
-    pub network: CniNetwork,
-    agent: Option<Child>,
-    ztunnel: Option<Child>,
-}
-
-impl Node {
-    /// The agent's plugin-event socket, for the plugin's config.
-    pub fn plugin_socket(&self) -> PathBuf {
-        self.dir.join("pluginevent.sock")
-    }
-
-    /// The ZDS socket.
-    pub fn zds_socket(&self) -> PathBuf {
-        self.dir.join("ztunnel.sock")
-    }
-
-    /// ztunnel's log (JSON lines, with access logs).
-    pub fn ztunnel_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("ztunnel.log")).unwrap_or_default()
-    }
-
-    /// An HTTP GET to one of ztunnel's own ports in the node (15020
-    /// metrics, 15021 readiness, 15000 admin): the status line and body.
-    pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream = self
-            .ns
-            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .context("no HTTP status")?;
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
-    }
-
-    /// The PID of the running ztunnel, for reading its CPU time and memory
-    /// from `/proc`.
-    pub fn ztunnel_pid(&self) -> Option<u32> {
-        self.ztunnel.as_ref().map(Child::id)
-    }
-
-    /// Whether ztunnel answers ready.
-    pub fn is_ready(&self) -> bool {
-        matches!(self.http_get(15021, "/healthz/ready"), Ok((200, _)))
-    }
-
-    /// The workload uids ztunnel's `/config_dump` lists.
-    pub fn known_workloads(&self) -> Vec<String> {
-        let Ok((200, body)) = self.http_get(15000, "/config_dump") else {
-            return Vec::new();
-        };
-        let Ok(dump) = serde_json::from_str::<serde_json::Value>(&body) else {
-            return Vec::new();
-        };
-        dump.get("workloads")
-            .and_then(serde_json::Value::as_array)
-            .map(|workloads| {
-                workloads
-                    .iter()
-                    .filter_map(|workload| workload.get("uid")?.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// Waits until ztunnel is ready.
-    pub fn wait_ready(&self) -> anyhow::Result<()> {
-        if wait::until(START_TIMEOUT, || self.is_ready()) {
-            return Ok(());
-        }
-        bail!(
-            "{}: ztunnel not ready after {START_TIMEOUT:?}; log:\n{}",
-            self.name,
-            tail(&self.ztunnel_log(), 30)
-        )
-    }
-}
-
 /// The running cluster.
 pub struct Cluster {
     /// Nodes, in the order given.
@@ -206,22 +109,40 @@ pub struct Cluster {
     /// value wins: benchmarks tune worker threads this way.
     ztunnel_env: Vec<(String, String)>,
     ca: TestCa,
+    /// The control plane's namespace, where a restart binds again.
+    ca_ns: NetNs,
     // Dropped after the processes: the namespaces and files they use.
     _fabric: NetNs,
-    _ca_ns: NetNs,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    /// Builds the fabric, the CA and the nodes, with an agent and a ztunnel
-    /// on each; `pods` go into the CA's pod registry (a pod must be known
-    /// there before it is added, as in Kubernetes). Pods are added with
-    /// [`Cluster::add_pod`].
+    /// Builds the fabric, the control plane and the nodes, with an agent
+    /// and a ztunnel on each, the ztunnels fed over xDS; `pods` go into the
+    /// pod registry (a pod must be known there before it is added, as in
+    /// Kubernetes). Pods are added with [`Cluster::add_pod`].
     pub fn start(
         node_names: &[&str],
         pods: &[PodSpec],
         ambient_namespaces: &[&str],
         binaries: Binaries,
+    ) -> anyhow::Result<Cluster> {
+        Cluster::start_with(
+            node_names,
+            pods,
+            ambient_namespaces,
+            binaries,
+            ConfigSource::Xds,
+        )
+    }
+
+    /// [`Cluster::start`], with the ztunnels' configuration from `source`.
+    pub fn start_with(
+        node_names: &[&str],
+        pods: &[PodSpec],
+        ambient_namespaces: &[&str],
+        binaries: Binaries,
+        source: ConfigSource,
     ) -> anyhow::Result<Cluster> {
         binaries.check()?;
         let dir = tempfile::Builder::new().prefix("zt-cluster").tempdir()?;
@@ -230,37 +151,22 @@ impl Cluster {
         fabric.exec(&["ip", "link", "set", "fab0", "up"])?;
         let ca_ns = NetNs::create("ca")?;
         attach(&fabric, &ca_ns, CA_IP)?;
-        let registry = files::registry(node_names, pods);
         let ca = TestCa::start(
             &ca_ns,
             SocketAddr::from((CA_IP, 15012)),
             TRUST_DOMAIN,
-            &registry,
+            &files::registry(node_names, pods),
         )?;
         let mut nodes = Vec::with_capacity(node_names.len());
         for (index, name) in node_names.iter().enumerate() {
             let offset = u8::try_from(index).context("too many nodes")?;
-            let ns = NetNs::create("node")?;
-            let node_dir = dir.path().join(name);
-            let pod_octet = 10 + offset;
-            let network = CniNetwork::new(
-                &ns,
-                &format!("198.18.{pod_octet}.0/24"),
+            let node = Node::create(
+                name,
+                offset,
+                dir.path(),
                 &binaries.plugin,
-                &node_dir.join("pluginevent.sock"),
-            )?
-            .ambient_namespaces(ambient_namespaces);
-            let node = Node {
-                name: (*name).to_owned(),
-                ns,
-                ip: Ipv4Addr::new(198, 18, 0, 10 + offset),
-                pod_octet,
-                dir: node_dir,
-                network,
-                agent: None,
-                ztunnel: None,
-            };
-            std::fs::create_dir_all(&node.dir)?;
+                ambient_namespaces,
+            )?;
             attach(&fabric, &node.ns, node.ip)?;
             node.ns
                 .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
@@ -277,15 +183,14 @@ impl Cluster {
             )?;
             nodes.push(node);
         }
-        // Every node routes every other node's pod subnet to that node.
-        for node in &nodes {
-            for other in nodes.iter().filter(|other| other.name != node.name) {
-                let subnet = format!("198.18.{}.0/24", other.pod_octet);
-                node.ns
-                    .exec(&["ip", "route", "add", &subnet, "via", &other.ip.to_string()])?;
-            }
-        }
-        let mesh = MeshFile::new(dir.path().join("mesh.yaml"))?;
+        route_pod_subnets(&nodes)?;
+        // With xDS the CA's own file is the one mesh file; a local file is
+        // the ztunnels' alone, and the CA keeps the registry it started on.
+        let mesh_path = match source {
+            ConfigSource::Xds => ca.pods_path(),
+            ConfigSource::LocalFile => dir.path().join("mesh.yaml"),
+        };
+        let mesh = MeshFile::new(mesh_path, source, node_names, pods)?;
         let mut cluster = Cluster {
             nodes,
             pods: Vec::new(),
@@ -297,8 +202,8 @@ impl Cluster {
             binaries,
             ztunnel_env: Vec::new(),
             ca,
+            ca_ns,
             _fabric: fabric,
-            _ca_ns: ca_ns,
             _dir: dir,
         };
         for name in node_names {
@@ -316,14 +221,36 @@ impl Cluster {
             .with_context(|| format!("no node {name}"))
     }
 
-    /// The mesh configuration every ztunnel reads (`LOCAL_XDS_PATH`).
+    /// The mesh configuration: with xDS the control plane's mesh file
+    /// (also the pod registry), which it pushes to the ztunnels on every
+    /// change; otherwise the file every ztunnel reloads
+    /// (`LOCAL_XDS_PATH`).
     pub fn mesh(&mut self) -> &mut MeshFile {
         &mut self.mesh
     }
 
+    /// Where the ztunnels get their configuration.
+    pub fn config_source(&self) -> ConfigSource {
+        self.mesh.source()
+    }
+
+    /// Stops the control plane (CA and xDS): xDS streams end, and neither
+    /// certificates nor configuration can be had until
+    /// [`Cluster::start_control_plane`]. The mesh file may still change
+    /// meanwhile.
+    pub fn stop_control_plane(&mut self) {
+        self.ca.stop();
+    }
+
+    /// Starts the control plane again on the same address, with the same
+    /// root and token key, on the mesh file as it is now.
+    pub fn start_control_plane(&mut self) -> anyhow::Result<()> {
+        self.ca.restart(&self.ca_ns)
+    }
+
     /// Runs `binary` as the ztunnel of every node from the next
     /// [`Cluster::start_ztunnel`] on: any build that takes the same
-    /// environment and local config file.
+    /// environment (and, with [`ConfigSource::LocalFile`], the same file).
     pub fn use_ztunnel(&mut self, binary: PathBuf) {
         self.binaries.ztunnel = binary;
     }
@@ -377,14 +304,21 @@ impl Cluster {
         let node = node_mut(&mut self.nodes, name)?;
         stop(&mut node.ztunnel);
         let log = append(&node.dir.join("ztunnel.log"))?;
-        let child = node
-            .ns
-            .command(&self.binaries.ztunnel.to_string_lossy())
-            .env_clear()
+        let mut command = node.ns.command(&self.binaries.ztunnel.to_string_lossy());
+        command.env_clear();
+        match self.mesh.source() {
+            ConfigSource::Xds => command
+                .env("XDS_ADDRESS", self.ca.xds_address())
+                .env("XDS_ROOT_CA", self.ca.root_cert_path())
+                .env("POD_NAME", files::ztunnel_pod(&node.name))
+                .env("POD_NAMESPACE", "istio-system")
+                .env("INSTANCE_IP", node.ip.to_string()),
+            ConfigSource::LocalFile => command.env("LOCAL_XDS_PATH", self.mesh.path()),
+        };
+        let child = command
             .env("PROXY_MODE", "shared")
             .env("NODE_NAME", &node.name)
             .env("INPOD_UDS", node.zds_socket())
-            .env("LOCAL_XDS_PATH", self.mesh.path())
             .env("CA_ADDRESS", self.ca.address())
             .env("CA_ROOT_CA", self.ca.root_cert_path())
             .env("AUTH_TOKEN", node.dir.join("ztunnel.token"))
@@ -410,10 +344,10 @@ impl Cluster {
     }
 
     /// Waits until every ztunnel is ready and knows exactly the workloads
-    /// of the mesh file (it reloads the file about once a second).
+    /// of the mesh file (pushed over xDS, or read from the local file,
+    /// which ztunnel reloads about once a second).
     pub fn wait_synced(&self) -> anyhow::Result<()> {
-        let mut wanted: Vec<String> = self.pods.iter().map(|pod| pod.spec.uid()).collect();
-        wanted.sort();
+        let wanted = self.mesh.workload_uids();
         for node in &self.nodes {
             node.wait_ready()?;
             let synced = wait::until(START_TIMEOUT, || {
@@ -451,6 +385,23 @@ fn node_mut<'a>(nodes: &'a mut [Node], name: &str) -> anyhow::Result<&'a mut Nod
         .iter_mut()
         .find(|node| node.name == name)
         .with_context(|| format!("no node {name}"))
+}
+
+/// Makes every node route every other node's pod subnet to that node.
+fn route_pod_subnets(nodes: &[Node]) -> anyhow::Result<()> {
+    for node in nodes {
+        for other in nodes.iter().filter(|other| other.name != node.name) {
+            node.ns.exec(&[
+                "ip",
+                "route",
+                "add",
+                &other.pod_subnet(),
+                "via",
+                &other.ip.to_string(),
+            ])?;
+        }
+    }
+    Ok(())
 }
 
 /// Joins `member` to the fabric bridge with a veth pair and gives it `ip`.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
-use ztunnel_test_support::cluster::{Binaries, Cluster, Pod, PodSpec};
+use ztunnel_test_support::cluster::{Binaries, Cluster, ConfigSource, Pod, PodSpec};
 use ztunnel_test_support::wait;
 
 use crate::harness::process::Process;
@@ -100,7 +100,15 @@ impl Topology {
             PodSpec::new("direct-client", UNMESHED, "client", CLIENT_NODE),
             PodSpec::new("direct-server", UNMESHED, "server", SERVER_NODE),
         ];
-        let mut cluster = Cluster::start(&[CLIENT_NODE, SERVER_NODE], &specs, &[MESHED], binaries)?;
+        // A local file: the harness runs any compatible ztunnel build, and
+        // not every one speaks xDS to our control plane.
+        let mut cluster = Cluster::start_with(
+            &[CLIENT_NODE, SERVER_NODE],
+            &specs,
+            &[MESHED],
+            binaries,
+            ConfigSource::LocalFile,
+        )?;
         for (key, value) in env {
             cluster.set_ztunnel_env(key, value);
         }

@@ -1,115 +1,283 @@
-//! The files the cluster's components read: the pod registry (the CA's and
-//! the node agents'), and the mesh configuration every ztunnel loads
-//! (`LOCAL_XDS_PATH`, WIRE.md §11), rewritten as pods come and go and as
-//! policies change.
+//! The files the cluster's components read, and which of them carries the
+//! mesh configuration ([`ConfigSource`]):
+//!
+//! - xDS: one mesh file, the CA's (`ztunnel-ca serve --mesh` format:
+//!   `{pods, services, policies}`). It is the pod registry of the CA and of
+//!   the node agents, and what the control plane serves the ztunnels over
+//!   delta xDS: pods gain their IP and protocol once added, policies and
+//!   services are as the test sets them.
+//! - Local file: the CA's registry stays the pod list it started with, and
+//!   every ztunnel loads a file of its own (`LOCAL_XDS_PATH`, WIRE.md §11)
+//!   of workloads and policies.
+//!
+//! Either way [`MeshFile`] is rewritten, atomically, as pods come and go
+//! and as policies change. Tokens are written by `cluster.rs`.
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
+use anyhow::bail;
+
 use crate::cluster::PodSpec;
+
+/// Where the ztunnels of a cluster get the mesh configuration from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// Delta xDS from the control plane on the CA's port (`XDS_ADDRESS`),
+    /// which serves the CA's mesh file.
+    #[default]
+    Xds,
+    /// A local file each ztunnel reloads (`LOCAL_XDS_PATH`): what any
+    /// ztunnel build that takes the same environment and file format can
+    /// run on, e.g. upstream's, for the benchmarks.
+    LocalFile,
+}
 
 /// The ztunnel pod of `node`, as the registry and its token name it.
 pub fn ztunnel_pod(node: &str) -> String {
     format!("ztunnel-{node}")
 }
 
-/// The registry YAML: one ztunnel pod per node, then the application pods.
+/// The registry as a YAML list of pods, none with an address yet: one
+/// ztunnel pod per node, then the application pods. The CA starts on it.
 pub fn registry(nodes: &[&str], pods: &[PodSpec]) -> String {
     let mut text = String::new();
     for node in nodes {
-        let name = ztunnel_pod(node);
-        let _ = writeln!(
-            text,
-            "- {{name: {name}, namespace: istio-system, uid: uid-{name}, serviceAccount: ztunnel, nodeName: {node}, phase: Running}}"
-        );
+        text.push_str(&ztunnel_entry(node));
     }
     for pod in pods {
-        let _ = writeln!(
-            text,
-            "- {{name: {}, namespace: {}, uid: {}, serviceAccount: {}, nodeName: {}, phase: Running}}",
-            pod.name,
-            pod.namespace,
-            pod.uid(),
-            pod.service_account,
-            pod.node
-        );
+        text.push_str(&pod_entry(pod, None));
     }
     text
 }
 
-/// One workload entry of the mesh file.
-#[derive(Debug, Clone)]
-struct WorkloadEntry {
-    spec: PodSpec,
+/// The registry entry of the ztunnel pod of `node`.
+fn ztunnel_entry(node: &str) -> String {
+    let name = ztunnel_pod(node);
+    format!(
+        "- {{name: {name}, namespace: istio-system, uid: uid-{name}, serviceAccount: ztunnel, nodeName: {node}, phase: Running}}\n"
+    )
+}
+
+/// The registry entry of an application pod, with its address and protocol
+/// once it has a workload.
+fn pod_entry(spec: &PodSpec, workload: Option<&Workload>) -> String {
+    let mut entry = format!(
+        "- {{name: {}, namespace: {}, uid: {}, serviceAccount: {}, nodeName: {}, phase: Running",
+        spec.name,
+        spec.namespace,
+        spec.uid(),
+        spec.service_account,
+        spec.node
+    );
+    if let Some(workload) = workload {
+        let _ = write!(
+            entry,
+            ", ips: [{}], protocol: {}",
+            workload.ip,
+            workload.protocol()
+        );
+    }
+    entry.push_str("}\n");
+    entry
+}
+
+/// A policy of `namespace` (as a YAML list item for
+/// [`MeshFile::set_policies`]) that denies the identity of
+/// `service_account` of the same namespace everything in it.
+pub fn deny_policy(namespace: &str, service_account: &str) -> String {
+    let trust_domain = crate::cluster::TRUST_DOMAIN;
+    format!(
+        "- name: deny-{service_account}\n  namespace: {namespace}\n  scope: Namespace\n  action: Deny\n  rules:\n  - - - principals: [!Exact \"{trust_domain}/ns/{namespace}/sa/{service_account}\"]\n"
+    )
+}
+
+/// What makes a pod a workload: its address, and whether peers reach it
+/// over HBONE.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
     ip: Ipv4Addr,
     hbone: bool,
 }
 
-/// The mesh configuration: workloads from the pods, plus policies as YAML
-/// text.
+impl Workload {
+    /// The `protocol` value of both file formats.
+    fn protocol(self) -> &'static str {
+        if self.hbone { "HBONE" } else { "TCP" }
+    }
+}
+
+/// One pod the mesh file knows of.
+#[derive(Debug, Clone)]
+struct Entry {
+    spec: PodSpec,
+    /// `None` while the pod has no address in the mesh: not added yet, or
+    /// removed from it.
+    workload: Option<Workload>,
+}
+
+/// The mesh configuration: the pods (with their workloads once they have
+/// an address), plus policies and services as YAML list text.
 #[derive(Debug)]
 pub struct MeshFile {
     path: PathBuf,
-    workloads: Vec<WorkloadEntry>,
+    source: ConfigSource,
+    /// Nodes whose ztunnel pods the registry lists (xDS only).
+    nodes: Vec<String>,
+    /// Every pod, in the order they became known.
+    pods: Vec<Entry>,
     policies: String,
+    services: String,
 }
 
 impl MeshFile {
-    /// An empty mesh, written at once so that ztunnels can start on it.
-    pub fn new(path: PathBuf) -> anyhow::Result<MeshFile> {
+    /// The mesh of `source` at `path`, knowing of the ztunnel pods of
+    /// `nodes` and of `pods`, none of them with an address yet; written at
+    /// once, so that the CA and the ztunnels can start on it.
+    pub fn new(
+        path: PathBuf,
+        source: ConfigSource,
+        nodes: &[&str],
+        pods: &[PodSpec],
+    ) -> anyhow::Result<MeshFile> {
         let file = MeshFile {
             path,
-            workloads: Vec::new(),
+            source,
+            nodes: nodes.iter().map(|node| (*node).to_owned()).collect(),
+            pods: pods
+                .iter()
+                .map(|spec| Entry {
+                    spec: spec.clone(),
+                    workload: None,
+                })
+                .collect(),
             policies: String::new(),
+            services: String::new(),
         };
         file.write()?;
         Ok(file)
     }
 
-    /// Where it is.
+    /// Where it is: the CA's mesh file with xDS, the ztunnels' local file
+    /// otherwise.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Adds or replaces the workload of a pod.
+    /// Which format it is written in.
+    pub fn source(&self) -> ConfigSource {
+        self.source
+    }
+
+    /// Gives a pod its workload: its address, reached over HBONE or as
+    /// plain TCP. A pod the file did not know yet is added to it (with xDS,
+    /// to the registry too: no CNI is involved).
     pub fn set_workload(
         &mut self,
         spec: &PodSpec,
         ip: Ipv4Addr,
         hbone: bool,
     ) -> anyhow::Result<()> {
-        self.workloads
-            .retain(|entry| entry.spec.uid() != spec.uid());
-        self.workloads.push(WorkloadEntry {
-            spec: spec.clone(),
-            ip,
-            hbone,
-        });
+        let workload = Some(Workload { ip, hbone });
+        match self
+            .pods
+            .iter_mut()
+            .find(|entry| entry.spec.uid() == spec.uid())
+        {
+            Some(entry) => {
+                entry.spec = spec.clone();
+                entry.workload = workload;
+            }
+            None => self.pods.push(Entry {
+                spec: spec.clone(),
+                workload,
+            }),
+        }
         self.write()
     }
 
-    /// Removes a pod's workload.
+    /// Removes a pod's workload: the pod stays known (to the registry,
+    /// with xDS), without an address, so no peer routes to it.
     pub fn remove_workload(&mut self, spec: &PodSpec) -> anyhow::Result<()> {
-        self.workloads
-            .retain(|entry| entry.spec.uid() != spec.uid());
+        for entry in &mut self.pods {
+            if entry.spec.uid() == spec.uid() {
+                entry.workload = None;
+            }
+        }
         self.write()
     }
 
-    /// Replaces the `policies:` list (YAML list items).
+    /// Replaces the `policies:` list (YAML list items, the same shape in
+    /// both formats; with xDS a `WorkloadSelector` policy may add
+    /// `selector`).
     pub fn set_policies(&mut self, policies: &str) -> anyhow::Result<()> {
         policies.clone_into(&mut self.policies);
         self.write()
     }
 
+    /// Replaces the `services:` list (YAML list items of the CA's mesh
+    /// file). Only with xDS: the local file spells services another way.
+    pub fn set_services(&mut self, services: &str) -> anyhow::Result<()> {
+        if self.source != ConfigSource::Xds {
+            bail!("services are only written to the control plane's mesh file");
+        }
+        services.clone_into(&mut self.services);
+        self.write()
+    }
+
+    /// The uids of the pods that are workloads, sorted: what every ztunnel
+    /// should know once in sync.
+    pub fn workload_uids(&self) -> Vec<String> {
+        let mut uids: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|entry| entry.workload.is_some())
+            .map(|entry| entry.spec.uid())
+            .collect();
+        uids.sort();
+        uids
+    }
+
     /// The file's text.
     fn render(&self) -> String {
-        let mut text = String::from("workloads:\n");
-        if self.workloads.is_empty() {
-            text = String::from("workloads: []\n");
+        match self.source {
+            ConfigSource::Xds => self.render_mesh(),
+            ConfigSource::LocalFile => self.render_local(),
         }
-        for entry in &self.workloads {
-            let spec = &entry.spec;
+    }
+
+    /// The CA's mesh file: registry pods, services, policies.
+    fn render_mesh(&self) -> String {
+        let mut text = String::from("pods:\n");
+        for node in &self.nodes {
+            text.push_str(&ztunnel_entry(node));
+        }
+        for entry in &self.pods {
+            text.push_str(&pod_entry(&entry.spec, entry.workload.as_ref()));
+        }
+        if !self.services.trim().is_empty() {
+            let _ = write!(text, "services:\n{}", self.services);
+        }
+        if !self.policies.trim().is_empty() {
+            let _ = write!(text, "policies:\n{}", self.policies);
+        }
+        text
+    }
+
+    /// The ztunnels' local file (WIRE.md §11): workloads and policies.
+    fn render_local(&self) -> String {
+        let workloads: Vec<(&PodSpec, Workload)> = self
+            .pods
+            .iter()
+            .filter_map(|entry| Some((&entry.spec, entry.workload?)))
+            .collect();
+        let mut text = String::from(if workloads.is_empty() {
+            "workloads: []\n"
+        } else {
+            "workloads:\n"
+        });
+        for (spec, workload) in workloads {
             let _ = write!(
                 text,
                 "- uid: {uid}\n  name: {name}\n  namespace: {namespace}\n  serviceAccount: {sa}\n  workloadIps: [{ip}]\n  protocol: {protocol}\n  node: {node}\n  services: {{}}\n",
@@ -117,12 +285,12 @@ impl MeshFile {
                 name = spec.name,
                 namespace = spec.namespace,
                 sa = spec.service_account,
-                ip = entry.ip,
-                protocol = if entry.hbone { "HBONE" } else { "TCP" },
+                ip = workload.ip,
+                protocol = workload.protocol(),
                 node = spec.node,
             );
         }
-        if !self.policies.is_empty() {
+        if !self.policies.trim().is_empty() {
             let _ = write!(text, "policies:\n{}", self.policies);
         }
         text
@@ -134,5 +302,80 @@ impl MeshFile {
         std::fs::write(&temporary, self.render())?;
         std::fs::rename(&temporary, &self.path)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is a failed test
+
+    use std::net::IpAddr;
+
+    use ztunnel_certs::ca::registry::{FileRegistry, PodRegistry, WorkloadProtocol};
+
+    use super::*;
+
+    #[test]
+    fn the_control_plane_reads_pods_with_their_workloads_and_the_policies() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = PodSpec::new("client", "default", "client", "node-a");
+        let legacy = PodSpec::new("legacy", "legacy", "legacy", "node-b");
+        let mut mesh = MeshFile::new(
+            dir.path().join("mesh.yaml"),
+            ConfigSource::Xds,
+            &["node-a", "node-b"],
+            &[client.clone(), legacy.clone()],
+        )
+        .unwrap();
+        mesh.set_workload(&client, Ipv4Addr::new(198, 18, 10, 2), true)
+            .unwrap();
+        mesh.set_workload(&legacy, Ipv4Addr::new(198, 18, 11, 2), false)
+            .unwrap();
+        mesh.set_policies(&deny_policy("default", "client"))
+            .unwrap();
+
+        let snapshot = FileRegistry::load(mesh.path()).unwrap().snapshot();
+        assert_eq!(snapshot.len(), 4, "two ztunnel pods and two applications");
+        let ztunnel = snapshot.pod("istio-system", "ztunnel-node-a").unwrap();
+        assert_eq!(ztunnel.uid, "uid-ztunnel-node-a");
+        assert_eq!(ztunnel.node_name.as_deref(), Some("node-a"));
+        let pod = snapshot.pod_by_uid(&client.uid()).unwrap();
+        assert_eq!(pod.ips, [IpAddr::from([198, 18, 10, 2])]);
+        assert_eq!(pod.protocol, WorkloadProtocol::Hbone);
+        let pod = snapshot.pod_by_uid(&legacy.uid()).unwrap();
+        assert_eq!(pod.protocol, WorkloadProtocol::Tcp);
+        let policy = snapshot.policies().first().unwrap();
+        assert_eq!(policy.resource_name(), "default/deny-client");
+        assert_eq!(mesh.workload_uids(), [client.uid(), legacy.uid()]);
+
+        // Removed: still in the registry, no longer a workload.
+        mesh.remove_workload(&client).unwrap();
+        mesh.set_policies("").unwrap();
+        let snapshot = FileRegistry::load(mesh.path()).unwrap().snapshot();
+        assert!(snapshot.pod_by_uid(&client.uid()).unwrap().ips.is_empty());
+        assert!(snapshot.policies().is_empty());
+        assert_eq!(mesh.workload_uids(), [legacy.uid()]);
+    }
+
+    #[test]
+    fn the_local_file_lists_workloads_only_and_refuses_services() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = PodSpec::new("client", "default", "client", "node-a");
+        let mut mesh = MeshFile::new(
+            dir.path().join("mesh.yaml"),
+            ConfigSource::LocalFile,
+            &["node-a"],
+            std::slice::from_ref(&client),
+        )
+        .unwrap();
+        let read = |mesh: &MeshFile| std::fs::read_to_string(mesh.path()).unwrap();
+        assert_eq!(read(&mesh), "workloads: []\n");
+        mesh.set_workload(&client, Ipv4Addr::new(198, 18, 10, 2), true)
+            .unwrap();
+        let text = read(&mesh);
+        assert!(text.contains("workloadIps: [198.18.10.2]"), "{text}");
+        assert!(text.contains("protocol: HBONE"), "{text}");
+        assert!(!text.contains("ztunnel"), "no registry in it: {text}");
+        assert!(mesh.set_services("- {}").is_err());
     }
 }

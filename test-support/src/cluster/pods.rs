@@ -110,6 +110,12 @@ impl Pod {
         Ok(reply)
     }
 
+    /// Whether the application at `target` echoes what this pod sends over
+    /// a new connection.
+    pub fn echoes(&self, target: SocketAddr) -> bool {
+        matches!(self.exchange(target, b"ping"), Ok(reply) if reply == b"ping")
+    }
+
     /// The pod's iptables rules (`iptables-save`).
     pub fn iptables(&self) -> anyhow::Result<String> {
         let output = self.ns.exec(&["iptables-save"])?;
@@ -124,6 +130,22 @@ impl Pod {
             .run(move || TcpStream::connect_timeout(&target, CONNECT_TIMEOUT).is_ok())
             .unwrap_or(false)
     }
+}
+
+/// Whether an open connection to an echo application still echoes.
+pub fn still_echoes(stream: &mut TcpStream) -> bool {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let mut reply = [0u8; 4];
+    stream.write_all(b"more").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"more"
+}
+
+/// Whether the other side closes an open connection (EOF or reset)
+/// within `within`, without data arriving.
+pub fn closed_by_peer(stream: &mut TcpStream, within: Duration) -> bool {
+    let _ = stream.set_read_timeout(Some(within));
+    let mut byte = [0u8; 1];
+    matches!(stream.read(&mut byte), Ok(0) | Err(_))
+        && stream.read(&mut byte).map_or(true, |read| read == 0)
 }
 
 /// Echoes one connection until its write side closes.
@@ -148,9 +170,19 @@ fn echo(mut stream: TcpStream) {
 
 impl Cluster {
     /// Adds a pod through its node's CNI chain (bridge, then our plugin)
-    /// and puts it in the mesh configuration: HBONE in an ambient
-    /// namespace, plain TCP otherwise. The pod must be in the registry.
+    /// and publishes it ([`Cluster::publish_pod`]). The pod must be in the
+    /// registry.
     pub fn add_pod(&mut self, spec: &PodSpec) -> anyhow::Result<&Pod> {
+        self.add_pod_unpublished(spec)?;
+        self.publish_pod(&spec.name)
+    }
+
+    /// Adds a pod through its node's CNI chain (bridge, then our plugin),
+    /// leaving the mesh file as it was: the pod runs, captured in an
+    /// ambient namespace, but is nobody's workload yet, as between the
+    /// runtime's sandbox and the kubelet's status update. The pod must be
+    /// in the registry.
+    pub fn add_pod_unpublished(&mut self, spec: &PodSpec) -> anyhow::Result<&Pod> {
         let node = self.node(&spec.node)?;
         let ns = NetNs::create("pod")?;
         let uid = spec.uid();
@@ -176,14 +208,32 @@ impl Cluster {
             "via",
             &gateway.to_string(),
         ])?;
-        let ambient = self.is_ambient(&spec.namespace);
-        self.mesh().set_workload(spec, ip, ambient)?;
         self.pods.push(Pod {
             spec: spec.clone(),
             ns,
             ip,
         });
         self.pods.last().context("pod just added")
+    }
+
+    /// Puts a running pod's address in the mesh file, reached over HBONE
+    /// in an ambient namespace and as plain TCP otherwise: from the next
+    /// push (or reload of the local file) on, it is a workload peers route
+    /// to.
+    pub fn publish_pod(&mut self, name: &str) -> anyhow::Result<&Pod> {
+        let pod = self.pod(name)?;
+        let (spec, ip) = (pod.spec.clone(), pod.ip);
+        let ambient = self.is_ambient(&spec.namespace);
+        self.mesh().set_workload(&spec, ip, ambient)?;
+        self.pod(name)
+    }
+
+    /// Takes a running pod's address out of the mesh file: the pod keeps
+    /// running (captured, in an ambient namespace) and stays in the
+    /// registry, but is no longer a workload peers route to.
+    pub fn unpublish_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let spec = self.pod(name)?.spec.clone();
+        self.mesh().remove_workload(&spec)
     }
 
     /// Deletes a pod the way the runtime does: CNI DEL through the chain,

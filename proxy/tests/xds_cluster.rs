@@ -1,0 +1,316 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
+//! End-to-end tests of the configuration path: the two-node in-pod cluster
+//! (`ztunnel_test_support::cluster`: real namespaces, the CNI chain, node
+//! agents, iptables capture) whose ztunnels get every workload and policy
+//! from the control plane over delta xDS (gRPC over TLS on the CA's port),
+//! with no local file. The tests edit the control plane's mesh file, as a
+//! Kubernetes API change would, and watch the data path follow: traffic
+//! over HBONE, a deny policy added and removed, a workload added and
+//! removed, and a control-plane restart with changes made while it was
+//! down. Needs root, `ip`, `iptables` and containernetworking-plugins;
+//! skips with the reason otherwise.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ztunnel_test_support::cluster::{
+    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes, tail,
+};
+use ztunnel_test_support::wait;
+
+const APP_PORT: u16 = 8080;
+/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
+const HBONE_PORT: u16 = 15008;
+
+/// How long a test waits for something that should happen: generous, for
+/// a loaded machine; passing tests never wait this long.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The bound on "a workload added is routable". The aim is about a second
+/// (the control plane reads the file every 100 ms and pushes at once);
+/// the bound leaves room for a loaded machine, and the time taken is
+/// printed.
+const ROUTABLE_WITHIN: Duration = Duration::from_secs(5);
+
+/// How often the time to routable is sampled, and at most how many times.
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+const MAX_SAMPLES: u32 = 500;
+
+/// Two clients on node a (`client`, and `other` under another identity)
+/// and a server on node b, added and serving; `late`, on node b, is only in
+/// the registry, for a test to add. `None` (after printing why) where the
+/// cluster cannot run.
+fn start(tag: &str) -> Option<Cluster> {
+    if let Some(reason) = cluster::unavailable() {
+        eprintln!("skipping {tag}: {reason}");
+        return None;
+    }
+    let specs = [
+        PodSpec::new("client", "default", "client", "node-a"),
+        PodSpec::new("other", "default", "other", "node-a"),
+        PodSpec::new("server-b", "default", "server", "node-b"),
+    ];
+    let mut registry = specs.to_vec();
+    registry.push(late());
+    let binaries = Binaries::from_target_dir().unwrap();
+    let mut cluster =
+        Cluster::start(&["node-a", "node-b"], &registry, &["default"], binaries).unwrap();
+    assert_eq!(cluster.config_source(), ConfigSource::Xds);
+    for spec in &specs {
+        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
+    }
+    cluster.wait_synced().unwrap();
+    Some(cluster)
+}
+
+/// The pod a test adds at run time.
+fn late() -> PodSpec {
+    PodSpec::new("late", "default", "late", "node-b")
+}
+
+fn app(cluster: &Cluster, pod: &str) -> SocketAddr {
+    SocketAddr::from((cluster.pod(pod).unwrap().ip, APP_PORT))
+}
+
+/// Whether `from` gets its bytes echoed by `to`'s application.
+fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
+    cluster.pod(from).unwrap().echoes(app(cluster, to))
+}
+
+/// Waits up to [`PATIENCE`] for `check`, polling.
+fn eventually(check: impl FnMut() -> bool) -> bool {
+    wait::until(PATIENCE, check)
+}
+
+/// How many connections `node`'s ztunnel delivered to `pod` with the
+/// client identity of `from` verified over mTLS.
+fn delivered_over_mtls(cluster: &Cluster, node: &str, pod: &str, from: &str) -> usize {
+    let identity = cluster.pod(from).unwrap().spec.identity();
+    cluster
+        .node(node)
+        .unwrap()
+        .access_log()
+        .iter()
+        .filter(|entry| {
+            entry.direction == "inbound"
+                && entry.dst_workload.as_deref() == Some(pod)
+                && entry.src_identity.as_deref() == Some(identity.as_str())
+                && entry.error.is_none()
+        })
+        .count()
+}
+
+/// Whether `node`'s ztunnel has `pod`'s workload (`/config_dump`).
+fn knows(cluster: &Cluster, node: &str, pod: &PodSpec) -> bool {
+    cluster
+        .node(node)
+        .unwrap()
+        .known_workloads()
+        .contains(&pod.uid())
+}
+
+/// Whether `node`'s ztunnel says its xDS stream is open
+/// (`ztunnel_xds_connected`).
+fn xds_connected(cluster: &Cluster, node: &str) -> bool {
+    matches!(
+        cluster.node(node).unwrap().http_get(15020, "/metrics"),
+        Ok((200, metrics)) if metrics.lines().any(|line| line == "ztunnel_xds_connected 1")
+    )
+}
+
+fn logs(cluster: &Cluster) -> String {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| format!("--- {} ---\n{}\n", node.name, tail(&node.ztunnel_log(), 20)))
+        .collect()
+}
+
+#[test]
+fn traffic_crosses_nodes_over_hbone_on_configuration_from_the_control_plane() {
+    let Some(cluster) = start("traffic_crosses_nodes") else {
+        return;
+    };
+    for node in ["node-a", "node-b"] {
+        assert!(xds_connected(&cluster, node), "{node} has its xDS stream");
+    }
+
+    assert!(echoes(&cluster, "client", "server-b"));
+    // The client's ztunnel tunnelled it to the server pod's HBONE port...
+    let server = cluster.pod("server-b").unwrap();
+    let tunnel = SocketAddr::from((server.ip, HBONE_PORT)).to_string();
+    // (Each side logs the connection as it finishes with it: poll.)
+    let tunnelled = || {
+        cluster
+            .node("node-a")
+            .unwrap()
+            .access_log()
+            .iter()
+            .any(|entry| {
+                entry.direction == "outbound"
+                    && entry.dst_hbone_addr.as_deref() == Some(tunnel.as_str())
+            })
+    };
+    assert!(
+        eventually(tunnelled),
+        "node-a tunnels to {tunnel}:\n{}",
+        logs(&cluster)
+    );
+    // ...and the server's ztunnel delivered it under the client's identity.
+    assert!(
+        eventually(|| delivered_over_mtls(&cluster, "node-b", "server-b", "client") > 0),
+        "node-b delivers with the client identity:\n{}",
+        logs(&cluster)
+    );
+}
+
+#[test]
+fn a_deny_policy_added_at_run_time_closes_matching_connections_until_removed() {
+    let Some(mut cluster) = start("deny_policy") else {
+        return;
+    };
+    let target = app(&cluster, "server-b");
+    let mut open = cluster.pod("client").unwrap().connect(target).unwrap();
+    assert!(still_echoes(&mut open));
+
+    cluster
+        .mesh()
+        .set_policies(&deny_policy("default", "client"))
+        .unwrap();
+    assert!(
+        closed_by_peer(&mut open, PATIENCE),
+        "the open connection is closed on the policy re-check:\n{}",
+        logs(&cluster)
+    );
+    assert!(
+        eventually(|| !echoes(&cluster, "client", "server-b")),
+        "new connections from the client are refused"
+    );
+    assert!(
+        echoes(&cluster, "other", "server-b"),
+        "another identity still passes"
+    );
+
+    cluster.mesh().set_policies("").unwrap();
+    assert!(
+        eventually(|| echoes(&cluster, "client", "server-b")),
+        "the client passes again once the policy is removed:\n{}",
+        logs(&cluster)
+    );
+}
+
+#[test]
+fn a_workload_added_at_run_time_is_routable_over_hbone_at_once_and_removing_it_stops_routing() {
+    let Some(mut cluster) = start("workload_added") else {
+        return;
+    };
+    let late = late();
+    // The pod runs, captured, but the mesh file has no address for it yet.
+    cluster
+        .add_pod_unpublished(&late)
+        .unwrap()
+        .serve_echo(APP_PORT)
+        .unwrap();
+    assert!(!knows(&cluster, "node-a", &late));
+
+    let published = Instant::now();
+    cluster.publish_pod("late").unwrap();
+    let mut samples = 0;
+    let over_hbone = loop {
+        if echoes(&cluster, "client", "late")
+            && delivered_over_mtls(&cluster, "node-b", "late", "client") > 0
+        {
+            break Some(published.elapsed());
+        }
+        samples += 1;
+        if samples >= MAX_SAMPLES || published.elapsed() >= ROUTABLE_WITHIN {
+            break None;
+        }
+        std::thread::sleep(SAMPLE_EVERY);
+    };
+    let Some(took) = over_hbone else {
+        panic!(
+            "the client's traffic to the new workload did not go over HBONE within {ROUTABLE_WITHIN:?}:\n{}",
+            logs(&cluster)
+        );
+    };
+    eprintln!("workload routable over HBONE {took:?} after the mesh file write");
+    assert!(knows(&cluster, "node-a", &late));
+
+    cluster.unpublish_pod("late").unwrap();
+    assert!(
+        eventually(|| !knows(&cluster, "node-a", &late) && !knows(&cluster, "node-b", &late)),
+        "both ztunnels forget the removed workload"
+    );
+    // The client's ztunnel no longer tunnels to it: the connection goes out
+    // as plain TCP, and nothing more arrives over mTLS.
+    let delivered = delivered_over_mtls(&cluster, "node-b", "late", "client");
+    let before = cluster.node("node-a").unwrap().access_log().len();
+    let target = app(&cluster, "late");
+    let _ = cluster.pod("client").unwrap().exchange(target, b"ping");
+    let went_plain = eventually(|| {
+        let log = cluster.node("node-a").unwrap().access_log();
+        log.iter().skip(before).any(|entry| {
+            entry.direction == "outbound"
+                && entry.dst_addr == target.to_string()
+                && entry.dst_hbone_addr.is_none()
+        })
+    });
+    assert!(
+        went_plain,
+        "the client's ztunnel sends plain TCP:\n{}",
+        logs(&cluster)
+    );
+    assert_eq!(
+        delivered_over_mtls(&cluster, "node-b", "late", "client"),
+        delivered
+    );
+}
+
+#[test]
+fn ztunnels_serve_through_a_control_plane_restart_and_converge_on_changes_made_meanwhile() {
+    let Some(mut cluster) = start("control_plane_restart") else {
+        return;
+    };
+    assert!(xds_connected(&cluster, "node-a") && xds_connected(&cluster, "node-b"));
+    cluster.stop_control_plane();
+    assert!(
+        eventually(|| !xds_connected(&cluster, "node-a") && !xds_connected(&cluster, "node-b")),
+        "the ztunnels see their xDS streams end"
+    );
+
+    // While it is down the ztunnels serve on their last state, whatever
+    // the mesh file now says.
+    let other = cluster.pod("other").unwrap().spec.clone();
+    cluster
+        .mesh()
+        .set_policies(&deny_policy("default", "client"))
+        .unwrap();
+    cluster.unpublish_pod("other").unwrap();
+    let delivered = delivered_over_mtls(&cluster, "node-b", "server-b", "client");
+    assert!(echoes(&cluster, "client", "server-b"));
+    assert!(
+        eventually(|| delivered_over_mtls(&cluster, "node-b", "server-b", "client") > delivered),
+        "still over HBONE with the client identity"
+    );
+    for node in ["node-a", "node-b"] {
+        assert!(cluster.node(node).unwrap().is_ready(), "{node} stays ready");
+        assert!(knows(&cluster, node, &other));
+    }
+
+    cluster.start_control_plane().unwrap();
+    assert!(
+        eventually(|| xds_connected(&cluster, "node-a") && xds_connected(&cluster, "node-b")),
+        "the ztunnels reconnect:\n{}",
+        logs(&cluster)
+    );
+    assert!(
+        eventually(|| !knows(&cluster, "node-a", &other) && !knows(&cluster, "node-b", &other)),
+        "the workload removed meanwhile is gone from both ztunnels"
+    );
+    assert!(
+        eventually(|| !echoes(&cluster, "client", "server-b")),
+        "the policy added meanwhile applies:\n{}",
+        logs(&cluster)
+    );
+}

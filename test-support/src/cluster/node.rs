@@ -1,0 +1,219 @@
+//! One node of the cluster: its namespace, address and pod network, the
+//! processes it runs (node agent, ztunnel), and what a test reads from its
+//! ztunnel (log, readiness, admin and metrics endpoints). Starting and
+//! stopping the processes is the cluster's (`cluster.rs`).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::cluster::{START_TIMEOUT, tail};
+use crate::cni::CniNetwork;
+use crate::netns::NetNs;
+use crate::wait;
+
+/// One node: its namespace, address, pod subnet and processes.
+pub struct Node {
+    /// `node-a`, `node-b`, ...
+    pub name: String,
+    /// The node's network namespace.
+    pub ns: NetNs,
+    /// Its address on the fabric.
+    pub ip: Ipv4Addr,
+    /// The third octet of its pod subnet, `198.18.<octet>.0/24`.
+    pod_octet: u8,
+    /// Files of this node: sockets, agent state, logs, token.
+    pub dir: PathBuf,
+    /// The pod network: bridge, IPAM and our plugin.
+    pub network: CniNetwork,
+    pub(super) agent: Option<Child>,
+    pub(super) ztunnel: Option<Child>,
+}
+
+impl Node {
+    /// The node at position `offset`: its namespace, its directory under
+    /// `cluster_dir`, and its pod network (`198.18.<10 + offset>.0/24`,
+    /// chaining `plugin`, capturing `ambient_namespaces`). Not attached to
+    /// the fabric yet, and running nothing.
+    pub(super) fn create(
+        name: &str,
+        offset: u8,
+        cluster_dir: &Path,
+        plugin: &Path,
+        ambient_namespaces: &[&str],
+    ) -> anyhow::Result<Node> {
+        let ns = NetNs::create("node")?;
+        let dir = cluster_dir.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let pod_octet = 10 + offset;
+        let network = CniNetwork::new(
+            &ns,
+            &format!("198.18.{pod_octet}.0/24"),
+            plugin,
+            &dir.join("pluginevent.sock"),
+        )?
+        .ambient_namespaces(ambient_namespaces);
+        Ok(Node {
+            name: name.to_owned(),
+            ns,
+            ip: Ipv4Addr::new(198, 18, 0, 10 + offset),
+            pod_octet,
+            dir,
+            network,
+            agent: None,
+            ztunnel: None,
+        })
+    }
+
+    /// Its pod subnet, which the other nodes route to it.
+    pub(super) fn pod_subnet(&self) -> String {
+        format!("198.18.{}.0/24", self.pod_octet)
+    }
+
+    /// The agent's plugin-event socket, for the plugin's config.
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.dir.join("pluginevent.sock")
+    }
+
+    /// The ZDS socket.
+    pub fn zds_socket(&self) -> PathBuf {
+        self.dir.join("ztunnel.sock")
+    }
+
+    /// ztunnel's log (JSON lines, with access logs).
+    pub fn ztunnel_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ztunnel.log")).unwrap_or_default()
+    }
+
+    /// The "connection complete" lines of ztunnel's access log, in order.
+    pub fn access_log(&self) -> Vec<AccessEntry> {
+        self.ztunnel_log()
+            .lines()
+            .filter_map(AccessEntry::parse)
+            .collect()
+    }
+
+    /// An HTTP GET to one of ztunnel's own ports in the node (15020
+    /// metrics, 15021 readiness, 15000 admin): the status line and body.
+    pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = self
+            .ns
+            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .context("no HTTP status")?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    }
+
+    /// The PID of the running ztunnel, for reading its CPU time and memory
+    /// from `/proc`.
+    pub fn ztunnel_pid(&self) -> Option<u32> {
+        self.ztunnel.as_ref().map(Child::id)
+    }
+
+    /// Whether ztunnel answers ready.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.http_get(15021, "/healthz/ready"), Ok((200, _)))
+    }
+
+    /// The workload uids ztunnel's `/config_dump` lists.
+    pub fn known_workloads(&self) -> Vec<String> {
+        let Ok((200, body)) = self.http_get(15000, "/config_dump") else {
+            return Vec::new();
+        };
+        let Ok(dump) = serde_json::from_str::<serde_json::Value>(&body) else {
+            return Vec::new();
+        };
+        dump.get("workloads")
+            .and_then(serde_json::Value::as_array)
+            .map(|workloads| {
+                workloads
+                    .iter()
+                    .filter_map(|workload| workload.get("uid")?.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until ztunnel is ready.
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        if wait::until(START_TIMEOUT, || self.is_ready()) {
+            return Ok(());
+        }
+        bail!(
+            "{}: ztunnel not ready after {START_TIMEOUT:?}; log:\n{}",
+            self.name,
+            tail(&self.ztunnel_log(), 30)
+        )
+    }
+}
+
+/// One "connection complete" line of ztunnel's access log (JSON, WIRE.md
+/// §10), with the fields tests and the demo read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessEntry {
+    /// `inbound` or `outbound`.
+    pub direction: String,
+    /// The client's verified SPIFFE identity: set only when it came over
+    /// mTLS.
+    pub src_identity: Option<String>,
+    /// The destination workload's name, when ztunnel knows it.
+    pub dst_workload: Option<String>,
+    /// The address of the original destination.
+    pub dst_addr: String,
+    /// Where an outbound connection was tunnelled over HBONE; `None` when
+    /// it went as plain TCP.
+    pub dst_hbone_addr: Option<String>,
+    /// Why it failed; `None` when it succeeded.
+    pub error: Option<String>,
+    /// Bytes from the client.
+    pub bytes_recv: u64,
+    /// Bytes towards the client.
+    pub bytes_sent: u64,
+}
+
+impl AccessEntry {
+    /// The entry of a log line, if it is an access-log "connection
+    /// complete" line.
+    fn parse(line: &str) -> Option<AccessEntry> {
+        let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+        let field = |name: &str| {
+            entry
+                .get(name)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let number = |name: &str| entry.get(name).and_then(serde_json::Value::as_u64);
+        if field("target")? != "access" || field("message")? != "connection complete" {
+            return None;
+        }
+        Some(AccessEntry {
+            direction: field("direction")?,
+            src_identity: field("src.identity"),
+            dst_workload: field("dst.workload"),
+            dst_addr: field("dst.addr").unwrap_or_default(),
+            dst_hbone_addr: field("dst.hbone_addr"),
+            error: field("error"),
+            bytes_recv: number("bytes_recv").unwrap_or(0),
+            bytes_sent: number("bytes_sent").unwrap_or(0),
+        })
+    }
+}
