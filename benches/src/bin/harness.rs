@@ -31,12 +31,11 @@ struct Args {
     /// Connections held by the idle scenario.
     #[arg(long, default_value_t = 10_000)]
     idle_connections: usize,
-    /// Comma-separated scenarios, run in this order: idle, stream1, stream8,
-    /// rr, connect.
+    /// Comma-separated scenarios, run in the order given.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "idle,stream1,stream8,rr,connect"
+        default_value = "idle,connect,stream1,stream8,rr"
     )]
     scenarios: Vec<String>,
     /// Comma-separated paths: direct, tcp, hbone. Figures relative to
