@@ -31,11 +31,14 @@ pub use report::{Machine, Report, Round};
 pub use scenario::{ProxyCost, Run, Scenario, Sizing};
 pub use topology::{Path3, Topology};
 
-/// The warm-up before each run: one short request/response run on the
+/// The warm-up before each run: a few request/response exchanges on the
 /// path, so the first connection's one-off costs (the workload
 /// certificate, the pooled HBONE connection) are not billed to the
-/// scenario.
-const WARM_UP_SECONDS: &str = "0.3";
+/// scenario. Bounded by count, with time to spare for proxies still
+/// closing the previous run's ten thousand connections.
+const WARM_UP_REQUESTS: &str = "100";
+/// The longest a warm-up may run before it counts as failed.
+const WARM_UP_SECONDS: &str = "5";
 /// What the warm-up may take.
 const WARM_UP_LIMIT: Duration = Duration::from_secs(30);
 
@@ -189,7 +192,12 @@ fn warm_up(topology: &Topology, path: Path3) -> anyhow::Result<()> {
             "1",
             "--quiet",
         ])
-        .args(["--duration", WARM_UP_SECONDS])
+        .args([
+            "--duration",
+            WARM_UP_SECONDS,
+            "--max-requests",
+            WARM_UP_REQUESTS,
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -129,7 +129,10 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                     hbone_addr: None,
                 },
             );
-            match dial(proxy, target).await {
+            // Boxed, like the tunnel below: set-up futures are large and
+            // only live until the copy starts, so keeping them out of the
+            // connection's task keeps each open connection small.
+            match Box::pin(dial(proxy, target)).await {
                 Ok(mut upstream) => finish(report, copy(proxy, &mut tcp, &mut upstream).await),
                 Err(error) => report.close(0, 0, flags(&error), Some(&error)),
             }
@@ -158,7 +161,10 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                     hbone_addr: Some(route.dial),
                 },
             );
-            match tunnel(proxy, source.as_deref(), peer, &route).await {
+            // Boxed: the tunnel's set-up may dial, handshake TLS and h2 for
+            // a new pooled connection, and an unboxed future would carry
+            // that state in every open connection's task for its whole life.
+            match Box::pin(tunnel(proxy, source.as_deref(), peer, &route)).await {
                 Ok(mut stream) => finish(report, copy(proxy, &mut tcp, &mut stream).await),
                 Err(error) => report.close(0, 0, flags(&error), Some(&error)),
             }
