@@ -196,7 +196,7 @@ struct Args {
     #[arg(
         long,
         env = "XDS_ROOT_CA",
-        default_value = "./var/run/secrets/istio/root-cert.pem"
+        default_value = xds::DEFAULT_ROOT_CA
     )]
     xds_root_ca: String,
     /// A second name the xDS server's certificate may carry.
@@ -215,14 +215,14 @@ struct Args {
     #[arg(
         long,
         env = "CA_ADDRESS",
-        default_value = "https://istiod.istio-system.svc:15012"
+        default_value = xds::DEFAULT_XDS_ADDRESS
     )]
     ca_address: String,
     /// PEM root the CA's certificate must chain to.
     #[arg(
         long,
         env = "CA_ROOT_CA",
-        default_value = "./var/run/secrets/istio/root-cert.pem"
+        default_value = xds::DEFAULT_ROOT_CA
     )]
     ca_root_ca: PathBuf,
     /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].

@@ -20,6 +20,10 @@ use super::ConfigError;
 /// `CA_ADDRESS`).
 pub const DEFAULT_XDS_ADDRESS: &str = "https://istiod.istio-system.svc:15012";
 
+/// Where istiod's root certificate is mounted: the default root of both the
+/// CA client and the xDS client.
+pub const DEFAULT_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
+
 /// The projected service-account token istiod's Helm chart mounts.
 pub const DEFAULT_TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
 
@@ -208,7 +212,7 @@ mod tests {
         XdsArgs {
             address,
             local_file,
-            root_ca: "./var/run/secrets/istio/root-cert.pem",
+            root_ca: DEFAULT_ROOT_CA,
             alt_hostname: None,
             auth_token: None,
             instance_ip: None,
