@@ -89,12 +89,7 @@ impl InboundHandler for Echo {
         std::future::ready(Ok(SimplexStream::new_unsplit(ECHO)))
     }
 
-    fn closed(
-        &self,
-        _request: InboundRequest,
-        _upstream: SimplexStream,
-        result: Result<Transferred, CopyError>,
-    ) {
+    fn closed(&self, _upstream: SimplexStream, result: Result<Transferred, CopyError>) {
         if result.is_err() {
             self.failures.fetch_add(1, Ordering::Relaxed);
         }

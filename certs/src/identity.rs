@@ -84,6 +84,11 @@ impl Identity {
         &self.uri
     }
 
+    /// The full URI as a shared string: a reference count, not a copy.
+    pub fn shared_str(&self) -> Arc<str> {
+        Arc::clone(&self.uri)
+    }
+
     fn part(&self, (start, end): (usize, usize)) -> &str {
         self.uri.get(start..end).unwrap_or_default()
     }

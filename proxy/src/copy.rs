@@ -13,14 +13,20 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The buffer a direction starts with. Most mesh connections are small
-/// request/response exchanges or idle keep-alives; 1 KiB keeps ten thousand
-/// idle connections under 20 MiB of buffers.
+/// request/response exchanges or idle keep-alives.
 const INITIAL_BUFFER: usize = 1024;
 
 /// The most a direction's buffer grows to. 256 KiB is a quarter of the h2
 /// frame size and enough per read to keep a 10 Gbit/s stream busy without
 /// per-read syscall cost dominating; larger buffers only add memory.
 const MAX_BUFFER: usize = 256 * 1024;
+
+/// Buffers up to this size are given back whenever their direction has
+/// nothing to read, and taken again on the next readable event: an idle
+/// connection then holds no copy buffer at all, and taking one this small
+/// costs far less than the read that follows. Larger buffers belong to
+/// bulk traffic and are kept.
+const RELEASE_UP_TO: usize = 16 * 1024;
 
 /// Bytes moved by a finished copy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,7 +174,11 @@ enum Phase {
 
 /// One direction of the copy: a buffer that grows when reads fill it.
 struct OneWay {
+    /// Empty while the direction waits with nothing buffered (see
+    /// [`RELEASE_UP_TO`]); otherwise `size` bytes.
     buffer: Vec<u8>,
+    /// The buffer's size when it is held.
+    size: usize,
     /// Start of the bytes read but not yet written.
     start: usize,
     /// End of the bytes read but not yet written.
@@ -183,7 +193,8 @@ struct OneWay {
 impl OneWay {
     fn new() -> OneWay {
         OneWay {
-            buffer: vec![0; INITIAL_BUFFER],
+            buffer: Vec::new(),
+            size: INITIAL_BUFFER,
             start: 0,
             end: 0,
             moved: 0,
@@ -222,12 +233,18 @@ impl OneWay {
                 Phase::Copying => {
                     self.start = 0;
                     self.end = 0;
+                    if self.buffer.is_empty() {
+                        self.buffer = vec![0; self.size];
+                    }
                     let mut read_buf = ReadBuf::new(&mut self.buffer);
                     match reader.as_mut().poll_read(cx, &mut read_buf) {
                         Poll::Ready(Ok(())) => {}
                         Poll::Ready(Err(error)) if is_reset(&error) => {}
                         Poll::Ready(Err(error)) => return Poll::Ready(Err(Failure::Read(error))),
                         Poll::Pending => {
+                            if self.size <= RELEASE_UP_TO {
+                                self.buffer = Vec::new();
+                            }
                             // Nothing to read: push out what the writer buffered.
                             ready!(writer.as_mut().poll_flush(cx)).map_err(Failure::Write)?;
                             return Poll::Pending;
@@ -239,15 +256,15 @@ impl OneWay {
                         continue;
                     }
                     self.end = filled;
-                    if filled == self.buffer.len() && self.buffer.len() < MAX_BUFFER {
+                    if filled == self.size && self.size < MAX_BUFFER {
                         self.grow_after_write = true;
                     }
                 }
             }
             if self.grow_after_write && self.start == self.end {
                 self.grow_after_write = false;
-                let grown = (self.buffer.len() * 2).min(MAX_BUFFER);
-                self.buffer.resize(grown, 0);
+                self.size = (self.size * 2).min(MAX_BUFFER);
+                self.buffer.resize(self.size, 0);
             }
         }
     }

@@ -8,7 +8,9 @@
 //! names are Istio's or with a `ztunnel_` name when they are ours.
 //! The traffic label set lives in `metrics/labels.rs`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -92,6 +94,37 @@ pub struct Metrics {
     failed: Family<TrafficLabels, Counter>,
     sockets_open: Family<ReporterLabels, Gauge>,
     policy_closed: Family<ReporterLabels, Counter>,
+    /// One shared copy of each label set that open connections carry: a
+    /// set is ~400 bytes, and ten thousand connections between the same
+    /// two workloads need it once, not ten thousand times.
+    interned: Arc<Mutex<Interned>>,
+}
+
+/// The label sets of open connections; sets no connection holds any more
+/// are dropped whenever the set has doubled since the last sweep.
+#[derive(Debug, Default)]
+struct Interned {
+    sets: HashSet<Arc<TrafficLabels>>,
+    sweep_at: usize,
+}
+
+/// The fewest label sets kept before a sweep is worth its cost.
+const INTERN_SWEEP_MIN: usize = 1024;
+
+impl Interned {
+    fn intern(&mut self, labels: TrafficLabels) -> Arc<TrafficLabels> {
+        if let Some(shared) = self.sets.get(&labels) {
+            return Arc::clone(shared);
+        }
+        if self.sets.len() >= self.sweep_at.max(INTERN_SWEEP_MIN) {
+            // Held only here: no open connection uses the set.
+            self.sets.retain(|shared| Arc::strong_count(shared) > 1);
+            self.sweep_at = self.sets.len() * 2;
+        }
+        let shared = Arc::new(labels);
+        self.sets.insert(Arc::clone(&shared));
+        shared
+    }
 }
 
 /// The `istio_` sub-registry, for other modules' Istio-named metrics (DNS,
@@ -113,6 +146,7 @@ impl Metrics {
             failed: Family::default(),
             sockets_open: Family::default(),
             policy_closed: Family::default(),
+            interned: Arc::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
         build
@@ -182,6 +216,11 @@ impl Metrics {
         // an atomic add; they keep the labels of the open.
         let sent = self.sent_bytes.get_or_create(&labels).clone();
         let received = self.received_bytes.get_or_create(&labels).clone();
+        let labels = self
+            .interned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .intern(labels);
         ConnectionMetrics {
             metrics: self.clone(),
             labels,
@@ -208,7 +247,8 @@ impl Metrics {
 #[derive(Debug)]
 pub struct ConnectionMetrics {
     metrics: Metrics,
-    labels: TrafficLabels,
+    /// Shared with every open connection of the same labels.
+    labels: Arc<TrafficLabels>,
     sent: Counter,
     received: Counter,
     /// Per-connection totals for the access log; the counters above are
@@ -265,10 +305,18 @@ impl ConnectionMetrics {
             return;
         }
         self.closed = true;
-        self.labels.response_flags = flags;
-        self.metrics.closed.get_or_create(&self.labels).inc();
+        let with_flags;
+        let labels = if flags == self.labels.response_flags {
+            &*self.labels
+        } else {
+            let mut labels = TrafficLabels::clone(&self.labels);
+            labels.response_flags = flags;
+            with_flags = labels;
+            &with_flags
+        };
+        self.metrics.closed.get_or_create(labels).inc();
         if flags != ResponseFlags::None {
-            self.metrics.failed.get_or_create(&self.labels).inc();
+            self.metrics.failed.get_or_create(labels).inc();
         }
         self.metrics
             .sockets_open

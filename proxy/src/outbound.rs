@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::either::Either;
 
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy};
@@ -90,12 +91,26 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     }
 }
 
+/// One captured connection: set up, then copy until both sides close.
 async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
-    let target = match original_destination(&tcp) {
+    // Boxed and gone before the copy: the set-up (routing, a TLS and h2
+    // dial for a new pooled connection, the CONNECT exchange) needs far more
+    // state than the copy, and an unboxed future would carry it in every
+    // open connection's task for the connection's whole life.
+    let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
+        return;
+    };
+    finish(report, copy(proxy, &mut tcp, &mut upstream).await);
+}
+
+/// Routes a captured connection and connects its upstream. `None` when it
+/// failed; the failure is logged and its report closed already.
+async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Report, Upstream)> {
+    let target = match original_destination(tcp) {
         Ok(target) => target,
         Err(error) => {
             tracing::warn!(%peer, %error, "no original destination on 15001");
-            return;
+            return None;
         }
     };
     let (route, source) = {
@@ -104,7 +119,10 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
         (route, proxy.local_workload_in(&state))
     };
     match route {
-        Route::Refuse(refusal) => access_log::failed(peer, target, Direction::Outbound, &refusal),
+        Route::Refuse(refusal) => {
+            access_log::failed(peer, target, Direction::Outbound, &refusal);
+            None
+        }
         Route::Passthrough {
             target,
             workload,
@@ -129,12 +147,12 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                     hbone_addr: None,
                 },
             );
-            // Boxed, like the tunnel below: set-up futures are large and
-            // only live until the copy starts, so keeping them out of the
-            // connection's task keeps each open connection small.
-            match Box::pin(dial(proxy, target)).await {
-                Ok(mut upstream) => finish(report, copy(proxy, &mut tcp, &mut upstream).await),
-                Err(error) => report.close(0, 0, flags(&error), Some(&error)),
+            match dial(proxy, target).await {
+                Ok(upstream) => Some((report, Either::Left(upstream))),
+                Err(error) => {
+                    report.close(0, 0, flags(&error), Some(&error));
+                    None
+                }
             }
         }
         Route::Hbone(route) => {
@@ -161,16 +179,20 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
                     hbone_addr: Some(route.dial),
                 },
             );
-            // Boxed: the tunnel's set-up may dial, handshake TLS and h2 for
-            // a new pooled connection, and an unboxed future would carry
-            // that state in every open connection's task for its whole life.
-            match Box::pin(tunnel(proxy, source.as_deref(), peer, &route)).await {
-                Ok(mut stream) => finish(report, copy(proxy, &mut tcp, &mut stream).await),
-                Err(error) => report.close(0, 0, flags(&error), Some(&error)),
+            match tunnel(proxy, source.as_deref(), peer, &route).await {
+                Ok(stream) => Some((report, Either::Right(stream))),
+                Err(error) => {
+                    report.close(0, 0, flags(&error), Some(&error));
+                    None
+                }
             }
         }
     }
 }
+
+/// Where an outbound connection's bytes go: a plain TCP connection or an
+/// HBONE stream. One type, so the copy (and the task) is one shape.
+type Upstream = Either<TcpStream, hbone::H2Stream>;
 
 /// Copies until both sides close, or until the proxy's drain is forced.
 async fn copy<U>(

@@ -5,7 +5,6 @@
 //! `access_log.rs`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
 use ztunnel_certs::identity::Identity;
@@ -127,7 +126,7 @@ fn peer_labels(end: &End<'_>) -> PeerLabels {
         labels.cluster = workload.cluster_id.clone().into();
     }
     if let Some(identity) = end.identity {
-        labels.principal = Arc::<str>::from(identity.as_str()).into();
+        labels.principal = identity.shared_str().into();
     }
     labels
 }
@@ -136,7 +135,7 @@ fn peer_log(end: &End<'_>) -> PeerLog {
     PeerLog {
         workload: end.workload.map(|workload| workload.name.clone()),
         namespace: end.workload.map(|workload| workload.namespace.clone()),
-        identity: end.identity.map(|identity| Arc::from(identity.as_str())),
+        identity: end.identity.map(Identity::shared_str),
         cluster: end.workload.map(|workload| workload.cluster_id.clone()),
     }
 }

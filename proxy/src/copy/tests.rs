@@ -194,3 +194,60 @@ fn small_traffic_keeps_the_small_buffer() {
     assert_eq!(way.buffer.len(), INITIAL_BUFFER);
     assert_eq!(way.moved, 4);
 }
+
+/// A reader that hands out queued chunks and then waits, never at EOF.
+struct Queued(std::collections::VecDeque<Vec<u8>>);
+
+impl AsyncRead for Queued {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let Some(mut chunk) = self.0.pop_front() else {
+            return Poll::Pending;
+        };
+        let take = chunk.len().min(buf.remaining());
+        buf.put_slice(&chunk[..take]);
+        if take < chunk.len() {
+            self.0.push_front(chunk.split_off(take));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Polls one direction until it waits for more to read.
+fn poll_until_waiting(way: &mut OneWay, reader: &mut Queued) {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let mut writer = tokio::io::sink();
+    match way.poll(&mut cx, Pin::new(reader), Pin::new(&mut writer)) {
+        Poll::Pending => {}
+        Poll::Ready(result) => panic!("a direction without EOF ended: {:?}", result.is_ok()),
+    }
+}
+
+#[test]
+fn a_waiting_direction_holds_no_small_buffer_but_keeps_a_bulk_one() {
+    let mut way = OneWay::new();
+    let mut reader = Queued(Default::default());
+    poll_until_waiting(&mut way, &mut reader);
+    assert_eq!(
+        way.buffer.capacity(),
+        0,
+        "an idle connection holds no buffer"
+    );
+
+    reader.0.push_back(b"ping".to_vec());
+    poll_until_waiting(&mut way, &mut reader);
+    assert_eq!(way.moved, 4);
+    assert_eq!(way.buffer.capacity(), 0, "nothing is held between requests");
+
+    reader.0.push_back(pattern(4 * MAX_BUFFER));
+    poll_until_waiting(&mut way, &mut reader);
+    assert_eq!(way.moved, 4 + 4 * MAX_BUFFER as u64);
+    assert_eq!(
+        way.buffer.len(),
+        MAX_BUFFER,
+        "bulk traffic keeps its buffer"
+    );
+}

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,13 +108,10 @@ pub trait InboundHandler: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Upstream, InboundRefusal>> + Send;
 
     /// Called once the copy ended, with the bytes moved (`a_to_b` is client
-    /// to upstream), for metrics and the access log.
-    fn closed(
-        &self,
-        request: InboundRequest,
-        upstream: Self::Upstream,
-        result: Result<Transferred, CopyError>,
-    );
+    /// to upstream), for metrics and the access log. The request is gone by
+    /// then (its headers are not kept for a connection's life): what the
+    /// close reports must travel in the upstream.
+    fn closed(&self, upstream: Self::Upstream, result: Result<Transferred, CopyError>);
 }
 
 /// Accepts TLS on `tcp` within `timeout` and returns the stream and the
@@ -168,13 +166,13 @@ where
         }
     };
     tokio::pin!(keepalive);
-    let context = StreamContext {
+    let context = Arc::new(StreamContext {
         peer_identity,
         peer_addr,
         local_addr,
         max_write: settings.max_frame_size as usize,
         drain: drain.clone(),
-    };
+    });
     let mut streams = JoinSet::new();
     let mut draining = false;
     // Bounded by the connection: `accept` returns `None` once it is closed,
@@ -183,11 +181,15 @@ where
         tokio::select! {
             accepted = connection.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    let handler = Arc::clone(&handler);
-                    let context = context.clone();
-                    streams.spawn(async move {
-                        serve_stream(request, respond, &context, handler.as_ref()).await;
-                    });
+                    // The set-up is boxed and built here, so the stream's
+                    // task holds only what the copy needs (see `serve_stream`).
+                    let opening = Box::pin(open_stream(
+                        request,
+                        respond,
+                        Arc::clone(&context),
+                        Arc::clone(&handler),
+                    ));
+                    streams.spawn(serve_stream(opening, Arc::clone(&context), Arc::clone(&handler)));
                 }
                 Some(Err(error)) => return Err(ServerError::H2(error)),
                 None => break,
@@ -213,7 +215,7 @@ where
 }
 
 /// What every stream on one connection shares.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct StreamContext {
     peer_identity: Identity,
     peer_addr: SocketAddr,
@@ -224,19 +226,42 @@ struct StreamContext {
     drain: DrainWatcher,
 }
 
-/// Checks one request, asks the handler, answers, and copies.
+/// A stream's set-up: the request checked and admitted, the upstream
+/// connected and the 200 sent; `None` once it was answered otherwise.
+type Opening<U> = Pin<Box<dyn Future<Output = Option<(H2Stream, U)>> + Send>>;
+
+/// Runs one stream: its set-up, then the copy until both sides close.
+///
+/// Everything an async fn takes lives in its task until the end, and the
+/// set-up (the request with its headers, the policy check, the upstream
+/// dial) needs far more than the copy; so it comes in boxed, and is freed
+/// when it is done.
 async fn serve_stream<H: InboundHandler>(
+    opening: Opening<H::Upstream>,
+    context: Arc<StreamContext>,
+    handler: Arc<H>,
+) {
+    let Some((mut tunnel, mut upstream)) = opening.await else {
+        return;
+    };
+    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, context.drain.forced()).await;
+    handler.closed(upstream, result);
+}
+
+/// Checks one request, asks the handler, answers with 200 and hands back
+/// the tunnel and its upstream.
+async fn open_stream<H: InboundHandler>(
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
-    context: &StreamContext,
-    handler: &H,
-) {
+    context: Arc<StreamContext>,
+    handler: Arc<H>,
+) -> Option<(H2Stream, H::Upstream)> {
     let authority = match check_request(&request) {
         Ok(authority) => authority,
         Err(reason) => {
             tracing::debug!(reason, method = %request.method(), "refusing HBONE request");
             send_status(&mut respond, StatusCode::BAD_REQUEST);
-            return;
+            return None;
         }
     };
     let (parts, body) = request.into_parts();
@@ -247,17 +272,17 @@ async fn serve_stream<H: InboundHandler>(
         local_addr: context.local_addr,
         headers: parts.headers,
     };
-    let mut upstream = match handler.open(&inbound).await {
+    let upstream = match handler.open(&inbound).await {
         Ok(upstream) => upstream,
         Err(refusal) => {
             tracing::debug!(%refusal, peer = %inbound.peer_identity, "HBONE tunnel refused");
             send_status(&mut respond, refusal.status());
-            return;
+            return None;
         }
     };
     let ok = Response::new(());
-    let send = match respond.send_response(ok, false) {
-        Ok(send) => send,
+    match respond.send_response(ok, false) {
+        Ok(send) => Some((H2Stream::new(send, body, context.max_write, None), upstream)),
         Err(error) => {
             // The client reset the stream while the upstream was dialed.
             let result = Err(CopyError::Read {
@@ -265,13 +290,10 @@ async fn serve_stream<H: InboundHandler>(
                 transferred: Transferred::default(),
                 source: std::io::Error::other(error),
             });
-            handler.closed(inbound, upstream, result);
-            return;
+            handler.closed(upstream, result);
+            None
         }
-    };
-    let mut tunnel = H2Stream::new(send, body, context.max_write, None);
-    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, context.drain.forced()).await;
-    handler.closed(inbound, upstream, result);
+    }
 }
 
 /// The protocol checks before the handler sees a request: CONNECT only, and

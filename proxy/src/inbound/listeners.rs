@@ -223,12 +223,7 @@ impl InboundHandler for HboneInbound {
         }
     }
 
-    fn closed(
-        &self,
-        _request: InboundRequest,
-        mut upstream: Upstream,
-        result: Result<Transferred, CopyError>,
-    ) {
+    fn closed(&self, mut upstream: Upstream, result: Result<Transferred, CopyError>) {
         close_report(&mut upstream, &result);
     }
 }
@@ -326,7 +321,9 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
                 target,
             };
             // A refusal closes the connection (dropping it), as istio does.
-            let Ok(mut upstream) = open_upstream(&proxy, &arrival, None).await else {
+            // Boxed: the admission and dial state is freed before the copy,
+            // not carried in the task for the connection's life.
+            let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None)).await else {
                 return;
             };
             let result =
