@@ -36,6 +36,7 @@ use h2::{RecvStream, SendStream};
 use http::uri::Authority;
 use http::{Method, Request, StatusCode, Uri, Version};
 use tokio::io::SimplexStream;
+use tokio_util::sync::CancellationToken;
 use ztunnel_certs::identity::Identity;
 use ztunnel_proxy::copy::{CopyError, Transferred};
 use ztunnel_proxy::drain::{self, DrainTrigger};
@@ -87,6 +88,11 @@ impl InboundHandler for Echo {
     ) -> impl Future<Output = Result<SimplexStream, InboundRefusal>> + Send {
         // Reads return what was written, and EOF once the writer shut down.
         std::future::ready(Ok(SimplexStream::new_unsplit(ECHO)))
+    }
+
+    fn stop(_upstream: &SimplexStream) -> CancellationToken {
+        // Never stopped early: the bench ends its tunnels itself.
+        CancellationToken::new()
     }
 
     fn closed(&self, _upstream: SimplexStream, result: Result<Transferred, CopyError>) {

@@ -162,6 +162,13 @@ impl DrainWatcher {
         self.forced.cancelled()
     }
 
+    /// A token of this connection's own, cancelled when the drain is forced
+    /// and cancellable by its holder alone (a policy re-check stopping one
+    /// connection). Waiting on it covers both.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.forced.child_token()
+    }
+
     /// Whether a drain has started, without waiting.
     pub fn is_draining(&self) -> bool {
         let draining = |phase: &watch::Receiver<Phase>| *phase.borrow() != Phase::Running;

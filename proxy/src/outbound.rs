@@ -32,9 +32,6 @@ pub enum OutboundError {
     /// The source identity's certificate is not available.
     #[error("no certificate for the source workload: {0}")]
     Certificate(String),
-    /// The TLS client configuration could not be built.
-    #[error("TLS configuration: {0}")]
-    Tls(#[from] ztunnel_certs::tls::TlsError),
     /// Connecting to the peer or the destination failed.
     #[error("connect: {0}")]
     Connect(#[from] std::io::Error),
@@ -250,16 +247,15 @@ async fn tunnel(
         .map_err(|error| OutboundError::Certificate(error.to_string()))?;
     let source_ip = source.addresses.first().copied().unwrap_or(client.ip());
     let key = PoolKey::new(identity, route.expected.clone(), route.dial, source_ip);
-    let tls = Arc::new(ztunnel_certs::tls::client_config(
-        &certificate,
-        route.expected.clone(),
-    )?);
+    // Only a new pooled connection needs a TLS configuration; most
+    // connections reuse one and skip building it.
     let dial = || async {
+        let tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())?;
         let tcp = dial(proxy, route.dial).await.map_err(|error| match error {
             OutboundError::Connect(error) => HboneError::Connect(error),
             _ => HboneError::Connect(std::io::ErrorKind::TimedOut.into()),
         })?;
-        hbone::connect(tcp, tls, &proxy.h2).await
+        hbone::connect(tcp, Arc::new(tls), &proxy.h2).await
     };
     let checkout = tokio::time::timeout(CONNECT_TIMEOUT, proxy.pool.checkout(&key, dial))
         .await

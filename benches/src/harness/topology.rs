@@ -83,6 +83,9 @@ pub struct Topology {
     servers: Vec<Child>,
 }
 
+/// The ztunnels' log filter unless `--env RUST_LOG=...` says otherwise.
+const PRODUCTION_LOG_LEVEL: &str = "info";
+
 impl Topology {
     /// Builds the cluster with `ztunnel` as the proxy of both nodes, adds
     /// the pods and starts a load-generator server in each server pod.
@@ -109,6 +112,10 @@ impl Topology {
             binaries,
             ConfigSource::LocalFile,
         )?;
+        // What an operator runs: INFO, so one access-log line per
+        // connection ("connection complete"). The test clusters' default
+        // also logs every open at DEBUG, which is not what is measured.
+        cluster.set_ztunnel_env("RUST_LOG", PRODUCTION_LOG_LEVEL);
         for (key, value) in env {
             cluster.set_ztunnel_env(key, value);
         }

@@ -27,6 +27,9 @@ pub enum HboneError {
     /// The TCP connection to the peer's HBONE port failed or timed out.
     #[error("connecting to the HBONE peer: {0}")]
     Connect(#[source] std::io::Error),
+    /// The TLS client configuration could not be built.
+    #[error("TLS configuration: {0}")]
+    TlsConfig(#[from] ztunnel_certs::tls::TlsError),
     /// The TLS handshake failed: a wrong server identity, an unknown CA, or a
     /// broken connection.
     #[error("TLS handshake failed: {0}")]

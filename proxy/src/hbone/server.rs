@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::peer_identity;
 
@@ -107,6 +108,11 @@ pub trait InboundHandler: Send + Sync + 'static {
         request: &InboundRequest,
     ) -> impl Future<Output = Result<Self::Upstream, InboundRefusal>> + Send;
 
+    /// What the copy of `upstream` waits on to stop early: the handler
+    /// cancels it when the drain is forced, or when the tunnel must close
+    /// for its own reasons (a policy re-check).
+    fn stop(upstream: &Self::Upstream) -> CancellationToken;
+
     /// Called once the copy ended, with the bytes moved (`a_to_b` is client
     /// to upstream), for metrics and the access log. The request is gone by
     /// then (its headers are not kept for a connection's life): what the
@@ -171,7 +177,6 @@ where
         peer_addr,
         local_addr,
         max_write: settings.max_frame_size as usize,
-        drain: drain.clone(),
     });
     let mut streams = JoinSet::new();
     let mut draining = false;
@@ -189,7 +194,7 @@ where
                         Arc::clone(&context),
                         Arc::clone(&handler),
                     ));
-                    streams.spawn(serve_stream(opening, Arc::clone(&context), Arc::clone(&handler)));
+                    streams.spawn(serve_stream(opening, Arc::clone(&handler)));
                 }
                 Some(Err(error)) => return Err(ServerError::H2(error)),
                 None => break,
@@ -221,9 +226,6 @@ struct StreamContext {
     peer_addr: SocketAddr,
     local_addr: SocketAddr,
     max_write: usize,
-    /// Stops each stream's copy when the drain is forced, so that its close
-    /// is still reported.
-    drain: DrainWatcher,
 }
 
 /// A stream's set-up: the request checked and admitted, the upstream
@@ -236,15 +238,12 @@ type Opening<U> = Pin<Box<dyn Future<Output = Option<(H2Stream, U)>> + Send>>;
 /// set-up (the request with its headers, the policy check, the upstream
 /// dial) needs far more than the copy; so it comes in boxed, and is freed
 /// when it is done.
-async fn serve_stream<H: InboundHandler>(
-    opening: Opening<H::Upstream>,
-    context: Arc<StreamContext>,
-    handler: Arc<H>,
-) {
+async fn serve_stream<H: InboundHandler>(opening: Opening<H::Upstream>, handler: Arc<H>) {
     let Some((mut tunnel, mut upstream)) = opening.await else {
         return;
     };
-    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, context.drain.forced()).await;
+    let stop = H::stop(&upstream);
+    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, stop.cancelled()).await;
     handler.closed(upstream, result);
 }
 

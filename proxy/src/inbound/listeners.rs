@@ -11,6 +11,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
 use ztunnel_certs::identity::Identity;
 
 use crate::access_log::{self, Direction};
@@ -29,7 +30,10 @@ use crate::socket::{canonical, original_destination};
 pub struct Upstream {
     stream: TcpStream,
     report: Option<Report>,
-    _tracked: Option<TrackedGuard>,
+    /// Cancelled when the copy must stop now: the drain is forced, or a
+    /// policy re-check no longer allows the connection.
+    stop: CancellationToken,
+    _tracked: TrackedGuard,
 }
 
 impl AsyncRead for Upstream {
@@ -125,16 +129,12 @@ async fn open_upstream(
             return Err(OpenError::Dial);
         }
     };
-    let tracked = match proxy.tracker.track(connection, &stream) {
-        Ok(guard) => Some(guard),
-        Err(error) => {
-            tracing::warn!(%error, "connection cannot be re-checked on policy change");
-            None
-        }
-    };
+    let stop = proxy.drain.stop_token();
+    let tracked = proxy.tracker.track(connection, stop.clone());
     Ok(Upstream {
         stream,
         report: Some(report),
+        stop,
         _tracked: tracked,
     })
 }
@@ -221,6 +221,10 @@ impl InboundHandler for HboneInbound {
             }),
             Err(OpenError::Dial) => Err(InboundRefusal::Unavailable("application unreachable")),
         }
+    }
+
+    fn stop(upstream: &Upstream) -> CancellationToken {
+        upstream.stop.clone()
     }
 
     fn closed(&self, mut upstream: Upstream, result: Result<Transferred, CopyError>) {
@@ -326,8 +330,8 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
             let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None)).await else {
                 return;
             };
-            let result =
-                copy_bidirectional_until(&mut tcp, &mut upstream, proxy.drain.forced()).await;
+            let stop = upstream.stop.clone();
+            let result = copy_bidirectional_until(&mut tcp, &mut upstream, stop.cancelled()).await;
             close_report(&mut upstream, &result);
         });
     }

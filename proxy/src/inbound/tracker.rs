@@ -1,16 +1,13 @@
 //! Open inbound connections, kept so that a policy change can re-check them
-//! and close the ones no longer allowed. Closing shuts the upstream socket
-//! down through a duplicate of its descriptor, which ends the copy loop on
-//! both sides wherever it is running.
+//! and close the ones no longer allowed. Closing cancels the connection's
+//! stop token, which its copy waits on: the copy ends, reports its close,
+//! and drops both sides.
 
 use std::collections::HashMap;
-use std::io;
-use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use socket2::{SockRef, Socket};
-use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 use crate::inbound::decision::still_allowed;
 use crate::rbac::{Connection, DenyReason};
@@ -26,8 +23,8 @@ pub struct Tracker {
 #[derive(Debug)]
 struct Tracked {
     connection: Connection,
-    /// A duplicate of the upstream socket, to shut it down from here.
-    socket: Socket,
+    /// What the connection's copy waits on.
+    stop: CancellationToken,
 }
 
 /// Keeps a connection tracked; dropping it forgets the connection.
@@ -47,15 +44,14 @@ pub struct Closed {
 }
 
 impl Tracker {
-    /// Tracks `connection`, whose application side is `upstream`.
-    pub fn track(&self, connection: Connection, upstream: &TcpStream) -> io::Result<TrackedGuard> {
-        let socket = SockRef::from(upstream).try_clone()?;
+    /// Tracks `connection`, whose copy stops when `stop` is cancelled.
+    pub fn track(&self, connection: Connection, stop: CancellationToken) -> TrackedGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, Tracked { connection, socket });
-        Ok(TrackedGuard {
+        self.lock().insert(id, Tracked { connection, stop });
+        TrackedGuard {
             tracker: self.clone(),
             id,
-        })
+        }
     }
 
     /// Re-checks every open connection against `state` and closes the ones
@@ -67,9 +63,7 @@ impl Tracker {
             |_, tracked| match still_allowed(state, &tracked.connection) {
                 Ok(()) => true,
                 Err(reason) => {
-                    // The copy loop sees EOF and write errors and ends; errors
-                    // here mean the socket is already closed.
-                    let _ = tracked.socket.shutdown(Shutdown::Both);
+                    tracked.stop.cancel();
                     closed.push(Closed {
                         connection: tracked.connection.clone(),
                         reason,

@@ -256,7 +256,7 @@ impl NetnsSockets {
     fn socket(&self, destination: SocketAddr) -> io::Result<Socket> {
         let domain = Domain::for_address(destination);
         let socket = self.netns.run_here(&self.home, || {
-            Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+            Socket::new(domain, socket::DIAL_TYPE, Some(Protocol::TCP))
         })??;
         socket::dial_socket(socket, self.mark)
     }
