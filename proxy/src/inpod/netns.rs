@@ -266,7 +266,7 @@ impl SocketFactory for NetnsSockets {
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
         let socket = self.socket(destination)?;
         if let Some(source) = source {
-            socket.bind(&SocketAddr::new(source, 0).into())?;
+            socket::bind_source(&socket, source)?;
         }
         Ok(TcpSocket::from_std_stream(socket.into()))
     }
@@ -278,7 +278,7 @@ impl SocketFactory for NetnsSockets {
         let same_family = client.is_ipv4() == destination.is_ipv4();
         if self.transparent && same_family {
             set_transparent(&socket, destination)?;
-            socket.bind(&SocketAddr::new(client, 0).into())?;
+            socket::bind_source(&socket, client)?;
         }
         Ok(TcpSocket::from_std_stream(socket.into()))
     }
