@@ -8,6 +8,11 @@
 //!   TCP: the client's ztunnel passes the bytes through and the server's
 //!   ztunnel takes them on its plaintext inbound listener;
 //! - hbone: a meshed client to a meshed HBONE server, through the tunnel.
+//!
+//! Each path has a client pod of its own: sockets a run leaves in TIME_WAIT
+//! stay in its pod's namespace and do not slow the next path's connects
+//! (tens of thousands of them after a `connect` run made the tunnel's
+//! connect p99 15 ms instead of 0.8 ms when both shared one pod).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -69,7 +74,7 @@ impl Path3 {
     fn pods(self) -> (&'static str, &'static str) {
         match self {
             Path3::Direct => ("direct-client", "direct-server"),
-            Path3::Tcp => ("client", "tcp-server"),
+            Path3::Tcp => ("tcp-client", "tcp-server"),
             Path3::Hbone => ("client", "hbone-server"),
         }
     }
@@ -98,6 +103,7 @@ impl Topology {
         binaries.ztunnel = ztunnel.to_path_buf();
         let specs = [
             PodSpec::new("client", MESHED, "client", CLIENT_NODE),
+            PodSpec::new("tcp-client", MESHED, "client", CLIENT_NODE),
             PodSpec::new("hbone-server", MESHED, "server", SERVER_NODE),
             PodSpec::new("tcp-server", MESHED, "server", SERVER_NODE),
             PodSpec::new("direct-client", UNMESHED, "client", CLIENT_NODE),
