@@ -29,7 +29,7 @@ impl Direction {
 
 /// What is known of one side of a connection. Missing fields are left out
 /// of the line.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PeerLog {
     /// The workload's name.
     pub workload: Option<Arc<str>>,
@@ -41,21 +41,30 @@ pub struct PeerLog {
     pub cluster: Option<Arc<str>>,
 }
 
+/// Who the two ends of a connection are: the same for every connection
+/// between the same two workloads, so open connections share one copy
+/// (`crate::interner`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Peers {
+    /// The client workload.
+    pub src: PeerLog,
+    /// The destination service hostname, when the destination is a service.
+    pub dst_service: Option<Arc<str>>,
+    /// The server workload.
+    pub dst: PeerLog,
+}
+
 /// The fields of a connection known when it opens.
 #[derive(Debug, Clone)]
 pub struct ConnectionLog {
     /// The client's address.
     pub src_addr: SocketAddr,
-    /// The client workload.
-    pub src: PeerLog,
     /// The address the connection is for (the original destination).
     pub dst_addr: SocketAddr,
     /// The HBONE peer the connection is tunnelled to, when it is.
     pub dst_hbone_addr: Option<SocketAddr>,
-    /// The destination service hostname, when the destination is a service.
-    pub dst_service: Option<Arc<str>>,
-    /// The server workload.
-    pub dst: PeerLog,
+    /// The two ends' workloads and the service.
+    pub peers: Arc<Peers>,
     /// Outbound or inbound.
     pub direction: Direction,
 }
@@ -92,17 +101,17 @@ macro_rules! connection_event {
             target: "access",
             $level,
             src.addr = %log.src_addr,
-            src.workload = log.src.workload.as_deref(),
-            src.namespace = log.src.namespace.as_deref(),
-            src.identity = log.src.identity.as_deref(),
-            src.cluster = log.src.cluster.as_deref(),
+            src.workload = log.peers.src.workload.as_deref(),
+            src.namespace = log.peers.src.namespace.as_deref(),
+            src.identity = log.peers.src.identity.as_deref(),
+            src.cluster = log.peers.src.cluster.as_deref(),
             dst.addr = %log.dst_addr,
             dst.hbone_addr = log.dst_hbone_addr.map(tracing::field::display),
-            dst.service = log.dst_service.as_deref(),
-            dst.workload = log.dst.workload.as_deref(),
-            dst.namespace = log.dst.namespace.as_deref(),
-            dst.identity = log.dst.identity.as_deref(),
-            dst.cluster = log.dst.cluster.as_deref(),
+            dst.service = log.peers.dst_service.as_deref(),
+            dst.workload = log.peers.dst.workload.as_deref(),
+            dst.namespace = log.peers.dst.namespace.as_deref(),
+            dst.identity = log.peers.dst.identity.as_deref(),
+            dst.cluster = log.peers.dst.cluster.as_deref(),
             direction = log.direction.as_str(),
             $($($extra)*)?
             $message

@@ -17,6 +17,7 @@ pub mod hbone;
 pub mod identity;
 pub mod inbound;
 pub mod inpod;
+pub mod interner;
 pub mod metrics;
 pub mod outbound;
 pub mod pool;

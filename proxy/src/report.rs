@@ -5,11 +5,13 @@
 //! `access_log.rs`.
 
 use std::net::SocketAddr;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use ztunnel_certs::identity::Identity;
 
-use crate::access_log::{self, ConnectionLog, Direction, Outcome, PeerLog};
+use crate::access_log::{self, ConnectionLog, Direction, Outcome, PeerLog, Peers};
+use crate::interner::Interner;
 use crate::metrics::{
     ConnectionMetrics, Metrics, PeerLabels, Reporter, ResponseFlags, SecurityPolicy, ServiceLabels,
     TrafficLabels,
@@ -26,6 +28,11 @@ pub struct End<'a> {
     /// Its verified identity (mTLS only).
     pub identity: Option<&'a Identity>,
 }
+
+/// The ends of open connections, shared by every connection between the
+/// same two workloads (168 bytes each otherwise). Process-wide, like the
+/// workloads it describes.
+static PEERS: LazyLock<Interner<Peers>> = LazyLock::new(Interner::default);
 
 /// A connection being reported.
 pub struct Report {
@@ -68,13 +75,16 @@ impl Report {
         if mtls {
             labels.security_policy = SecurityPolicy::MutualTls;
         }
-        let log = ConnectionLog {
-            src_addr: opening.source.addr,
+        let peers = Peers {
             src: peer_log(&opening.source),
-            dst_addr: opening.destination.addr,
-            dst_hbone_addr: opening.hbone_addr,
             dst_service: opening.service.map(|service| service.hostname.clone()),
             dst: peer_log(&opening.destination),
+        };
+        let log = ConnectionLog {
+            src_addr: opening.source.addr,
+            dst_addr: opening.destination.addr,
+            dst_hbone_addr: opening.hbone_addr,
+            peers: PEERS.intern(peers),
             direction: opening.direction,
         };
         access_log::opened(&log);

@@ -49,21 +49,23 @@ fn logged(filter: &str, emit: impl FnOnce()) -> Vec<Value> {
 fn inbound_mtls() -> ConnectionLog {
     ConnectionLog {
         src_addr: "10.0.0.1:40000".parse().unwrap(),
-        src: PeerLog {
-            workload: Some("client".into()),
-            namespace: Some("a".into()),
-            identity: Some("spiffe://cluster.local/ns/a/sa/client".into()),
-            cluster: None,
-        },
         dst_addr: "10.0.0.2:8080".parse().unwrap(),
         dst_hbone_addr: Some("10.0.0.2:15008".parse().unwrap()),
-        dst_service: Some("echo.b.svc.cluster.local".into()),
-        dst: PeerLog {
-            workload: Some("server".into()),
-            namespace: Some("b".into()),
-            identity: Some("spiffe://cluster.local/ns/b/sa/server".into()),
-            cluster: None,
-        },
+        peers: Arc::new(Peers {
+            src: PeerLog {
+                workload: Some("client".into()),
+                namespace: Some("a".into()),
+                identity: Some("spiffe://cluster.local/ns/a/sa/client".into()),
+                cluster: None,
+            },
+            dst_service: Some("echo.b.svc.cluster.local".into()),
+            dst: PeerLog {
+                workload: Some("server".into()),
+                namespace: Some("b".into()),
+                identity: Some("spiffe://cluster.local/ns/b/sa/server".into()),
+                cluster: None,
+            },
+        }),
         direction: Direction::Inbound,
     }
 }
@@ -112,7 +114,7 @@ fn a_successful_close_is_one_info_line_with_every_field() {
 #[test]
 fn a_failed_close_is_an_error_line_with_the_error() {
     let mut log = inbound_mtls();
-    log.src.identity = None;
+    Arc::make_mut(&mut log.peers).src.identity = None;
     log.direction = Direction::Outbound;
     let error = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
     let lines = logged("info", || {

@@ -16,7 +16,9 @@ use crate::state::State;
 /// The open connections.
 #[derive(Debug, Clone, Default)]
 pub struct Tracker {
-    inner: Arc<Mutex<HashMap<u64, Tracked>>>,
+    /// Boxed entries: the table keeps spare slots as it grows, and a slot
+    /// of a pointer is cheaper to keep spare than one of a whole entry.
+    inner: Arc<Mutex<HashMap<u64, Box<Tracked>>>>,
     next: Arc<AtomicU64>,
 }
 
@@ -47,7 +49,8 @@ impl Tracker {
     /// Tracks `connection`, whose copy stops when `stop` is cancelled.
     pub fn track(&self, connection: Connection, stop: CancellationToken) -> TrackedGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, Tracked { connection, stop });
+        self.lock()
+            .insert(id, Box::new(Tracked { connection, stop }));
         TrackedGuard {
             tracker: self.clone(),
             id,
@@ -85,7 +88,7 @@ impl Tracker {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Tracked>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Box<Tracked>>> {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
