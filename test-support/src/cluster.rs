@@ -248,13 +248,6 @@ impl Cluster {
         self.ca.restart(&self.ca_ns)
     }
 
-    /// Runs `binary` as the ztunnel of every node from the next
-    /// [`Cluster::start_ztunnel`] on: any build that takes the same
-    /// environment (and, with [`ConfigSource::LocalFile`], the same file).
-    pub fn use_ztunnel(&mut self, binary: PathBuf) {
-        self.binaries.ztunnel = binary;
-    }
-
     /// Sets `key=value` in the environment of every ztunnel started from now
     /// on, over the cluster's own value of `key`.
     pub fn set_ztunnel_env(&mut self, key: &str, value: &str) {
