@@ -28,6 +28,11 @@ pub use server::{
 };
 pub use stream::{ActiveStream, H2Stream};
 
+/// Encrypted bytes a TLS session queues before its writer waits for the
+/// socket. Each write to the socket takes all that is queued, so this is
+/// also the largest write: 256 KiB lets TCP build full 64 KiB packets.
+pub(crate) const TLS_SEND_BUFFER: usize = 256 * 1024;
+
 /// The HTTP/2 settings of both sides (WIRE.md §4 "HTTP/2 settings"). The
 /// defaults are ztunnel's; `HTTP2_*` configuration overrides the windows and
 /// the frame size.

@@ -96,10 +96,14 @@ pub async fn connect(
     tls: Arc<ClientConfig>,
     settings: &H2Settings,
 ) -> Result<HboneConnection, HboneError> {
-    let tls_stream = TlsConnector::from(tls)
+    let mut tls_stream = TlsConnector::from(tls)
         .connect(dummy_server_name(), tcp)
         .await
         .map_err(HboneError::Tls)?;
+    tls_stream
+        .get_mut()
+        .1
+        .set_buffer_limit(Some(super::TLS_SEND_BUFFER));
     let session = tls_stream.get_ref().1;
     if session.alpn_protocol() != Some(ALPN_H2) {
         return Err(HboneError::NoAlpnH2);

@@ -129,10 +129,14 @@ pub async fn accept_tls(
     timeout: Duration,
 ) -> Result<(TlsStream<TcpStream>, Identity), ServerError> {
     let accept = TlsAcceptor::from(config).accept(tcp);
-    let stream = tokio::time::timeout(timeout, accept)
+    let mut stream = tokio::time::timeout(timeout, accept)
         .await
         .map_err(|_elapsed| ServerError::HandshakeTimeout(timeout))?
         .map_err(ServerError::Tls)?;
+    stream
+        .get_mut()
+        .1
+        .set_buffer_limit(Some(super::TLS_SEND_BUFFER));
     let identity = peer_identity(stream.get_ref().1).ok_or(ServerError::NoPeerIdentity)?;
     Ok((stream, identity))
 }
