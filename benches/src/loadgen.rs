@@ -29,7 +29,7 @@ mod stream;
 
 pub use cli::{Cli, Close, Command, Direction};
 pub use latency::Latency;
-pub use report::{ConnectReport, Event, IdleReport, Report, RrReport, StreamReport};
+pub use report::{ConnectReport, Event, IdleReport, Outcome, Report, RrReport, StreamReport};
 
 use progress::Counters;
 
@@ -90,7 +90,12 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Connect(args) => Report::Connect(connect::run(args, quiet, &counters).await?),
         Command::Idle(args) => Report::Idle(idle::run(args, quiet, &counters).await?),
     };
-    report::print(&report).map_err(Error::Output)?;
+    let result = report::Outcome {
+        report,
+        cpu_s: report::own_cpu_seconds(),
+    };
+    report::print(&result).map_err(Error::Output)?;
+    let report = result.report;
     conclude(&report, &counters)
 }
 

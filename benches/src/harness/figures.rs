@@ -186,6 +186,18 @@ fn of_run(run: &Run, figures: &mut Figures) {
         }
     };
     let held = field("held");
+    if let Some((units, name, scale)) = per_unit.filter(|(units, ..)| *units > 0.0) {
+        let ends = [
+            ("app_client", run.endpoints.client_cpu_s),
+            ("app_server", run.endpoints.server_cpu_s),
+        ];
+        for (end, cpu_s) in ends {
+            put(
+                &format!("{end}.{name}"),
+                cpu_s.map(|cpu_s| cpu_s * scale / units),
+            );
+        }
+    }
     for (proxy, cost) in PROXIES.iter().zip(&run.proxies) {
         if let Some((units, name, scale)) = per_unit.filter(|(units, ..)| *units > 0.0) {
             put(&format!("{proxy}.{name}"), Some(cost.cpu_s * scale / units));
@@ -243,7 +255,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::harness::scenario::ProxyCost;
+    use crate::harness::scenario::{Endpoints, ProxyCost};
     use crate::harness::topology::Path3;
 
     fn run(scenario: Scenario, path: Path3, load: Value, cpu_s: [f64; 2]) -> Run {
@@ -258,11 +270,24 @@ mod tests {
             path,
             load,
             proxies: [cost(cpu_s[0]), cost(cpu_s[1])],
+            endpoints: Endpoints::default(),
         }
     }
 
     #[test]
     fn derives_per_unit_costs_and_cross_path_figures() {
+        let direct_rr = Run {
+            endpoints: Endpoints {
+                client_cpu_s: Some(0.04),
+                server_cpu_s: None,
+            },
+            ..run(
+                Scenario::Rr,
+                Path3::Direct,
+                json!({"requests": 1000.0, "latency_us": {"p50": 20.0}}),
+                [0.0, 0.0],
+            )
+        };
         let runs = [
             run(
                 Scenario::Stream1,
@@ -282,12 +307,7 @@ mod tests {
                 json!({"gbit_per_s": 6.0, "bytes": 7.5e9}),
                 [4.0, 2.0],
             ),
-            run(
-                Scenario::Rr,
-                Path3::Direct,
-                json!({"requests": 1000.0, "latency_us": {"p50": 20.0}}),
-                [0.0, 0.0],
-            ),
+            direct_rr,
             run(
                 Scenario::Rr,
                 Path3::Hbone,
@@ -308,6 +328,9 @@ mod tests {
         assert_eq!(figures["hbone.stream8.vs_stream1"], 1.5);
         assert_eq!(figures["hbone.rr.client.cpu_us_per_request"], 20.0);
         assert_eq!(figures["hbone.rr.added_p50_us"], 50.0);
+        // The application's own cost, where it was measured.
+        assert_eq!(figures["direct.rr.app_client.cpu_us_per_request"], 40.0);
+        assert!(!figures.contains_key("direct.rr.app_server.cpu_us_per_request"));
         assert_eq!(figures["hbone.idle.client.kib_per_connection"], 4.0);
         assert!(
             !figures.contains_key("direct.stream1.client.cpu_s_per_gb")

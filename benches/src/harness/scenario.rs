@@ -111,6 +111,18 @@ pub struct ProxyCost {
     pub holding_rss_kib: Option<u64>,
 }
 
+/// What the two ends of the traffic (the load generator's client and its
+/// server) spent during a run: the cost of the application's own socket
+/// work on this machine, beside which the proxies' costs are read.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Endpoints {
+    /// CPU seconds of the client, from its start to its report (its own
+    /// `getrusage`); `None` from a load generator that does not report it.
+    pub client_cpu_s: Option<f64>,
+    /// CPU seconds of the server during the run, from `/proc`.
+    pub server_cpu_s: Option<f64>,
+}
+
 /// One scenario on one path.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
@@ -122,6 +134,8 @@ pub struct Run {
     pub load: Value,
     /// The client-side ztunnel (node-a), then the server-side one (node-b).
     pub proxies: [ProxyCost; 2],
+    /// The load generator's two ends.
+    pub endpoints: Endpoints,
 }
 
 /// Runs `scenario` on `path` and measures both proxies.
@@ -172,6 +186,8 @@ pub fn run(
             command.args(["--connections", &connections, "--hold", &hold]);
         }
     }
+    let server = topology.server(path);
+    let server_before = server.and_then(|server| server.cpu_seconds().ok());
     let before_cpu = cpu(&proxies)?;
     let before = memory(&proxies)?;
     for proxy in proxies {
@@ -194,6 +210,13 @@ pub fn run(
     })?;
     let after_cpu = cpu(&proxies)?;
     let after = memory(&proxies)?;
+    let server_after = server.and_then(|server| server.cpu_seconds().ok());
+    let endpoints = Endpoints {
+        client_cpu_s: load.get("cpu_s").and_then(Value::as_f64),
+        server_cpu_s: server_before
+            .zip(server_after)
+            .map(|(before, after)| after - before),
+    };
     let mut costs = [ProxyCost::default(); 2];
     for (index, cost) in costs.iter_mut().enumerate() {
         *cost = ProxyCost {
@@ -209,6 +232,7 @@ pub fn run(
         path,
         load,
         proxies: costs,
+        endpoints,
     })
 }
 

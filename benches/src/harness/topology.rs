@@ -85,7 +85,8 @@ pub struct Topology {
     /// The cluster; dropping it removes every namespace and process.
     pub cluster: Cluster,
     loadgen: PathBuf,
-    servers: Vec<Child>,
+    /// The load-generator server of each path.
+    servers: Vec<(Path3, Child)>,
 }
 
 /// The ztunnels' log filter unless `--env RUST_LOG=...` says otherwise.
@@ -140,8 +141,7 @@ impl Topology {
         };
         topology.restart_ztunnels()?;
         for path in Path3::ALL {
-            let (_, server) = path.pods();
-            topology.start_server(server)?;
+            topology.start_server(path)?;
         }
         Ok(topology)
     }
@@ -175,6 +175,15 @@ impl Topology {
         Ok([pid(CLIENT_NODE)?, pid(SERVER_NODE)?])
     }
 
+    /// The load-generator server of `path` (`ip netns exec` runs it in
+    /// place, so the child's PID is the server's).
+    pub fn server(&self, path: Path3) -> Option<Process> {
+        self.servers
+            .iter()
+            .find(|(served, _)| *served == path)
+            .map(|(_, child)| Process { pid: child.id() })
+    }
+
     /// A load-generator client command inside the client pod of `path`,
     /// and the server address it targets.
     pub fn client(&self, path: Path3) -> anyhow::Result<(Command, SocketAddr)> {
@@ -205,7 +214,8 @@ impl Topology {
 
     /// Starts a load-generator server in `pod`; it is stopped with the
     /// topology, also when it fails to come up.
-    fn start_server(&mut self, pod: &str) -> anyhow::Result<()> {
+    fn start_server(&mut self, path: Path3) -> anyhow::Result<()> {
+        let (_, pod) = path.pods();
         let pod: &Pod = self.cluster.pod(pod)?;
         let listen = SocketAddr::from(([0, 0, 0, 0], SERVER_PORT)).to_string();
         let child = pod
@@ -217,7 +227,7 @@ impl Topology {
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {} in {}", self.loadgen.display(), pod.spec.name))?;
-        self.servers.push(child);
+        self.servers.push((path, child));
         // Checked from inside the server pod itself, where no capture
         // applies to its own address.
         if !wait::until(SERVER_START, || pod.listens_on(SERVER_PORT)) {
@@ -232,7 +242,7 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        for server in &mut self.servers {
+        for (_, server) in &mut self.servers {
             let _ = server.kill();
             let _ = server.wait();
         }

@@ -130,6 +130,28 @@ impl Report {
     }
 }
 
+/// The result line: the report and what the client spent producing it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// The mode's figures (`mode` names it).
+    #[serde(flatten)]
+    pub report: Report,
+    /// CPU seconds, user and system, this process used from its start to
+    /// the report: the cost of one endpoint of the traffic, which the
+    /// harness sets beside the proxies' (`--` when it could not be read).
+    pub cpu_s: Option<f64>,
+}
+
+/// CPU seconds, user and system, used by this process so far.
+pub fn own_cpu_seconds() -> Option<f64> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).ok()?;
+    let seconds = |time: nix::sys::time::TimeVal| {
+        time.tv_sec() as f64 + f64::from(u32::try_from(time.tv_usec()).unwrap_or(0)) / 1e6
+    };
+    Some(seconds(usage.user_time()) + seconds(usage.system_time()))
+}
+
 /// Prints one JSON line on stdout and flushes it, so that a reader waiting
 /// for the line sees it now and not when the buffer fills.
 pub fn print<T: Serialize>(line: &T) -> io::Result<()> {
