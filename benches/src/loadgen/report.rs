@@ -138,7 +138,7 @@ pub struct Outcome {
     pub report: Report,
     /// CPU seconds, user and system, this process used from its start to
     /// the report: the cost of one endpoint of the traffic, which the
-    /// harness sets beside the proxies' (`--` when it could not be read).
+    /// harness sets beside the proxies' (`null` when it could not be read).
     pub cpu_s: Option<f64>,
 }
 
@@ -189,6 +189,26 @@ mod tests {
         assert_eq!(json["direction"], "up");
         let back: Report = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
+    }
+
+    #[test]
+    fn the_result_line_has_the_report_and_the_cpu_at_the_top_level() {
+        let outcome = Outcome {
+            report: Report::Idle(IdleReport {
+                held: 3,
+                errors: 0,
+                dropped: 0,
+                open_s: 0.5,
+            }),
+            cpu_s: own_cpu_seconds(),
+        };
+        let json = serde_json::to_value(&outcome).unwrap();
+        assert_eq!(json["mode"], "idle");
+        assert_eq!(json["held"], 3);
+        // This test process has run, so it has spent some CPU.
+        assert!(json["cpu_s"].as_f64().unwrap() > 0.0);
+        let back: Outcome = serde_json::from_value(json).unwrap();
+        assert_eq!(back, outcome);
     }
 
     #[test]
