@@ -90,13 +90,12 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Connect(args) => Report::Connect(connect::run(args, quiet, &counters).await?),
         Command::Idle(args) => Report::Idle(idle::run(args, quiet, &counters).await?),
     };
-    let result = report::Outcome {
+    let outcome = report::Outcome {
         report,
         cpu_s: report::own_cpu_seconds(),
     };
-    report::print(&result).map_err(Error::Output)?;
-    let report = result.report;
-    conclude(&report, &counters)
+    report::print(&outcome).map_err(Error::Output)?;
+    conclude(&outcome.report, &counters)
 }
 
 /// Turns a run where nothing succeeded into an error (after its report was

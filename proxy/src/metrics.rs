@@ -8,6 +8,7 @@
 //! names are Istio's or with a `ztunnel_` name when they are ours.
 //! The traffic label set lives in `metrics/labels.rs`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -283,18 +284,14 @@ impl ConnectionMetrics {
             return;
         }
         self.closed = true;
-        let with_flags;
-        let labels = if flags == self.labels.response_flags {
-            &*self.labels
-        } else {
-            let mut labels = TrafficLabels::clone(&self.labels);
-            labels.response_flags = flags;
-            with_flags = labels;
-            &with_flags
-        };
-        self.closed_family.get_or_create(labels).inc();
+        // The shared set as it is, or a copy carrying the close's flags.
+        let mut labels = Cow::Borrowed(&*self.labels);
+        if flags != labels.response_flags {
+            labels.to_mut().response_flags = flags;
+        }
+        self.closed_family.get_or_create(&labels).inc();
         if flags != ResponseFlags::None {
-            self.failed_family.get_or_create(labels).inc();
+            self.failed_family.get_or_create(&labels).inc();
         }
         self.sockets_open.dec();
     }

@@ -115,10 +115,10 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
         let route = route::route(&state, "", target, proxy.pick());
         (route, proxy.local_workload_in(&state))
     };
-    match route {
+    let (report, connected) = match route {
         Route::Refuse(refusal) => {
             access_log::failed(peer, target, Direction::Outbound, &refusal);
-            None
+            return None;
         }
         Route::Passthrough {
             target,
@@ -144,13 +144,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                     hbone_addr: None,
                 },
             );
-            match dial(proxy, target).await {
-                Ok(upstream) => Some((report, Either::Left(upstream))),
-                Err(error) => {
-                    report.close(0, 0, flags(&error), Some(&error));
-                    None
-                }
-            }
+            (report, dial(proxy, target).await.map(Either::Left))
         }
         Route::Hbone(route) => {
             let source_identity = source
@@ -176,13 +170,15 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                     hbone_addr: Some(route.dial),
                 },
             );
-            match tunnel(proxy, source.as_deref(), peer, &route).await {
-                Ok(stream) => Some((report, Either::Right(stream))),
-                Err(error) => {
-                    report.close(0, 0, flags(&error), Some(&error));
-                    None
-                }
-            }
+            let connected = tunnel(proxy, source.as_deref(), peer, &route).await;
+            (report, connected.map(Either::Right))
+        }
+    };
+    match connected {
+        Ok(upstream) => Some((report, upstream)),
+        Err(error) => {
+            report.close(0, 0, flags(&error), Some(&error));
+            None
         }
     }
 }

@@ -17,10 +17,6 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// the accept loop is busy, the kernel caps it at `somaxconn` anyway.
 const LISTEN_BACKLOG: i32 = 1024;
 
-/// The type of every dialing socket: non-blocking from its creation, which
-/// saves the two `fcntl` calls of setting it afterwards on every dial.
-pub const DIAL_TYPE: Type = Type::STREAM.nonblocking();
-
 /// Makes the sockets of one proxied workload.
 pub trait SocketFactory: Send + Sync + 'static {
     /// An unconnected TCP socket for `destination`'s family, optionally bound
@@ -53,11 +49,7 @@ impl LocalSockets {
 
 impl SocketFactory for LocalSockets {
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
-        let domain = Domain::for_address(destination);
-        let socket = dial_socket(
-            Socket::new(domain, DIAL_TYPE, Some(Protocol::TCP))?,
-            self.mark,
-        )?;
+        let socket = dial_socket(new_dial_socket(destination)?, self.mark)?;
         if let Some(source) = source {
             bind_source(&socket, source)?;
         }
@@ -91,8 +83,16 @@ pub fn listen(
     Ok(socket.into())
 }
 
-/// Sets up a fresh TCP socket, made with [`DIAL_TYPE`], as every proxy dial
-/// is: no Nagle, and `mark` as SO_MARK so that capture rules skip it.
+/// A new TCP socket for dialing `destination`'s family, in the calling
+/// thread's namespace: non-blocking from its creation, which saves the two
+/// `fcntl` calls of setting it afterwards on every dial.
+pub fn new_dial_socket(destination: SocketAddr) -> io::Result<Socket> {
+    let domain = Domain::for_address(destination);
+    Socket::new(domain, Type::STREAM.nonblocking(), Some(Protocol::TCP))
+}
+
+/// Sets up a socket from [`new_dial_socket`] as every proxy dial is: no
+/// Nagle, and `mark` as SO_MARK so that capture rules skip it.
 pub fn dial_socket(socket: Socket, mark: Option<u32>) -> io::Result<Socket> {
     socket.set_tcp_nodelay(true)?;
     if let Some(mark) = mark {

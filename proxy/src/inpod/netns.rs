@@ -254,10 +254,9 @@ pub struct NetnsSockets {
 
 impl NetnsSockets {
     fn socket(&self, destination: SocketAddr) -> io::Result<Socket> {
-        let domain = Domain::for_address(destination);
-        let socket = self.netns.run_here(&self.home, || {
-            Socket::new(domain, socket::DIAL_TYPE, Some(Protocol::TCP))
-        })??;
+        let socket = self
+            .netns
+            .run_here(&self.home, || socket::new_dial_socket(destination))??;
         socket::dial_socket(socket, self.mark)
     }
 }
