@@ -29,7 +29,8 @@ const MAX_RATE: f64 = 1e9;
 /// first response), two zero bytes, u32 request size, u32 response size.
 ///
 /// Every client run ends by printing one JSON object as the last line of
-/// stdout; earlier stdout lines are `{"event":...}` objects. Progress for
+/// stdout, the mode's figures below plus `"cpu_s":F`, the CPU seconds this
+/// process used; earlier stdout lines are `{"event":...}` objects. Progress for
 /// people goes to stderr once a second on runs longer than 3 s. If every
 /// attempt fails the report is still printed and the exit status is 1.
 /// Client runs other than idle are bounded by --duration and their count
