@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}; seconds=${2:-10}
 [ "$(id -u)" = 0 ] || { echo "two-nodes: needs root (network namespaces, iptables)"; exit 1; }
-cargo build --release -q -p ztunnel-certs -p ztunnel-proxy
+cargo build --release -q -p ztunnel-control-plane -p ztunnel-proxy
 bin=$(pwd)/target/release
 run=$(mktemp -d)
 a="zt-demo-a-$$"; b="zt-demo-b-$$"

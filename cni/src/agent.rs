@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use ztunnel_certs::ca::registry::{FileRegistry, RegistryError};
+use ztunnel_mesh::{FileRegistry, RegistryError};
 
 use crate::event::DEFAULT_SOCKET;
 

@@ -12,9 +12,9 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::{Algorithm, EncodingKey};
 use libfuzzer_sys::fuzz_target;
-use ztunnel_certs::ca::authn::{Caller, TokenPolicy};
-use ztunnel_certs::ca::token::TokenSigner;
-use ztunnel_certs::ca::token_keys::TokenKeys;
+use ztunnel_control_plane::ca::authn::{Caller, TokenPolicy};
+use ztunnel_control_plane::ca::token::TokenSigner;
+use ztunnel_control_plane::ca::token_keys::TokenKeys;
 
 /// The fixed test key: generated once per fuzzing process.
 struct Fixture {

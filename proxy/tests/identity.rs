@@ -12,13 +12,13 @@ use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic::Code;
-use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
-use ztunnel_certs::ca::metrics::CaMetrics;
-use ztunnel_certs::ca::registry::FileRegistry;
-use ztunnel_certs::ca::token::{PodToken, TokenSigner};
-use ztunnel_certs::ca::{CaConfig, server};
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
+use ztunnel_control_plane::ca::metrics::CaMetrics;
+use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
+use ztunnel_control_plane::ca::{CaConfig, server};
+use ztunnel_mesh::FileRegistry;
 use ztunnel_proxy::identity::ca_client::{CaClient, CaClientConfig, CaClientError};
 use ztunnel_proxy::identity::manager::{CertificateState, IdentityError, IdentityManager};
 

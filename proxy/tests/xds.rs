@@ -27,12 +27,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
-use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
-use ztunnel_certs::ca::metrics::CaMetrics;
-use ztunnel_certs::ca::registry::FileRegistry;
-use ztunnel_certs::ca::token::{PodToken, TokenSigner};
-use ztunnel_certs::ca::{CaConfig, server};
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
+use ztunnel_control_plane::ca::metrics::CaMetrics;
+use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
+use ztunnel_control_plane::ca::{CaConfig, server};
+use ztunnel_mesh::FileRegistry;
 use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };

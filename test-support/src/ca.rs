@@ -14,15 +14,15 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use tokio::sync::oneshot;
-use ztunnel_certs::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
-use ztunnel_certs::ca::metrics::CaMetrics;
-use ztunnel_certs::ca::registry::FileRegistry;
-use ztunnel_certs::ca::token::{PodToken, TokenSigner};
-use ztunnel_certs::ca::{CaConfig, server};
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
+use ztunnel_control_plane::ca::metrics::CaMetrics;
+use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
+use ztunnel_control_plane::ca::{CaConfig, server};
+use ztunnel_mesh::FileRegistry;
 
 use crate::netns::NetNs;
 
@@ -247,7 +247,8 @@ fn serve(
         };
         let (watch_stop, watch_stopped) = oneshot::channel::<()>();
         let metrics = Arc::clone(&config.metrics);
-        tokio::spawn(registry.watch(REGISTRY_POLL, metrics, async move {
+        let on_refused = move |_: &_| metrics.record_mesh_reload_error();
+        tokio::spawn(registry.watch(REGISTRY_POLL, on_refused, async move {
             let _ = watch_stopped.await;
         }));
         let shutdown = async move {

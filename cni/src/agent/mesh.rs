@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use ztunnel_certs::ca::registry::{FileRegistry, Pod, PodRegistry};
+use ztunnel_mesh::{FileRegistry, Pod, PodRegistry};
 
 use crate::event::{CmdAdd, CmdDel};
 

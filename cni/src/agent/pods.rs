@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use ztunnel_certs::ca::state_dir::{self, StateDirError};
+use ztunnel_control_plane::ca::state_dir::{self, StateDirError};
 
 /// File name of the pod set inside the state directory.
 const FILE_NAME: &str = "pods.json";

@@ -311,7 +311,7 @@ mod tests {
 
     use std::net::IpAddr;
 
-    use ztunnel_certs::ca::registry::{FileRegistry, PodRegistry, WorkloadProtocol};
+    use ztunnel_mesh::{FileRegistry, PodRegistry, WorkloadProtocol};
 
     use super::*;
 

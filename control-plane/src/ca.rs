@@ -1,0 +1,53 @@
+//! The CA service (`ztunnel-ca`): authenticates callers by their
+//! service-account token, authorizes the identity each certificate carries
+//! against the mesh registry, and signs with the [`Issuer`].
+//!
+//! Decisions are pure functions (`authn`, `authz`); `service` is the gRPC
+//! shell around them and `server` the TLS listener, which also serves the
+//! delta xDS of `crate::xds` from the same registry.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ztunnel_certs::issuer::{Issuer, TtlPolicy};
+
+use authn::TokenPolicy;
+use authz::NodeAgentAccount;
+use metrics::CaMetrics;
+use token_keys::TokenKeys;
+use ztunnel_mesh::PodRegistry;
+
+pub mod authn;
+pub mod authz;
+pub mod metrics;
+pub mod server;
+pub mod service;
+pub mod state_dir;
+pub mod token;
+pub mod token_keys;
+
+/// Everything the CA serves with, parsed and loaded.
+pub struct CaConfig {
+    /// The mesh trust domain; every issued identity is in it.
+    pub trust_domain: String,
+    /// Signs workload certificates and the CA's own serving certificate.
+    pub issuer: Arc<Issuer>,
+    /// Default and maximum workload certificate lifetimes.
+    pub ttl: TtlPolicy,
+    /// Keys that service-account tokens are verified with.
+    pub token_keys: TokenKeys,
+    /// Required token issuer and audience.
+    pub token_policy: TokenPolicy,
+    /// Node agents allowed to request the identities of pods on their node,
+    /// and to subscribe to xDS.
+    pub trusted_node_accounts: Vec<NodeAgentAccount>,
+    /// The mesh file: pods and their nodes (what impersonation is
+    /// authorized against), services and policies (what xDS serves).
+    pub registry: Arc<dyn PodRegistry>,
+    /// Counters, shared with the `/metrics` endpoint.
+    pub metrics: Arc<CaMetrics>,
+    /// DNS names of the CA's serving certificate.
+    pub serving_dns_names: Vec<String>,
+    /// IP addresses of the CA's serving certificate.
+    pub serving_ips: Vec<IpAddr>,
+}

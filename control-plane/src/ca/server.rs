@@ -1,0 +1,209 @@
+//! The CA's gRPC listener: TLS 1.3 only, ALPN `h2`, server authentication
+//! only (callers authenticate with their token, WIRE.md §3), with a serving
+//! certificate the CA issues itself at start-up. It serves two services, as
+//! istiod does on 15012: `IstioCertificateService` and the delta ADS of
+//! `crate::xds`, routed by path.
+//!
+//! Handshakes run in their own tasks, bounded in number and time, so that a
+//! slow or failing client never stalls or stops the listener.
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use rustls::ServerConfig;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
+
+use crate::xds::service::{self as ads, AdsService};
+use ztunnel_certs::issuer::{IssuerError, ServingCertificate};
+use ztunnel_certs::tls;
+
+use super::CaConfig;
+use super::service::CertificateService;
+
+/// Largest gRPC request decoded: a CSR is at most 64 KiB of PEM, and the
+/// metadata a few hundred bytes; 256 KiB leaves room for framing.
+pub const MAX_DECODING_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// Largest response encoded: a chain with a large root bundle stays far below.
+const MAX_ENCODING_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// Largest xDS request decoded: a reconnecting client lists every resource
+/// it holds in `initial_resource_versions`, about 60 bytes each; 32 MiB
+/// covers half a million. Only authenticated callers get this far.
+const MAX_XDS_DECODING_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+
+/// HTTP/2 ping interval: xDS streams live for hours, and a client that
+/// vanished without closing its connection is only noticed by pings. 30 s
+/// is what ztunnel uses towards us (WIRE.md §3).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a ping may go unanswered before the connection is dropped.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TLS handshake takes milliseconds on loopback and well under a second
+/// across a cluster; 10 s frees the slot of a client that stalls.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in flight at once: each holds a socket and a rustls state.
+const MAX_CONCURRENT_HANDSHAKES: usize = 256;
+
+/// Requests a connection may have in flight: a ztunnel runs at most 8
+/// concurrent CA calls (WIRE.md §3).
+const MAX_CONCURRENT_STREAMS: u32 = 64;
+
+/// No CA call legitimately takes this long; it bounds a stuck request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pause after a failed accept (e.g. out of file descriptors) so the loop
+/// does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why the CA could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The serving certificate could not be issued.
+    #[error("cannot issue the CA serving certificate: {0}")]
+    ServingCertificate(#[from] IssuerError),
+    /// rustls refused the serving configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves `IstioCertificateService` and delta ADS on `listener` until
+/// `shutdown` resolves, then ends the xDS streams, drains in-flight
+/// requests and returns.
+pub async fn serve(
+    config: CaConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let serving = config.issuer.sign_server(
+        &config.serving_dns_names,
+        &config.serving_ips,
+        SystemTime::now(),
+    )?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(serving)?));
+    let (stop, stopped) = watch::channel(false);
+    let ads = AdsService::start(&config, MAX_XDS_DECODING_MESSAGE_BYTES, stopped);
+    let ca = IstioCertificateServiceServer::new(CertificateService::new(config))
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_ENCODING_MESSAGE_BYTES);
+    let shutdown = async move {
+        shutdown.await;
+        // Long-lived xDS streams end now, so the graceful shutdown below
+        // does not wait for them.
+        let _ = stop.send(true);
+    };
+
+    let (connections, incoming) = mpsc::channel(MAX_CONCURRENT_HANDSHAKES);
+    let accept = tokio::spawn(accept_loop(listener, acceptor, connections));
+    let result = tonic::transport::Server::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .serve_with_incoming_shutdown(Routes { ca, ads }, ReceiverStream::new(incoming), shutdown)
+        .await;
+    accept.abort();
+    Ok(result?)
+}
+
+/// The two services of the listener, chosen by the request path's
+/// `/<service>/` prefix; any other path is `Unimplemented`. (tonic's own
+/// router would bring axum in for this one choice.)
+#[derive(Clone)]
+struct Routes {
+    ca: IstioCertificateServiceServer<CertificateService>,
+    ads: AdsService,
+}
+
+impl Service<http::Request<Body>> for Routes {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Both services are always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let service = request
+            .uri()
+            .path()
+            .strip_prefix('/')
+            .and_then(|path| path.split_once('/'))
+            .map(|(service, _)| service);
+        match service {
+            Some(IstioCertificateServiceServer::<CertificateService>::NAME) => {
+                self.ca.call(request)
+            }
+            Some(ads::SERVICE_NAME) => self.ads.call(request),
+            _ => Box::pin(async { Ok(tonic::Status::unimplemented("").into_http()) }),
+        }
+    }
+}
+
+/// The CA's rustls configuration: our provider, TLS 1.3 only, ALPN `h2`,
+/// no client certificate.
+pub fn tls_config(serving: ServingCertificate) -> Result<ServerConfig, rustls::Error> {
+    let mut config = ServerConfig::builder_with_provider(tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(serving.chain, serving.key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Accepts TCP connections and hands each finished TLS handshake to tonic.
+/// Runs until aborted or tonic stops taking connections.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    connections: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "CA accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
+            return;
+        };
+        if connections.is_closed() {
+            return;
+        }
+        let acceptor = acceptor.clone();
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    // Err: the server is shutting down; the connection just closes.
+                    let _ = connections.send(Ok(tls)).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "CA TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "CA TLS handshake timed out"),
+            }
+        });
+    }
+}

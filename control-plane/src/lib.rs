@@ -1,0 +1,10 @@
+//! The control plane (`ztunnel-ca`): the CA service that authorizes every
+//! certificate request against the node its caller runs on, and the delta
+//! xDS server that shares its port and its mesh source. The mesh itself
+//! (file or Kubernetes) is `ztunnel-mesh`'s; keys, certificates and the
+//! issuer are `ztunnel-certs`'.
+
+#![forbid(unsafe_code)]
+
+pub mod ca;
+pub mod xds;

@@ -1,0 +1,392 @@
+//! `ztunnel-ca`: the mesh certificate authority and control plane.
+//!
+//! `serve` runs the CA and the delta xDS server (both gRPC on one TLS
+//! port, as istiod's 15012), plus `/metrics` over plain HTTP;
+//! `token` mints a pod-bound service-account token with the state
+//! directory's local key, which `serve` trusts when `--token-keys` is not
+//! given. This file only parses flags and wires the library together.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SigningMaterial, TtlPolicy};
+use ztunnel_control_plane::ca::authn::{
+    DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_LEEWAY, TokenPolicy,
+};
+use ztunnel_control_plane::ca::authz::{DEFAULT_TRUSTED_NODE_ACCOUNT, NodeAgentAccount};
+use ztunnel_control_plane::ca::metrics::{self, CaMetrics};
+use ztunnel_control_plane::ca::state_dir::{StateDir, StateDirError};
+use ztunnel_control_plane::ca::token::PodToken;
+use ztunnel_control_plane::ca::token_keys::TokenKeys;
+use ztunnel_control_plane::ca::{CaConfig, server};
+use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
+
+/// The mesh certificate authority and control plane: issues SPIFFE workload
+/// certificates to callers authenticated by Kubernetes service-account
+/// tokens, lets trusted node agents obtain the identities of pods on their
+/// own node, and serves the mesh file's workloads, services and policies to
+/// those node agents over delta xDS on the same port.
+#[derive(Debug, Parser)]
+#[command(name = "ztunnel-ca", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// Parsed once at start-up; the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the CA: IstioCertificateService and delta ADS over TLS, and
+    /// /metrics.
+    Serve(ServeArgs),
+    /// Print a pod-bound service-account token signed by the state
+    /// directory's local key (created on first use).
+    Token(TokenArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address of the gRPC/TLS listener.
+    #[arg(long, default_value = "127.0.0.1:15012")]
+    listen: SocketAddr,
+    /// Trust domain of every issued identity.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
+    /// Root certificate (PEM). Without it, a root is generated in --state-dir
+    /// on first start and reused after.
+    #[arg(long)]
+    root_cert: Option<PathBuf>,
+    /// Root private key (PEM). Not needed when an intermediate signs.
+    #[arg(long, requires = "root_cert")]
+    root_key: Option<PathBuf>,
+    /// Intermediate chain (PEM, signing certificate first) that signs
+    /// instead of the root.
+    #[arg(long, requires_all = ["intermediate_key", "root_cert"])]
+    intermediate_cert: Option<PathBuf>,
+    /// Private key (PEM) of the signing intermediate.
+    #[arg(long, requires = "intermediate_cert")]
+    intermediate_key: Option<PathBuf>,
+    /// More root certificates (PEM bundle) to hand out with the root, e.g.
+    /// the previous root during a rotation.
+    #[arg(long)]
+    extra_roots: Option<PathBuf>,
+    /// Directory for the generated root and the local token key (mode 0700).
+    #[arg(long, default_value = "ztunnel-ca-state")]
+    state_dir: PathBuf,
+    /// Mesh file (YAML), the source of truth for impersonation and xDS:
+    /// `{pods: [...], services: [...], policies: [...]}`, or a bare list of
+    /// pods. Pods: name, namespace, uid, serviceAccount, nodeName, phase,
+    /// ips, labels, protocol (HBONE or TCP), network, clusterId,
+    /// workloadName. Services: name, namespace, hostname, vips, ports
+    /// {servicePort: targetPort}, and selector (labels) or endpoints (pod
+    /// uids). Policies: as ztunnel's local file, plus selector for scope
+    /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
+    /// good file. Without it no impersonation is authorized and xDS serves
+    /// nothing.
+    #[arg(long, visible_alias = "pods")]
+    mesh: Option<PathBuf>,
+    /// How often the mesh file is checked for changes.
+    #[arg(long, visible_alias = "pods-poll-interval", default_value = "1s", value_parser = parse_duration)]
+    mesh_poll_interval: Duration,
+    /// Token verification keys: a JWKS JSON file or PEM public keys (RS256,
+    /// ES256). Default: the state directory's local token key.
+    #[arg(long)]
+    token_keys: Option<PathBuf>,
+    /// Required token issuer (`iss`).
+    #[arg(long, default_value = DEFAULT_ISSUER)]
+    token_issuer: String,
+    /// Required token audience (one of `aud`).
+    #[arg(long, default_value = DEFAULT_AUDIENCE)]
+    audience: String,
+    /// A node agent (`namespace/service-account`) allowed to request the
+    /// identities of pods on its node, and to subscribe to xDS. Repeatable.
+    #[arg(long = "trusted-node-account", default_value = DEFAULT_TRUSTED_NODE_ACCOUNT)]
+    trusted_node_accounts: Vec<NodeAgentAccount>,
+    /// Lifetime of a workload certificate when the request asks for none.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    default_ttl: Duration,
+    /// Longest lifetime a request may ask for; longer is InvalidArgument.
+    #[arg(long, default_value = "90d", value_parser = parse_duration)]
+    max_ttl: Duration,
+    /// Address of the plain-HTTP /metrics listener.
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    metrics_listen: SocketAddr,
+    /// DNS name in the CA's serving certificate. Repeatable.
+    #[arg(long = "serving-dns-name", default_values = ["localhost", "istiod.istio-system.svc"])]
+    serving_dns_names: Vec<String>,
+    /// IP address in the CA's serving certificate. Repeatable.
+    #[arg(long = "serving-ip", default_value = "127.0.0.1")]
+    serving_ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, Args)]
+struct TokenArgs {
+    /// State directory holding the token key (shared with `serve`).
+    #[arg(long, default_value = "ztunnel-ca-state")]
+    state_dir: PathBuf,
+    /// Pod namespace.
+    #[arg(long)]
+    namespace: String,
+    /// Pod service account.
+    #[arg(long)]
+    service_account: String,
+    /// Pod name.
+    #[arg(long)]
+    pod: String,
+    /// Pod UID.
+    #[arg(long)]
+    pod_uid: String,
+    /// Node the pod runs on (the token's node claim).
+    #[arg(long)]
+    node: Option<String>,
+    /// Token lifetime.
+    #[arg(long, default_value = "12h", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Token audience. Repeatable.
+    #[arg(long = "audience", default_value = DEFAULT_AUDIENCE)]
+    audiences: Vec<String>,
+    /// Token issuer (`iss`).
+    #[arg(long, default_value = DEFAULT_ISSUER)]
+    issuer: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    ztunnel_certs::tls::install_provider();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging();
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(serve(args))
+        }
+        Command::Token(args) => token(&args),
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let now = SystemTime::now();
+    // Opened only when something is generated or defaulted there, so that a
+    // CA run with explicit files needs no writable directory.
+    let state = || StateDir::open(&args.state_dir);
+    let issuer = Arc::new(Issuer::new(&signing_material(&args, state, now)?)?);
+    let token_keys = match &args.token_keys {
+        Some(path) => TokenKeys::load(path)?,
+        None => state()?.token_signer()?.verifying_keys()?,
+    };
+    let (stop, stopped) = watch::channel(false);
+    let metrics = Arc::new(CaMetrics::new());
+    let registry: Arc<dyn PodRegistry> = match &args.mesh {
+        Some(path) => {
+            let registry = Arc::new(FileRegistry::load(path)?);
+            let refusals = Arc::clone(&metrics);
+            let watcher = Arc::clone(&registry).watch(
+                args.mesh_poll_interval,
+                move |_| refusals.record_mesh_reload_error(),
+                wait(stopped.clone()),
+            );
+            tokio::spawn(watcher);
+            registry
+        }
+        None => {
+            tracing::warn!("no --mesh file: impersonation will be denied, xDS serves nothing");
+            Arc::new(StaticRegistry::new(MeshSnapshot::default()))
+        }
+    };
+    let config = CaConfig {
+        trust_domain: args.trust_domain.clone(),
+        issuer,
+        ttl: TtlPolicy::new(args.default_ttl, args.max_ttl),
+        token_keys,
+        token_policy: TokenPolicy {
+            issuer: args.token_issuer.clone(),
+            audience: args.audience.clone(),
+            leeway: DEFAULT_LEEWAY,
+        },
+        trusted_node_accounts: args.trusted_node_accounts.clone(),
+        registry,
+        metrics: Arc::clone(&metrics),
+        serving_dns_names: args.serving_dns_names.clone(),
+        serving_ips: args.serving_ips.clone(),
+    };
+
+    let grpc = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let http = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_listen))?;
+    let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+    tokio::spawn(metrics::serve(metrics, http, wait(stopped.clone())));
+    tracing::info!(%grpc_addr, %http_addr, trust_domain = %args.trust_domain, "CA and xDS serving");
+    // One line on stdout, for scripts and tests that pass port 0.
+    let mut stdout = std::io::stdout();
+    writeln!(
+        stdout,
+        "ztunnel-ca listening on {grpc_addr} metrics {http_addr}"
+    )?;
+    stdout.flush()?;
+
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        let _ = stop.send(true);
+    });
+    server::serve(config, grpc, wait(stopped)).await?;
+    Ok(())
+}
+
+fn signing_material(
+    args: &ServeArgs,
+    state: impl FnOnce() -> Result<StateDir, StateDirError>,
+    now: SystemTime,
+) -> anyhow::Result<SigningMaterial> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    };
+    let mut material = match &args.root_cert {
+        Some(cert) => SigningMaterial {
+            root_cert_pem: read(cert)?,
+            root_key_pem: args.root_key.as_ref().map(read).transpose()?,
+            ..SigningMaterial::default()
+        },
+        None => {
+            let root = state()?.root(&args.trust_domain, now)?;
+            SigningMaterial {
+                root_cert_pem: root.cert_pem,
+                root_key_pem: Some(root.key_pem),
+                ..SigningMaterial::default()
+            }
+        }
+    };
+    if let (Some(cert), Some(key)) = (&args.intermediate_cert, &args.intermediate_key) {
+        material.intermediate = Some(IntermediateMaterial {
+            chain_pem: read(cert)?,
+            key_pem: read(key)?,
+        });
+    }
+    material.extra_roots_pem = args.extra_roots.as_ref().map(read).transpose()?;
+    Ok(material)
+}
+
+fn token(args: &TokenArgs) -> anyhow::Result<()> {
+    let signer = StateDir::open(&args.state_dir)?.token_signer()?;
+    let token = signer.mint(
+        &PodToken {
+            issuer: args.issuer.clone(),
+            audiences: args.audiences.clone(),
+            namespace: args.namespace.clone(),
+            service_account: args.service_account.clone(),
+            pod_name: args.pod.clone(),
+            pod_uid: args.pod_uid.clone(),
+            node_name: args.node.clone(),
+            ttl: args.ttl,
+        },
+        SystemTime::now(),
+    )?;
+    println!("{token}");
+    Ok(())
+}
+
+/// Resolves once the stop flag is raised (or its sender is gone).
+async fn wait(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+/// Parses `45s`, `30m`, `24h`, `90d`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let unit_at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} needs a unit: s, m, h or d"))?;
+    let (number, unit) = text.split_at(unit_at);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let seconds_per_unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}; use s, m, h or d"
+            ));
+        }
+    };
+    number
+        .checked_mul(seconds_per_unit)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_a_unit() {
+        let cases = [
+            ("45s", Some(45)),
+            ("30m", Some(1800)),
+            ("24h", Some(86_400)),
+            ("90d", Some(7_776_000)),
+            ("0s", Some(0)),
+            ("24", None),
+            ("h", None),
+            ("1.5h", None),
+            ("1w", None),
+            ("-1h", None),
+            ("", None),
+            ("99999999999999999999d", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                parse_duration(text).ok(),
+                want.map(Duration::from_secs),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,405 @@
+//! `envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`:
+//! the async shell around `delta.rs`. It authenticates the caller, keeps
+//! the shared resources current (one task rebuilds them on each registry
+//! snapshot), and runs one task per stream that feeds requests and new
+//! builds to the stream's [`DeltaStream`] and sends what it answers. The
+//! gRPC framing is `wire.rs`'s (why not tonic's generated server: there).
+//!
+//! Who may subscribe: trusted node agents only (`--trusted-node-account`),
+//! whose pod the registry knows with the token's UID and service account on
+//! a node — the same checks the CA makes before letting a node agent
+//! impersonate. The resources are the whole mesh (every pod's IP, service
+//! account and node, every policy); the node agents are the only callers
+//! that need them, and the only ones the CA already trusts with every
+//! identity on their node. A dedicated-mode ztunnel (a workload's own
+//! token) is refused and keeps using its local file.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use http_body_util::BodyExt;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::http::{self, HeaderMap, HeaderValue};
+use tonic::codegen::{BoxFuture, Service};
+use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+
+use crate::ca::CaConfig;
+use crate::ca::authn::{Caller, TokenPolicy, bearer_token};
+use crate::ca::authz::{Denial, NodeAgentAccount, caller_node, trusted_node_agent};
+use crate::ca::metrics::CaMetrics;
+use crate::ca::service::bounded_for_log as bounded;
+use crate::ca::token_keys::TokenKeys;
+use ztunnel_mesh::{MeshSnapshot, PodRegistry};
+
+use super::ResourceType;
+use super::cache::MeshResources;
+use super::delta::{DeltaStream, Push, RequestKind};
+use super::wire::{PushFrames, RequestDecoder, ResponseBody, WireError};
+
+/// The gRPC service name, the first segment of the request path.
+pub const SERVICE_NAME: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+
+/// The one method served; `StreamAggregatedResources` (state of the world)
+/// is `Unimplemented`, as ztunnel never calls it.
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// Responses queued per stream. A client that reads slowly holds back only
+/// its own task, and the builds that arrive meanwhile coalesce into one
+/// difference instead of queueing up; a few let a burst go out unblocked.
+const RESPONSE_QUEUE: usize = 4;
+
+/// Longest NACK detail logged: enough for a few resource names and
+/// reasons, without letting a client write megabyte log lines.
+const MAX_LOGGED_DETAIL: usize = 1024;
+
+/// The ADS service: a tower service for the listener's router, cheap to
+/// clone.
+#[derive(Clone)]
+pub struct AdsService(Arc<Shared>);
+
+/// What every stream of the service shares.
+struct Shared {
+    /// Token verification keys.
+    token_keys: TokenKeys,
+    /// Token issuer, audience and leeway.
+    token_policy: TokenPolicy,
+    /// Who may subscribe.
+    trusted_node_accounts: Vec<NodeAgentAccount>,
+    /// Where the caller's pod is looked up.
+    registry: Arc<dyn PodRegistry>,
+    /// Counters.
+    metrics: Arc<CaMetrics>,
+    /// The resources of the latest snapshot.
+    resources: watch::Receiver<Arc<MeshResources>>,
+    /// Becomes true when the server shuts down: streams end then, or the
+    /// graceful shutdown would wait for them forever.
+    stop: watch::Receiver<bool>,
+    /// Largest request decoded.
+    max_request_bytes: usize,
+    /// The next stream id.
+    next_stream: AtomicU64,
+}
+
+impl AdsService {
+    /// A service for `config`'s registry, and the task that rebuilds the
+    /// resources on each of its snapshots (it ends when the service and
+    /// every stream are gone). Requests over `max_request_bytes` end their
+    /// stream. Must be called inside a Tokio runtime.
+    pub fn start(config: &CaConfig, max_request_bytes: usize, stop: watch::Receiver<bool>) -> Self {
+        let mut changes = config.registry.changes();
+        let snapshot = Arc::clone(&changes.borrow_and_update());
+        let first = MeshResources::build(&snapshot, &config.trust_domain, &MeshResources::empty());
+        let (publisher, resources) = watch::channel(Arc::new(first));
+        tokio::spawn(publish(changes, config.trust_domain.clone(), publisher));
+        AdsService(Arc::new(Shared {
+            token_keys: config.token_keys.clone(),
+            token_policy: config.token_policy.clone(),
+            trusted_node_accounts: config.trusted_node_accounts.clone(),
+            registry: Arc::clone(&config.registry),
+            metrics: Arc::clone(&config.metrics),
+            resources,
+            stop,
+            max_request_bytes,
+            next_stream: AtomicU64::new(1),
+        }))
+    }
+}
+
+impl Service<http::Request<Body>> for AdsService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let response = self.0.open(request, SystemTime::now());
+        Box::pin(async move { Ok(response.unwrap_or_else(Status::into_http)) })
+    }
+}
+
+impl Shared {
+    /// Admits a stream and starts its task, or says why not.
+    fn open(
+        &self,
+        request: http::Request<Body>,
+        now: SystemTime,
+    ) -> Result<http::Response<Body>, Status> {
+        if request.uri().path() != DELTA_PATH {
+            return Err(Status::unimplemented(""));
+        }
+        let subscriber = self.admit(request.headers(), now)?;
+        if *self.stop.borrow() {
+            return Err(Status::unavailable("server is shutting down"));
+        }
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (out, frames) = mpsc::channel(RESPONSE_QUEUE);
+        let stream = StreamTask {
+            id,
+            subscriber,
+            state: DeltaStream::new(id),
+            body: request.into_body(),
+            decoder: RequestDecoder::new(self.max_request_bytes),
+            out,
+            resources: self.resources.clone(),
+            stop: self.stop.clone(),
+            metrics: Arc::clone(&self.metrics),
+        };
+        tokio::spawn(stream.run());
+        let mut response = http::Response::new(Body::new(ResponseBody::new(frames)));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        Ok(response)
+    }
+
+    /// Authenticates and authorizes a subscriber at `now`; a refusal is
+    /// logged, counted, and returned as an opaque status.
+    fn admit(&self, headers: &HeaderMap, now: SystemTime) -> Result<Subscriber, Status> {
+        let header = headers.get("authorization").map(HeaderValue::as_bytes);
+        let deny = |caller: Option<&Caller>, denial: Denial| {
+            self.metrics.record_xds_denial(&denial);
+            tracing::warn!(
+                caller = caller.map_or_else(
+                    || "unauthenticated".to_owned(),
+                    |c| format!("{}/{} pod={}", c.namespace, c.service_account, c.pod_name)
+                ),
+                reason = denial.label(),
+                detail = %denial,
+                "xDS subscription denied"
+            );
+            subscription_status(&denial)
+        };
+        let caller = bearer_token(header)
+            .and_then(|token| Caller::from_token(token, &self.token_keys, &self.token_policy, now))
+            .map_err(|error| deny(None, error.into()))?;
+        trusted_node_agent(&caller, &self.trusted_node_accounts)
+            .map_err(|denial| deny(Some(&caller), denial))?;
+        let snapshot = self.registry.snapshot();
+        let node = caller_node(&caller, &snapshot)
+            .map_err(|denial| deny(Some(&caller), denial))?
+            .to_owned();
+        Ok(Subscriber {
+            pod: format!("{}/{}", caller.namespace, caller.pod_name),
+            node,
+        })
+    }
+}
+
+/// The caller of a stream, for logs.
+#[derive(Debug)]
+struct Subscriber {
+    /// `namespace/name` of the caller's pod.
+    pod: String,
+    /// The node the registry puts it on.
+    node: String,
+}
+
+/// One stream's task.
+struct StreamTask {
+    id: u64,
+    subscriber: Subscriber,
+    state: DeltaStream,
+    body: Body,
+    decoder: RequestDecoder,
+    out: mpsc::Sender<Result<PushFrames, Status>>,
+    resources: watch::Receiver<Arc<MeshResources>>,
+    stop: watch::Receiver<bool>,
+    metrics: Arc<CaMetrics>,
+}
+
+impl StreamTask {
+    /// Runs until the client goes away, the server stops, or the resources
+    /// stop being published. Every future in the `select!` is cancel safe:
+    /// `next_request` keeps partial requests in the decoder and awaits only
+    /// the body's next frame, `watch::Receiver::changed` keeps its state in
+    /// the receiver, and `mpsc::Sender::closed` has none.
+    async fn run(mut self) {
+        let _connected = self.metrics.xds_client_connected();
+        tracing::info!(stream = self.id, pod = %self.subscriber.pod, node = %self.subscriber.node, "xDS stream opened");
+        let reason = loop {
+            tokio::select! {
+                _ = self.stop.changed() => break "server stopping",
+                () = self.out.closed() => break "client gone",
+                request = next_request(&mut self.body, &mut self.decoder) => match request {
+                    Ok(Some(request)) => {
+                        if !self.on_request(&request).await {
+                            break "client gone";
+                        }
+                    }
+                    Ok(None) => break "client closed the stream",
+                    Err(error) => {
+                        tracing::info!(stream = self.id, %error, "xDS stream refused a request");
+                        // Err: the client is gone already.
+                        let _ = self.out.send(Err(error.status())).await;
+                        break "bad request";
+                    }
+                },
+                changed = self.resources.changed() => {
+                    if changed.is_err() {
+                        break "resources no longer published";
+                    }
+                    if !self.on_resources().await {
+                        break "client gone";
+                    }
+                }
+            }
+        };
+        tracing::info!(stream = self.id, pod = %self.subscriber.pod, reason, "xDS stream closed");
+    }
+
+    /// Handles one request; false when the client is gone.
+    async fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> bool {
+        let current = Arc::clone(&self.resources.borrow_and_update());
+        let (kind, push) = self.state.on_request(request, &current);
+        self.log(request, &kind);
+        match push {
+            Some(push) => self.send(push).await,
+            None => true,
+        }
+    }
+
+    fn log(&self, request: &DeltaDiscoveryRequest, kind: &RequestKind) {
+        let nonce = bounded(&request.response_nonce, 64);
+        match kind {
+            RequestKind::Subscribe { kind, known } => tracing::info!(
+                stream = self.id,
+                pod = %self.subscriber.pod,
+                r#type = kind.label(),
+                known,
+                node_id = bounded(request.node.as_ref().map_or("", |node| node.id.as_str()), 256),
+                "xDS subscription"
+            ),
+            RequestKind::UnknownType => tracing::debug!(
+                stream = self.id,
+                type_url = bounded(&request.type_url, 256),
+                "xDS subscription to an unknown type; answered empty"
+            ),
+            RequestKind::Resubscribe { kind } => tracing::debug!(
+                stream = self.id,
+                r#type = kind.label(),
+                "xDS subscription change; every subscription is a wildcard"
+            ),
+            RequestKind::Ack { kind } => {
+                tracing::debug!(stream = self.id, r#type = kind.label(), nonce, "xDS ACK");
+            }
+            RequestKind::Nack { kind, detail } => {
+                self.metrics.record_xds_nack(kind.label());
+                tracing::warn!(
+                    stream = self.id,
+                    pod = %self.subscriber.pod,
+                    r#type = kind.label(),
+                    nonce,
+                    detail = bounded(detail, MAX_LOGGED_DETAIL),
+                    "xDS NACK: the client rejected resources"
+                );
+            }
+            RequestKind::Stray => {
+                tracing::debug!(stream = self.id, nonce, "xDS ACK of an unsubscribed type");
+            }
+        }
+    }
+
+    /// Sends what a new build changed for this client; false when the
+    /// client is gone.
+    async fn on_resources(&mut self) -> bool {
+        let current = Arc::clone(&self.resources.borrow_and_update());
+        for push in self.state.on_resources(&current) {
+            if !self.send(push).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends one response and counts it; false when the client is gone.
+    async fn send(&mut self, push: Push) -> bool {
+        let kind = ResourceType::from_type_url(&push.type_url);
+        let (resources, removed) = (push.resources.len(), push.removed.len());
+        let frames = match PushFrames::new(push) {
+            Ok(frames) => frames,
+            Err(error) => {
+                tracing::error!(stream = self.id, %error, "xDS response not sent");
+                let _ = self.out.send(Err(error.status())).await;
+                return false;
+            }
+        };
+        if let Some(kind) = kind {
+            self.metrics.record_xds_push(
+                kind.label(),
+                resources as u64,
+                removed as u64,
+                frames.len() as u64,
+            );
+        }
+        self.out.send(Ok(frames)).await.is_ok()
+    }
+}
+
+/// The next request of the stream; `None` at its clean end.
+async fn next_request(
+    body: &mut Body,
+    decoder: &mut RequestDecoder,
+) -> Result<Option<DeltaDiscoveryRequest>, WireError> {
+    loop {
+        if let Some(request) = decoder.decode()? {
+            return Ok(Some(request));
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    decoder.extend(&data);
+                }
+            }
+            // A reset or broken connection: no more requests.
+            Some(Err(_)) => return Ok(None),
+            None if decoder.has_partial() => return Err(WireError::Truncated),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// Rebuilds the resources on every registry snapshot until the registry or
+/// every reader of the resources is gone. Builds run on the blocking pool:
+/// a mesh of 10,000 pods takes tens of milliseconds.
+async fn publish(
+    mut changes: watch::Receiver<Arc<MeshSnapshot>>,
+    trust_domain: String,
+    resources: watch::Sender<Arc<MeshResources>>,
+) {
+    loop {
+        tokio::select! {
+            () = resources.closed() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+        let snapshot = Arc::clone(&changes.borrow_and_update());
+        let previous = Arc::clone(&resources.borrow());
+        let trust_domain = trust_domain.clone();
+        let build = move || MeshResources::build(&snapshot, &trust_domain, &previous);
+        match tokio::task::spawn_blocking(build).await {
+            Ok(built) => {
+                resources.send_replace(Arc::new(built));
+            }
+            Err(error) => {
+                tracing::error!(%error, "building xDS resources failed; serving the previous ones");
+            }
+        }
+    }
+}
+
+/// The status a refused subscription gets: opaque, like the CA's.
+fn subscription_status(denial: &Denial) -> Status {
+    match denial {
+        Denial::Authentication(_) => Status::unauthenticated("request authenticate failure"),
+        _ => Status::permission_denied("xDS subscription not authorized"),
+    }
+}
