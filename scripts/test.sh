@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README): installs the system tools the end-to-end tests
-# use when they are missing and we are root, then runs every test in the
-# workspace. Tests that need root or these tools skip with a printed reason
-# where they cannot run.
+# use when they are missing and we are root, builds the test Kubernetes API
+# server once per machine (scripts/k8s-test-env.sh; a no-op after the first
+# time), then runs every test in the workspace. Tests that need root, these
+# tools or the API server skip with a printed reason where they cannot run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -12,5 +13,10 @@ command -v iptables >/dev/null || need+=(iptables)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+fi
+if command -v go >/dev/null; then
+  scripts/k8s-test-env.sh >/dev/null
+else
+  echo "test.sh: no Go toolchain: tests against the Kubernetes API server will skip" >&2
 fi
 exec cargo test --workspace "$@"

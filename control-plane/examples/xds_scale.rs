@@ -35,6 +35,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Request;
 use tonic::transport::{Channel, Endpoint, Uri};
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
 use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
@@ -120,8 +121,10 @@ async fn server_main(pods: usize, clients: usize, rounds: usize) -> anyhow::Resu
         trust_domain: "cluster.local".into(),
         issuer,
         ttl: TtlPolicy::new(Duration::from_secs(86_400), Duration::from_secs(86_400)),
-        token_keys: signer.verifying_keys()?,
-        token_policy: TokenPolicy::default(),
+        authenticator: Arc::new(Authenticator::Keys {
+            keys: signer.verifying_keys()?,
+            policy: TokenPolicy::default(),
+        }),
         trusted_node_accounts: vec!["istio-system/ztunnel".parse()?],
         registry: Arc::clone(&registry) as _,
         metrics: Arc::new(CaMetrics::new()),

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use ztunnel_certs::issuer::{Issuer, TtlPolicy};
 
-use authn::TokenPolicy;
+use authenticator::Authenticator;
 use authz::NodeAgentAccount;
 use metrics::CaMetrics;
-use token_keys::TokenKeys;
 use ztunnel_mesh::PodRegistry;
 
+pub mod authenticator;
 pub mod authn;
 pub mod authz;
 pub mod metrics;
@@ -34,10 +34,9 @@ pub struct CaConfig {
     pub issuer: Arc<Issuer>,
     /// Default and maximum workload certificate lifetimes.
     pub ttl: TtlPolicy,
-    /// Keys that service-account tokens are verified with.
-    pub token_keys: TokenKeys,
-    /// Required token issuer and audience.
-    pub token_policy: TokenPolicy,
+    /// Who service-account tokens belong to: local keys, or the API
+    /// server's TokenReview.
+    pub authenticator: Arc<Authenticator>,
     /// Node agents allowed to request the identities of pods on their node,
     /// and to subscribe to xDS.
     pub trusted_node_accounts: Vec<NodeAgentAccount>,

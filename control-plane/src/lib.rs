@@ -7,4 +7,5 @@
 #![forbid(unsafe_code)]
 
 pub mod ca;
+pub mod kubernetes;
 pub mod xds;

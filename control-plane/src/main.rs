@@ -17,15 +17,19 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SigningMaterial, TtlPolicy};
+use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{
     DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_LEEWAY, TokenPolicy,
 };
 use ztunnel_control_plane::ca::authz::{DEFAULT_TRUSTED_NODE_ACCOUNT, NodeAgentAccount};
-use ztunnel_control_plane::ca::metrics::{self, CaMetrics};
+use ztunnel_control_plane::ca::metrics::{self, CaMetrics, Readiness};
 use ztunnel_control_plane::ca::state_dir::{StateDir, StateDirError};
 use ztunnel_control_plane::ca::token::PodToken;
 use ztunnel_control_plane::ca::token_keys::TokenKeys;
 use ztunnel_control_plane::ca::{CaConfig, server};
+use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
+use ztunnel_mesh::kube::convert::ConvertSettings;
+use ztunnel_mesh::kube::source::KubeRegistry;
 use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
 
 /// The mesh certificate authority and control plane: issues SPIFFE workload
@@ -91,8 +95,33 @@ struct ServeArgs {
     /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
     /// good file. Without it no impersonation is authorized and xDS serves
     /// nothing.
-    #[arg(long, visible_alias = "pods")]
+    #[arg(long, visible_alias = "pods", conflicts_with_all = ["kubeconfig", "in_cluster"])]
     mesh: Option<PathBuf>,
+    /// Take the mesh from the Kubernetes API with this kubeconfig, instead
+    /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes and
+    /// security.istio.io AuthorizationPolicies are watched, and callers'
+    /// tokens are checked by TokenReview (the role it needs:
+    /// deploy/rbac/control-plane.yaml).
+    #[arg(long, conflicts_with = "in_cluster")]
+    kubeconfig: Option<PathBuf>,
+    /// As --kubeconfig, with the credentials of the pod this runs in.
+    #[arg(long)]
+    in_cluster: bool,
+    /// Cluster id of the workloads (`Kubernetes` is istiod's default).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    cluster_id: String,
+    /// DNS domain of Service hostnames (`<name>.<ns>.svc.<domain>`).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The mesh's root namespace: its policies without a selector apply to
+    /// every namespace.
+    #[arg(long, default_value = "istio-system")]
+    root_namespace: String,
+    /// Send AuthorizationPolicies annotated `istio.io/dry-run: "true"` with
+    /// dry_run set (ztunnel logs, does not enforce); without it they are
+    /// not sent, as istiod's default.
+    #[arg(long)]
+    enable_dry_run_policies: bool,
     /// How often the mesh file is checked for changes.
     #[arg(long, visible_alias = "pods-poll-interval", default_value = "1s", value_parser = parse_duration)]
     mesh_poll_interval: Duration,
@@ -189,41 +218,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // CA run with explicit files needs no writable directory.
     let state = || StateDir::open(&args.state_dir);
     let issuer = Arc::new(Issuer::new(&signing_material(&args, state, now)?)?);
-    let token_keys = match &args.token_keys {
-        Some(path) => TokenKeys::load(path)?,
-        None => state()?.token_signer()?.verifying_keys()?,
-    };
     let (stop, stopped) = watch::channel(false);
     let metrics = Arc::new(CaMetrics::new());
-    let registry: Arc<dyn PodRegistry> = match &args.mesh {
-        Some(path) => {
-            let registry = Arc::new(FileRegistry::load(path)?);
-            let refusals = Arc::clone(&metrics);
-            let watcher = Arc::clone(&registry).watch(
-                args.mesh_poll_interval,
-                move |_| refusals.record_mesh_reload_error(),
-                wait(stopped.clone()),
-            );
-            tokio::spawn(watcher);
-            registry
-        }
-        None => {
-            tracing::warn!("no --mesh file: impersonation will be denied, xDS serves nothing");
-            Arc::new(StaticRegistry::new(MeshSnapshot::default()))
-        }
+    let source = if args.kubeconfig.is_some() || args.in_cluster {
+        kubernetes_source(&args, &metrics, &stopped).await?
+    } else {
+        file_source(&args, state, &metrics, &stopped)?
     };
     let config = CaConfig {
         trust_domain: args.trust_domain.clone(),
         issuer,
         ttl: TtlPolicy::new(args.default_ttl, args.max_ttl),
-        token_keys,
-        token_policy: TokenPolicy {
-            issuer: args.token_issuer.clone(),
-            audience: args.audience.clone(),
-            leeway: DEFAULT_LEEWAY,
-        },
+        authenticator: source.authenticator,
         trusted_node_accounts: args.trusted_node_accounts.clone(),
-        registry,
+        registry: source.registry,
         metrics: Arc::clone(&metrics),
         serving_dns_names: args.serving_dns_names.clone(),
         serving_ips: args.serving_ips.clone(),
@@ -236,7 +244,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.metrics_listen))?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
-    tokio::spawn(metrics::serve(metrics, http, wait(stopped.clone())));
+    tokio::spawn(metrics::serve(
+        metrics,
+        source.readiness,
+        http,
+        wait(stopped.clone()),
+    ));
     tracing::info!(%grpc_addr, %http_addr, trust_domain = %args.trust_domain, "CA and xDS serving");
     // One line on stdout, for scripts and tests that pass port 0.
     let mut stdout = std::io::stdout();
@@ -253,6 +266,95 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     server::serve(config, grpc, wait(stopped)).await?;
     Ok(())
+}
+
+/// Where the mesh comes from, how callers are authenticated, and when the
+/// control plane is ready.
+struct Source {
+    registry: Arc<dyn PodRegistry>,
+    authenticator: Arc<Authenticator>,
+    readiness: Readiness,
+}
+
+/// The mesh file (or nothing), with tokens verified by local keys.
+fn file_source(
+    args: &ServeArgs,
+    state: impl Fn() -> Result<StateDir, StateDirError>,
+    metrics: &Arc<CaMetrics>,
+    stopped: &watch::Receiver<bool>,
+) -> anyhow::Result<Source> {
+    let keys = match &args.token_keys {
+        Some(path) => TokenKeys::load(path)?,
+        None => state()?.token_signer()?.verifying_keys()?,
+    };
+    let authenticator = Arc::new(Authenticator::Keys {
+        keys,
+        policy: TokenPolicy {
+            issuer: args.token_issuer.clone(),
+            audience: args.audience.clone(),
+            leeway: DEFAULT_LEEWAY,
+        },
+    });
+    let registry: Arc<dyn PodRegistry> = match &args.mesh {
+        Some(path) => {
+            let registry = Arc::new(FileRegistry::load(path)?);
+            let refusals = Arc::clone(metrics);
+            let watcher = Arc::clone(&registry).watch(
+                args.mesh_poll_interval,
+                move |_| refusals.record_mesh_reload_error(),
+                wait(stopped.clone()),
+            );
+            tokio::spawn(watcher);
+            registry
+        }
+        None => {
+            tracing::warn!("no --mesh file: impersonation will be denied, xDS serves nothing");
+            Arc::new(StaticRegistry::new(MeshSnapshot::default()))
+        }
+    };
+    Ok(Source {
+        registry,
+        authenticator,
+        readiness: Arc::new(|| None),
+    })
+}
+
+/// The Kubernetes API: watched objects, TokenReview, readiness once the
+/// permissions are in place and every watch has listed.
+async fn kubernetes_source(
+    args: &ServeArgs,
+    metrics: &Arc<CaMetrics>,
+    stopped: &watch::Receiver<bool>,
+) -> anyhow::Result<Source> {
+    let client = kubernetes::client(args.kubeconfig.as_deref()).await?;
+    let permissions = Arc::new(Permissions::default());
+    tokio::spawn(kubernetes::watch_permissions(
+        client.clone(),
+        Arc::clone(&permissions),
+    ));
+    let settings = ConvertSettings {
+        cluster_id: args.cluster_id.clone(),
+        trust_domain: args.trust_domain.clone(),
+        cluster_domain: args.cluster_domain.clone(),
+        root_namespace: args.root_namespace.clone(),
+        enable_dry_run_policies: args.enable_dry_run_policies,
+        ..ConvertSettings::default()
+    };
+    let registry = KubeRegistry::start(
+        client.clone(),
+        settings,
+        Arc::new(MetricsObserver(Arc::clone(metrics))),
+        wait(stopped.clone()),
+    );
+    tracing::info!("mesh source: the Kubernetes API");
+    Ok(Source {
+        registry: Arc::clone(&registry) as Arc<dyn PodRegistry>,
+        authenticator: Arc::new(Authenticator::TokenReview(TokenReviewer::new(
+            client,
+            &args.audience,
+        ))),
+        readiness: kubernetes::readiness(registry, permissions),
+    })
 }
 
 fn signing_material(

@@ -7,10 +7,12 @@
 //!
 //! [`PodRegistry`] is the seam between the model and where it comes from:
 //! a YAML file ([`FileRegistry`], `file.rs`) or the Kubernetes API
-//! (`kube.rs`). Readers take an immutable [`MeshSnapshot`], so one request
-//! sees one consistent mesh; a change swaps the whole snapshot at once and
-//! tells [`PodRegistry::changes`] watchers. The entries are `pod.rs`,
-//! `service.rs` and `policy.rs`; checks across entries are `snapshot.rs`'s.
+//! ([`kube`], whose [`kube::convert::convert`] is the pure mapping from
+//! Kubernetes objects to a [`MeshFile`]). Readers take an immutable
+//! [`MeshSnapshot`], so one request sees one consistent mesh; a change
+//! swaps the whole snapshot at once and tells [`PodRegistry::changes`]
+//! watchers. The entries are `pod.rs`, `service.rs` and `policy.rs`; checks
+//! across entries are `snapshot.rs`'s.
 
 #![forbid(unsafe_code)]
 
@@ -24,14 +26,18 @@ use serde::de::{self, Visitor};
 use tokio::sync::watch;
 
 pub use file::{FileRegistry, RegistryError};
-pub use pod::{Labels, Pod, PodPhase, WorkloadProtocol};
+pub use pod::{Labels, Locality, Pod, PodPhase, WorkloadProtocol, WorkloadType};
 pub use policy::{
     Cidr, Policy, PolicyAction, PolicyMatch, PolicyScope, ServiceAccountMatch, StringMatch,
 };
-pub use service::{NetworkAddress, Service};
+pub use service::{
+    AppProtocol, HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, LocalityScope,
+    NetworkAddress, Service, ServicePort, TargetPort,
+};
 pub use snapshot::{MeshError, MeshFile, MeshSnapshot};
 
 mod file;
+pub mod kube;
 mod pod;
 mod policy;
 mod service;

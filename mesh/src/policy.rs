@@ -1,9 +1,11 @@
-//! One authorization policy of the mesh file, in the shape of the ztunnel
-//! local file's `policies[]` (WIRE.md §11): rules are nested lists (a rule
-//! is a list of clauses, a clause a list of matches), string matches are
-//! tagged `!Exact "..."`, `!Prefix`, `!Suffix` or `Presence`. One key is
-//! added: `selector`, the labels of the pods a `WorkloadSelector` policy
-//! applies to, which the local file has no need for.
+//! One authorization policy of the mesh, in the shape of the ztunnel local
+//! file's `policies[]` (WIRE.md §11): rules are nested lists (a rule is a
+//! list of clauses, a clause a list of matches), string matches are tagged
+//! `!Exact "..."`, `!Prefix`, `!Suffix` or `Presence`. Two keys are added,
+//! which the local file has no need for: `selector`, the labels of the pods
+//! a `WorkloadSelector` policy applies to, and `allNamespaces`, whether it
+//! looks for them beyond its own namespace. `kube/convert/policy.rs` builds
+//! it from an Istio AuthorizationPolicy.
 //!
 //! Whether scope and selector agree is checked in `snapshot.rs`.
 
@@ -35,6 +37,11 @@ pub struct Policy {
     /// namespace it applies to. Absent for the other scopes.
     #[serde(default)]
     pub selector: Option<Labels>,
+    /// For scope `WorkloadSelector`: the selector picks pods of every
+    /// namespace, not only the policy's. A Kubernetes policy in the root
+    /// namespace (`istio-system` by default) selects this way.
+    #[serde(default)]
+    pub all_namespaces: bool,
     /// OR-ed rules; each an AND-ed list of clauses; each an OR-ed list of
     /// matches.
     #[serde(default)]
@@ -55,7 +62,8 @@ pub enum PolicyScope {
     Global,
     /// Every workload of the policy's namespace.
     Namespace,
-    /// The workloads of the policy's namespace its `selector` picks.
+    /// The workloads its `selector` picks (of the policy's namespace, or
+    /// of all with `allNamespaces`).
     WorkloadSelector,
 }
 
@@ -68,7 +76,9 @@ pub enum PolicyAction {
     Deny,
 }
 
-/// One match: every kind listed must pass (WIRE.md §9).
+/// One match: every kind listed must pass (WIRE.md §9). A match with every
+/// list empty is skipped by the proxy, not counted as matched: a clause
+/// holding only such matches never matches.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct PolicyMatch {

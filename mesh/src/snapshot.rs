@@ -6,8 +6,8 @@
 //! Checks across entries live here: duplicates, references, and the pairs
 //! of keys that must or must not go together.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::pod::{Pod, PodPhase};
 use super::policy::{Policy, PolicyScope};
-use super::service::Service;
+use super::service::{Service, TargetPort};
 
 /// The file's content, parsed but not yet checked as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -170,8 +170,12 @@ impl MeshSnapshot {
 
     fn add_pods(&mut self, pods: Vec<Pod>) -> Result<(), MeshError> {
         // (network, IP) → pod, over the pods that make workloads: two of
-        // them on one address would make the address ambiguous.
+        // them on one address would make the address ambiguous. Pods on
+        // their node's network share its address and are never looked up
+        // by it.
         let mut addresses: HashMap<(&str, IpAddr), String> = HashMap::new();
+        // Workload resource names: a pod's `workloadUid`, or its uid.
+        let mut resource_names: HashSet<&str> = HashSet::new();
         for (index, pod) in pods.iter().enumerate() {
             let item = || format!("pod {}/{}", pod.namespace, pod.name);
             for (field, value) in [
@@ -187,6 +191,9 @@ impl MeshSnapshot {
                     uid: pod.uid.clone(),
                 });
             }
+            if let Some(workload_uid) = &pod.workload_uid {
+                non_empty(workload_uid, "workloadUid", item)?;
+            }
             let key = (pod.namespace.clone(), pod.name.clone());
             if self.by_name.insert(key, index).is_some() {
                 return Err(MeshError::DuplicatePod {
@@ -199,7 +206,12 @@ impl MeshSnapshot {
                     uid: pod.uid.clone(),
                 });
             }
-            if pod.is_live() {
+            if !resource_names.insert(pod.resource_name()) {
+                return Err(MeshError::DuplicateUid {
+                    uid: pod.resource_name().to_owned(),
+                });
+            }
+            if pod.is_live() && !pod.host_network {
                 for ip in &pod.ips {
                     let key = (pod.network.as_str(), ip.to_canonical());
                     if let Some(first) = addresses.insert(key, item()) {
@@ -253,12 +265,13 @@ impl MeshSnapshot {
                     slot.insert(&service.name);
                 }
             }
-            if service
-                .ports
-                .iter()
-                .any(|(from, to)| *from == 0 || *to == 0)
-            {
-                return Err(MeshError::ZeroPort { service: item() });
+            for (port, endpoint_port) in &service.ports {
+                if *port == 0 || endpoint_port.target == TargetPort::Number(0) {
+                    return Err(MeshError::ZeroPort { service: item() });
+                }
+                if let TargetPort::Name(name) = &endpoint_port.target {
+                    non_empty(name, "targetPort", item)?;
+                }
             }
             match (&service.selector, &service.endpoints) {
                 (Some(_), Some(_)) => {
@@ -305,6 +318,9 @@ fn check_policies(policies: &[Policy]) -> Result<(), MeshError> {
             }
             _ => {}
         }
+        if policy.all_namespaces && policy.scope != PolicyScope::WorkloadSelector {
+            return Err(MeshError::UnexpectedAllNamespaces { policy: item() });
+        }
     }
     Ok(())
 }
@@ -327,7 +343,8 @@ fn non_empty(
 /// each other or name what does not exist.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MeshError {
-    /// A name, namespace, uid, hostname or service account is empty.
+    /// A name, namespace, uid, hostname, service account, workload uid or
+    /// target port name is empty.
     #[error("{item}: {field} is empty")]
     Empty {
         /// The entry.
@@ -343,7 +360,8 @@ pub enum MeshError {
         /// Name of the pod.
         name: String,
     },
-    /// Two pods share a uid: it names a workload resource.
+    /// Two pods share a uid, or a workload resource name (`workloadUid`,
+    /// else uid).
     #[error("pod uid {uid} appears twice")]
     DuplicateUid {
         /// The uid.
@@ -356,7 +374,8 @@ pub enum MeshError {
         /// The uid.
         uid: String,
     },
-    /// Two Running or Pending pods have the same IP on the same network.
+    /// Two Running or Pending pods, neither on its node's network, have the
+    /// same IP on the same network.
     #[error("{first} and {second} both have IP {address}")]
     DuplicateIp {
         /// The address.
@@ -425,6 +444,13 @@ pub enum MeshError {
     /// silently ignored.
     #[error("{policy}: selector is only for scope WorkloadSelector")]
     UnexpectedSelector {
+        /// The policy.
+        policy: String,
+    },
+    /// `allNamespaces` on a `Global` or `Namespace` policy, where it would
+    /// be silently ignored.
+    #[error("{policy}: allNamespaces is only for scope WorkloadSelector")]
+    UnexpectedAllNamespaces {
         /// The policy.
         policy: String,
     },

@@ -244,7 +244,7 @@ fn map_form_holds_pods_services_and_policies() {
             },
         ]
     );
-    assert_eq!(echo_service.ports.get(&80), Some(&8080));
+    assert_eq!(echo_service.ports.get(&80), Some(&ServicePort::from(8080)));
     assert_eq!(
         legacy_service.endpoints.as_deref(),
         Some(&["uid-legacy".to_owned()][..])
@@ -310,6 +310,16 @@ fn map_form_parse_errors_carry_the_line_of_the_value() {
             "bad port",
             "services:\n- {name: s, namespace: n, hostname: h, ports: {80: 70000}}\n",
             2,
+        ),
+        (
+            "bad port written as a string",
+            "services:\n- {name: s, namespace: n, hostname: h, ports: {80: '70000'}}\n",
+            2,
+        ),
+        (
+            "unknown port key",
+            "services:\n- name: s\n  namespace: n\n  hostname: h\n  ports:\n    80: {target: 8080}\n",
+            6,
         ),
     ];
     for (name, content, want_line) in cases {
@@ -404,6 +414,29 @@ fn contradictory_entries_are_refused() {
                 .to_owned(),
             "policy n/p appears twice",
         ),
+        (
+            "workload uid that is another pod's uid",
+            format!(
+                "{}- {{name: b, namespace: n, uid: ub, serviceAccount: s, workloadUid: ua}}\n",
+                pod("a", "ua", "10.0.0.1")
+            ),
+            "uid ua appears twice",
+        ),
+        (
+            "empty workload uid",
+            "- {name: a, namespace: n, uid: ua, serviceAccount: s, workloadUid: ''}\n".to_owned(),
+            "workloadUid is empty",
+        ),
+        (
+            "empty target port name",
+            "services:\n- {name: s, namespace: n, hostname: h, ports: {80: ''}}\n".to_owned(),
+            "targetPort is empty",
+        ),
+        (
+            "namespace policy across namespaces",
+            policy(", scope: Namespace, allNamespaces: true"),
+            "allNamespaces is only for scope WorkloadSelector",
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (name, content, want) in cases {
@@ -415,9 +448,10 @@ fn contradictory_entries_are_refused() {
             other => panic!("{name}: {other:?}\n{content}"),
         }
     }
-    // The same IP on two networks, or on a finished pod, is no conflict.
+    // The same IP on two networks, on a finished pod, or on pods on their
+    // node's network, is no conflict.
     let fine = format!(
-        "{}- {{name: b, namespace: n, uid: ub, serviceAccount: s, ips: [10.0.0.1], network: other}}\n- {{name: c, namespace: n, uid: uc, serviceAccount: s, ips: [10.0.0.1], phase: Succeeded}}\n",
+        "{}- {{name: b, namespace: n, uid: ub, serviceAccount: s, ips: [10.0.0.1], network: other}}\n- {{name: c, namespace: n, uid: uc, serviceAccount: s, ips: [10.0.0.1], phase: Succeeded}}\n- {{name: d, namespace: n, uid: ud, serviceAccount: s, ips: [10.0.0.1], hostNetwork: true}}\n",
         pod("a", "ua", "10.0.0.1")
     );
     assert_eq!(
@@ -425,7 +459,7 @@ fn contradictory_entries_are_refused() {
             .unwrap()
             .snapshot()
             .len(),
-        3
+        4
     );
 }
 
@@ -461,4 +495,74 @@ fn reloads_are_announced_and_bad_edits_reported_once() {
         "a bad edit announces nothing"
     );
     assert_eq!(registry.snapshot().services().len(), 2, "last good kept");
+}
+
+#[test]
+fn the_keys_a_kubernetes_pod_fills_can_be_written_in_the_file() {
+    let mesh = "\
+pods:
+- name: web-1
+  namespace: shop
+  uid: u-web-1
+  serviceAccount: web
+  workloadUid: Kubernetes//Pod/shop/web-1
+  workloadType: Pod
+  nativeTunnel: true
+  hostNetwork: true
+  locality: {region: eu, zone: eu-1}
+  ready: false
+  trustDomain: ''
+  containerPorts: {http: 8080}
+services:
+- name: web
+  namespace: shop
+  hostname: web.shop.svc.cluster.local
+  ports: {80: http, 81: 8081, 82: '8082', 443: {targetPort: https, appProtocol: TLS}}
+  selector: {app: web}
+  ipFamilies: Dual
+  loadBalancing: {routingPreference: [Network, Zone], mode: Failover, healthPolicy: AllowAll}
+  canonical: true
+policies:
+- {name: p, namespace: istio-system, scope: WorkloadSelector, selector: {app: web}, allNamespaces: true, action: Allow}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = FileRegistry::load(&write(&dir, mesh)).unwrap().snapshot();
+    let pod = snapshot.pod("shop", "web-1").unwrap();
+    assert_eq!(pod.resource_name(), "Kubernetes//Pod/shop/web-1");
+    assert_eq!(pod.workload_type, Some(WorkloadType::Pod));
+    assert!(pod.native_tunnel && pod.host_network);
+    assert_eq!(pod.locality.as_ref().map(|l| l.zone.as_str()), Some("eu-1"));
+    assert_eq!((pod.ready, pod.is_healthy()), (Some(false), false));
+    assert_eq!(pod.trust_domain.as_deref(), Some(""));
+    assert_eq!(pod.container_ports.get("http"), Some(&8080));
+
+    let [service] = snapshot.services() else {
+        panic!("one service")
+    };
+    let ports: Vec<(u16, TargetPort, AppProtocol)> = service
+        .ports
+        .iter()
+        .map(|(port, to)| (*port, to.target.clone(), to.app_protocol))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (80, TargetPort::Name("http".into()), AppProtocol::Unknown),
+            (81, TargetPort::Number(8081), AppProtocol::Unknown),
+            (82, TargetPort::Number(8082), AppProtocol::Unknown),
+            (443, TargetPort::Name("https".into()), AppProtocol::Tls),
+        ]
+    );
+    assert_eq!(service.ip_families, IpFamilies::Dual);
+    let balancing = service.load_balancing.as_ref().unwrap();
+    assert_eq!(
+        balancing.routing_preference,
+        [LocalityScope::Network, LocalityScope::Zone]
+    );
+    assert_eq!(
+        (balancing.mode, balancing.health_policy),
+        (LoadBalancingMode::Failover, HealthPolicy::AllowAll)
+    );
+    assert!(service.canonical);
+    assert!(snapshot.policies()[0].all_namespaces);
 }

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tonic::Code;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
 use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
@@ -66,8 +67,10 @@ async fn start_ca() -> Ca {
         trust_domain: "cluster.local".into(),
         issuer,
         ttl: TtlPolicy::new(24 * HOUR, 48 * HOUR),
-        token_keys: signer.verifying_keys().unwrap(),
-        token_policy: TokenPolicy::default(),
+        authenticator: Arc::new(Authenticator::Keys {
+            keys: signer.verifying_keys().unwrap(),
+            policy: TokenPolicy::default(),
+        }),
         trusted_node_accounts: vec!["istio-system/ztunnel".parse().unwrap()],
         registry: Arc::new(FileRegistry::load(&pods).unwrap()),
         metrics: Arc::new(CaMetrics::new()),

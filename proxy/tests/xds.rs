@@ -28,6 +28,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
 use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
@@ -204,8 +205,10 @@ async fn start_ca(dir: &Path) -> Ca {
         trust_domain: "cluster.local".into(),
         issuer: Arc::new(issuer),
         ttl: TtlPolicy::new(24 * HOUR, 48 * HOUR),
-        token_keys: signer.verifying_keys().unwrap(),
-        token_policy: TokenPolicy::default(),
+        authenticator: Arc::new(Authenticator::Keys {
+            keys: signer.verifying_keys().unwrap(),
+            policy: TokenPolicy::default(),
+        }),
         trusted_node_accounts: Vec::new(),
         registry: Arc::new(FileRegistry::load(&pods).unwrap()),
         metrics: Arc::new(CaMetrics::new()),

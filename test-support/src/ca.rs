@@ -1,10 +1,12 @@
 //! A real CA and control plane for end-to-end tests: `ztunnel-ca`'s
 //! server (the CA and delta xDS on one port), run in-process on its own
 //! runtime thread with a socket bound inside a test namespace, a generated
-//! root, a mesh file (pods, services, policies) the test can rewrite, and
-//! pod-bound tokens minted with the CA's own token key. Stopping it is how
-//! tests produce a CA and xDS outage; restarting it (same address, root,
-//! token key and mesh file) is how the outage ends.
+//! root, and one of two mesh sources: a mesh file (pods, services,
+//! policies) the test can rewrite, with pod-bound tokens minted with the
+//! CA's own token key; or the Kubernetes API (`crate::kube`), with tokens
+//! from its TokenRequest API reviewed by it. Stopping it is how tests
+//! produce a CA and xDS outage; restarting it (same address, root, token
+//! key and source) is how the outage ends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,22 +15,31 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
+use ztunnel_control_plane::ca::authz::NodeAgentAccount;
 use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
+use ztunnel_control_plane::ca::token_keys::TokenKeys;
 use ztunnel_control_plane::ca::{CaConfig, server};
-use ztunnel_mesh::FileRegistry;
+use ztunnel_control_plane::kubernetes::{self, MetricsObserver};
+use ztunnel_mesh::kube::convert::ConvertSettings;
+use ztunnel_mesh::kube::source::KubeRegistry;
+use ztunnel_mesh::{FileRegistry, PodRegistry};
 
 use crate::netns::NetNs;
 
 /// How often the CA re-reads the mesh file: short, so tests that move a
 /// pod see the change quickly (in authorization and in xDS pushes).
 const REGISTRY_POLL: Duration = Duration::from_millis(100);
+
+/// How long the Kubernetes source may take to list everything once.
+const SOURCE_READY: Duration = Duration::from_secs(30);
 
 /// A pod whose token a test mints.
 #[derive(Debug, Clone)]
@@ -45,9 +56,21 @@ pub struct PodRef<'a> {
     pub node: Option<&'a str>,
 }
 
+/// Where the control plane takes the mesh from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Its mesh file (`pods.yaml` in its directory), polled; tokens are
+    /// verified with the CA's own token key.
+    File,
+    /// The Kubernetes API, with this kubeconfig (the control plane's
+    /// service account); tokens are reviewed by the API server.
+    Kubernetes(PathBuf),
+}
+
 /// A running CA. Dropping it stops the server.
 pub struct TestCa {
     addr: SocketAddr,
+    source: Source,
     /// Kept for a restart, which builds the server's configuration again.
     trust_domain: String,
     issuer: Arc<Issuer>,
@@ -79,6 +102,7 @@ impl TestCa {
         std::fs::write(dir.path().join("pods.yaml"), pods)?;
         let mut ca = TestCa {
             addr,
+            source: Source::File,
             trust_domain: trust_domain.to_owned(),
             issuer,
             dir,
@@ -86,6 +110,22 @@ impl TestCa {
             stop: None,
             thread: None,
         };
+        ca.serve_in(ns)?;
+        Ok(ca)
+    }
+
+    /// Starts a control plane listening on `addr` inside `ns` that takes
+    /// the mesh from the Kubernetes API through `kubeconfig` and reviews
+    /// callers' tokens there, as `ztunnel-ca serve --kubeconfig` does.
+    pub fn start_kubernetes(
+        ns: &NetNs,
+        addr: SocketAddr,
+        trust_domain: &str,
+        kubeconfig: &Path,
+    ) -> anyhow::Result<Self> {
+        let mut ca = Self::start(ns, addr, trust_domain, "")?;
+        ca.stop();
+        ca.source = Source::Kubernetes(kubeconfig.to_owned());
         ca.serve_in(ns)?;
         Ok(ca)
     }
@@ -103,18 +143,18 @@ impl TestCa {
     /// Loads the mesh file, binds the address inside `ns` and serves on a
     /// thread of its own.
     fn serve_in(&mut self, ns: &NetNs) -> anyhow::Result<()> {
-        let registry = Arc::new(FileRegistry::load(&self.pods_path())?);
+        let setup = match &self.source {
+            Source::File => Setup::File {
+                registry: Arc::new(FileRegistry::load(&self.pods_path())?),
+                keys: self.signer.verifying_keys()?,
+            },
+            Source::Kubernetes(kubeconfig) => Setup::Kubernetes(kubeconfig.clone()),
+        };
         let hour = Duration::from_secs(3600);
-        let config = CaConfig {
+        let parts = Parts {
             trust_domain: self.trust_domain.clone(),
             issuer: Arc::clone(&self.issuer),
             ttl: TtlPolicy::new(24 * hour, 90 * 24 * hour),
-            token_keys: self.signer.verifying_keys()?,
-            token_policy: TokenPolicy::default(),
-            trusted_node_accounts: vec!["istio-system/ztunnel".parse()?],
-            registry: Arc::clone(&registry) as _,
-            metrics: Arc::new(CaMetrics::new()),
-            serving_dns_names: vec!["localhost".into()],
             serving_ips: vec![self.addr.ip()],
         };
         let addr = self.addr;
@@ -127,7 +167,7 @@ impl TestCa {
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("test-ca".into())
-            .spawn(move || serve(config, listener, registry, stopped))?;
+            .spawn(move || serve(parts, setup, listener, stopped))?;
         self.stop = Some(stop);
         self.thread = Some(thread);
         Ok(())
@@ -227,11 +267,28 @@ fn issue_with(issuer: &Issuer, identity: &Identity) -> anyhow::Result<WorkloadCe
     )?)
 }
 
+/// What the control plane serves with, whatever the source.
+struct Parts {
+    trust_domain: String,
+    issuer: Arc<Issuer>,
+    ttl: TtlPolicy,
+    serving_ips: Vec<std::net::IpAddr>,
+}
+
+/// The source, ready to start on the server's runtime.
+enum Setup {
+    File {
+        registry: Arc<FileRegistry>,
+        keys: TokenKeys,
+    },
+    Kubernetes(PathBuf),
+}
+
 /// The CA's runtime thread.
 fn serve(
-    config: CaConfig,
+    parts: Parts,
+    setup: Setup,
     listener: std::net::TcpListener,
-    registry: Arc<FileRegistry>,
     stopped: oneshot::Receiver<()>,
 ) {
     let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
@@ -245,18 +302,73 @@ fn serve(
         let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
             return;
         };
-        let (watch_stop, watch_stopped) = oneshot::channel::<()>();
-        let metrics = Arc::clone(&config.metrics);
-        let on_refused = move |_: &_| metrics.record_mesh_reload_error();
-        tokio::spawn(registry.watch(REGISTRY_POLL, on_refused, async move {
-            let _ = watch_stopped.await;
-        }));
+        let metrics = Arc::new(CaMetrics::new());
+        let (source_stop, source_stopped) = watch::channel(false);
+        let until_stopped = move || {
+            let mut stopped = source_stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }
+        };
+        let (registry, authenticator): (Arc<dyn PodRegistry>, Authenticator) = match setup {
+            Setup::File { registry, keys } => {
+                let counter = Arc::clone(&metrics);
+                let on_refused = move |_: &_| counter.record_mesh_reload_error();
+                tokio::spawn(Arc::clone(&registry).watch(
+                    REGISTRY_POLL,
+                    on_refused,
+                    until_stopped(),
+                ));
+                let authenticator = Authenticator::Keys {
+                    keys,
+                    policy: TokenPolicy::default(),
+                };
+                (registry, authenticator)
+            }
+            Setup::Kubernetes(kubeconfig) => {
+                let client = match kubernetes::client(Some(&kubeconfig)).await {
+                    Ok(client) => client,
+                    Err(error) => {
+                        eprintln!("test control plane: {error:#}");
+                        return;
+                    }
+                };
+                let registry = KubeRegistry::start(
+                    client.clone(),
+                    ConvertSettings::default(),
+                    Arc::new(MetricsObserver(Arc::clone(&metrics))),
+                    until_stopped(),
+                );
+                // Serving before the first list would deny every caller
+                // for a moment; a source that never lists (a broken test)
+                // is served anyway after a while, so the test fails on
+                // what it checks rather than hanging here.
+                let mut ready = registry.readiness();
+                let _ = tokio::time::timeout(SOURCE_READY, ready.wait_for(|ready| *ready)).await;
+                let reviewer = TokenReviewer::new(client, DEFAULT_AUDIENCE);
+                (registry, Authenticator::TokenReview(reviewer))
+            }
+        };
+        let config = CaConfig {
+            trust_domain: parts.trust_domain,
+            issuer: parts.issuer,
+            ttl: parts.ttl,
+            authenticator: Arc::new(authenticator),
+            trusted_node_accounts: vec![NodeAgentAccount {
+                namespace: "istio-system".into(),
+                service_account: "ztunnel".into(),
+            }],
+            registry,
+            metrics,
+            serving_dns_names: vec!["localhost".into()],
+            serving_ips: parts.serving_ips,
+        };
         let shutdown = async move {
             let _ = stopped.await;
         };
         if let Err(error) = server::serve(config, listener, shutdown).await {
             eprintln!("test CA stopped: {error}");
         }
-        let _ = watch_stop.send(());
+        let _ = source_stop.send(true);
     });
 }

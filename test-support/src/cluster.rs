@@ -32,10 +32,12 @@ use crate::netns::{self, NetNs};
 use crate::wait;
 
 mod files;
+mod kube;
 mod node;
 mod pods;
 
 pub use files::{ConfigSource, MeshFile, deny_policy};
+pub use kube::ClusterApi;
 pub use node::{AccessEntry, Node};
 pub use pods::{Pod, PodSpec, closed_by_peer, still_echoes};
 
@@ -109,6 +111,8 @@ pub struct Cluster {
     /// value wins: benchmarks tune worker threads this way.
     ztunnel_env: Vec<(String, String)>,
     ca: TestCa,
+    /// The API server, when the control plane reads Kubernetes.
+    kube: Option<ClusterApi>,
     /// The control plane's namespace, where a restart binds again.
     ca_ns: NetNs,
     // Dropped after the processes: the namespaces and files they use.
@@ -144,6 +148,42 @@ impl Cluster {
         binaries: Binaries,
         source: ConfigSource,
     ) -> anyhow::Result<Cluster> {
+        Cluster::build(node_names, pods, ambient_namespaces, binaries, source, None)
+    }
+
+    /// [`Cluster::start`] with a control plane that reads only a real
+    /// Kubernetes API server (started here, `crate::kube`): `pods` are
+    /// created there, and get their status once added. `None`, with the
+    /// reason printed, where the API server's binaries were not built.
+    pub fn start_on_kubernetes(
+        node_names: &[&str],
+        pods: &[PodSpec],
+        ambient_namespaces: &[&str],
+        binaries: Binaries,
+    ) -> anyhow::Result<Option<Cluster>> {
+        let Some(api) = crate::kube::KubeApi::start()? else {
+            return Ok(None);
+        };
+        let api = ClusterApi::prepare(api, node_names, pods, ambient_namespaces)?;
+        Cluster::build(
+            node_names,
+            pods,
+            ambient_namespaces,
+            binaries,
+            ConfigSource::Xds,
+            Some(api),
+        )
+        .map(Some)
+    }
+
+    fn build(
+        node_names: &[&str],
+        pods: &[PodSpec],
+        ambient_namespaces: &[&str],
+        binaries: Binaries,
+        source: ConfigSource,
+        kube: Option<ClusterApi>,
+    ) -> anyhow::Result<Cluster> {
         binaries.check()?;
         let dir = tempfile::Builder::new().prefix("zt-cluster").tempdir()?;
         let fabric = NetNs::create("fab")?;
@@ -151,12 +191,21 @@ impl Cluster {
         fabric.exec(&["ip", "link", "set", "fab0", "up"])?;
         let ca_ns = NetNs::create("ca")?;
         attach(&fabric, &ca_ns, CA_IP)?;
-        let ca = TestCa::start(
-            &ca_ns,
-            SocketAddr::from((CA_IP, 15012)),
-            TRUST_DOMAIN,
-            &files::registry(node_names, pods),
-        )?;
+        let ca_addr = SocketAddr::from((CA_IP, 15012));
+        let ca = match &kube {
+            None => TestCa::start(
+                &ca_ns,
+                ca_addr,
+                TRUST_DOMAIN,
+                &files::registry(node_names, pods),
+            )?,
+            Some(api) => TestCa::start_kubernetes(
+                &ca_ns,
+                ca_addr,
+                TRUST_DOMAIN,
+                api.control_plane_kubeconfig(),
+            )?,
+        };
         let mut nodes = Vec::with_capacity(node_names.len());
         for (index, name) in node_names.iter().enumerate() {
             let offset = u8::try_from(index).context("too many nodes")?;
@@ -171,16 +220,20 @@ impl Cluster {
             node.ns
                 .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
             let ztunnel_pod = files::ztunnel_pod(name);
-            ca.write_token(
-                &PodRef {
-                    namespace: "istio-system",
-                    service_account: "ztunnel",
-                    name: &ztunnel_pod,
-                    uid: &format!("uid-{ztunnel_pod}"),
-                    node: Some(name),
-                },
-                &node.dir.join("ztunnel.token"),
-            )?;
+            let token = node.dir.join("ztunnel.token");
+            match &kube {
+                None => ca.write_token(
+                    &PodRef {
+                        namespace: "istio-system",
+                        service_account: "ztunnel",
+                        name: &ztunnel_pod,
+                        uid: &format!("uid-{ztunnel_pod}"),
+                        node: Some(name),
+                    },
+                    &token,
+                )?,
+                Some(api) => api.write_ztunnel_token(name, &token)?,
+            }
             nodes.push(node);
         }
         route_pod_subnets(&nodes)?;
@@ -202,6 +255,7 @@ impl Cluster {
             binaries,
             ztunnel_env: Vec::new(),
             ca,
+            kube,
             ca_ns,
             _fabric: fabric,
             _dir: dir,
@@ -227,6 +281,16 @@ impl Cluster {
     /// (`LOCAL_XDS_PATH`).
     pub fn mesh(&mut self) -> &mut MeshFile {
         &mut self.mesh
+    }
+
+    /// The API server the control plane reads, when it reads Kubernetes.
+    pub fn kube(&self) -> Option<&ClusterApi> {
+        self.kube.as_ref()
+    }
+
+    /// The API server the control plane reads, to stop and start it.
+    pub fn kube_mut(&mut self) -> Option<&mut ClusterApi> {
+        self.kube.as_mut()
     }
 
     /// Where the ztunnels get their configuration.
@@ -340,7 +404,10 @@ impl Cluster {
     /// of the mesh file (pushed over xDS, or read from the local file,
     /// which ztunnel reloads about once a second).
     pub fn wait_synced(&self) -> anyhow::Result<()> {
-        let wanted = self.mesh.workload_uids();
+        let wanted = match &self.kube {
+            None => self.mesh.workload_uids(),
+            Some(_) => self.mesh.workload_uids_by(ClusterApi::workload_uid),
+        };
         for node in &self.nodes {
             node.wait_ready()?;
             let synced = wait::until(START_TIMEOUT, || {

@@ -3,6 +3,9 @@
 //! token is bound to (the `kubernetes.io` claim of a projected
 //! service-account token). The result is a typed [`Caller`].
 //!
+//! A TokenReview's answer is read the same way (`review.rs`): the pod comes
+//! from what the API server says, never from the request.
+//!
 //! Pure: time comes in as `now`, keys as [`TokenKeys`]. What the caller may
 //! be issued is `authz.rs`'s business. The token itself is never logged and
 //! never appears in an error.
@@ -151,6 +154,17 @@ pub enum AuthnError {
     /// `sub` disagrees with the namespace and service account claims.
     #[error("token subject disagrees with its kubernetes.io claim")]
     SubjectMismatch,
+    /// The API server's TokenReview did not authenticate the token (bad
+    /// signature, wrong audience, expired, or bound to a deleted pod).
+    #[error("the API server did not authenticate the token")]
+    ReviewRejected,
+    /// The reviewed token belongs to a user, not a service account.
+    #[error("token does not belong to a service account")]
+    NotServiceAccount,
+    /// The TokenReview could not be made (API server unreachable, or the
+    /// control plane may not create token reviews).
+    #[error("token review failed: {0}")]
+    ReviewUnavailable(String),
 }
 
 impl AuthnError {
@@ -170,6 +184,9 @@ impl AuthnError {
             AuthnError::NotYetValid => "token_not_yet_valid",
             AuthnError::NotPodBound => "token_not_pod_bound",
             AuthnError::SubjectMismatch => "subject_mismatch",
+            AuthnError::ReviewRejected => "token_review_rejected",
+            AuthnError::NotServiceAccount => "not_service_account",
+            AuthnError::ReviewUnavailable(_) => "token_review_unavailable",
         }
     }
 }
@@ -294,6 +311,8 @@ fn unix_seconds(now: SystemTime) -> i64 {
         Err(before) => i64::try_from(before.duration().as_secs()).map_or(i64::MIN, |s| -s),
     }
 }
+
+mod review;
 
 #[cfg(test)]
 mod tests;

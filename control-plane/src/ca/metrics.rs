@@ -52,6 +52,11 @@ pub struct CaMetrics {
     /// Responses a client rejected, by type: a client and this server
     /// disagree on the wire format.
     xds_nacks: Family<TypeLabels, Counter>,
+    /// Kubernetes watch failures, by kind: a non-zero rate means the mesh
+    /// served is older than the API server's (the watch resumes).
+    kube_watch_errors: Family<KindLabels, Counter>,
+    /// Kubernetes objects left out of the mesh, by kind.
+    kube_objects_refused: Family<KindLabels, Counter>,
 }
 
 impl CaMetrics {
@@ -89,6 +94,8 @@ impl CaMetrics {
             xds_removals: Family::default(),
             xds_bytes: Family::default(),
             xds_nacks: Family::default(),
+            kube_watch_errors: Family::default(),
+            kube_objects_refused: Family::default(),
         };
         metrics.register_mesh();
         metrics
@@ -101,6 +108,16 @@ impl CaMetrics {
             "mesh_reload_errors",
             "Mesh file edits refused (the last good file stays in use)",
             self.mesh_reload_errors.clone(),
+        );
+        registry.register(
+            "kube_watch_errors",
+            "Kubernetes watch failures, by kind (the last state stays; the watch resumes)",
+            self.kube_watch_errors.clone(),
+        );
+        registry.register(
+            "kube_objects_refused",
+            "Kubernetes objects left out of the mesh, by kind",
+            self.kube_objects_refused.clone(),
         );
         registry.register(
             "xds_clients",
@@ -161,6 +178,20 @@ impl CaMetrics {
     /// Counts a refused mesh file edit.
     pub fn record_mesh_reload_error(&self) {
         self.mesh_reload_errors.inc();
+    }
+
+    /// Counts a failed Kubernetes watch of `kind`.
+    pub fn record_kube_watch_error(&self, kind: &'static str) {
+        self.kube_watch_errors
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Counts a Kubernetes object of `kind` left out of the mesh.
+    pub fn record_kube_object_refused(&self, kind: &'static str) {
+        self.kube_objects_refused
+            .get_or_create(&KindLabels { kind })
+            .inc();
     }
 
     /// Counts an open xDS stream until the returned guard is dropped.
@@ -242,11 +273,16 @@ struct KindLabels {
     kind: &'static str,
 }
 
-/// Serves `GET /metrics` over plain HTTP/1.1 until `shutdown` resolves.
+/// Why the control plane is not ready to serve, or `None` when it is.
+pub type Readiness = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Serves `GET /metrics` and `GET /ready` (200, or 503 with the reason)
+/// over plain HTTP/1.1 until `shutdown` resolves.
 ///
 /// A failing connection is logged and does not stop the listener.
 pub async fn serve(
     metrics: Arc<CaMetrics>,
+    readiness: Readiness,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -263,10 +299,12 @@ pub async fn serve(
             },
         };
         let metrics = Arc::clone(&metrics);
+        let readiness = Arc::clone(&readiness);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let metrics = Arc::clone(&metrics);
-                async move { Ok::<_, Infallible>(respond(&metrics, &request)) }
+                let readiness = Arc::clone(&readiness);
+                async move { Ok::<_, Infallible>(respond(&metrics, &readiness, &request)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
@@ -279,8 +317,21 @@ pub async fn serve(
     }
 }
 
-fn respond(metrics: &CaMetrics, request: &Request<Incoming>) -> Response<String> {
+fn respond(
+    metrics: &CaMetrics,
+    readiness: &Readiness,
+    request: &Request<Incoming>,
+) -> Response<String> {
     let mut response = Response::new(String::new());
+    if request.method() == Method::GET && request.uri().path() == "/ready" {
+        if let Some(reason) = readiness() {
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            *response.body_mut() = format!("not ready: {reason}\n");
+        } else {
+            *response.body_mut() = "ready\n".to_owned();
+        }
+        return response;
+    }
     if request.method() != Method::GET || request.uri().path() != "/metrics" {
         *response.status_mut() = StatusCode::NOT_FOUND;
         return response;

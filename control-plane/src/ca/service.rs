@@ -13,10 +13,10 @@ use ztunnel_proto::istio::v1::auth::{IstioCertificateRequest, IstioCertificateRe
 use ztunnel_certs::issuer::{Issuer, IssuerError, SigningRequest, TtlPolicy};
 
 use super::CaConfig;
-use super::authn::{Caller, TokenPolicy, bearer_token};
+use super::authenticator::Authenticator;
+use super::authn::{Caller, bearer_token};
 use super::authz::{Denial, NodeAgentAccount, authorize};
 use super::metrics::CaMetrics;
-use super::token_keys::TokenKeys;
 use ztunnel_mesh::PodRegistry;
 
 /// The request metadata key naming the identity a node agent asks for.
@@ -30,10 +30,8 @@ pub struct CertificateService {
     issuer: Arc<Issuer>,
     /// Default and maximum lifetimes.
     ttl: TtlPolicy,
-    /// Token verification keys.
-    token_keys: TokenKeys,
-    /// Token issuer, audience and leeway.
-    token_policy: TokenPolicy,
+    /// Who a token belongs to.
+    authenticator: Arc<Authenticator>,
     /// Who may impersonate.
     trusted_node_accounts: Vec<NodeAgentAccount>,
     /// Where pods and their nodes come from.
@@ -49,8 +47,7 @@ impl CertificateService {
             trust_domain: config.trust_domain,
             issuer: config.issuer,
             ttl: config.ttl,
-            token_keys: config.token_keys,
-            token_policy: config.token_policy,
+            authenticator: config.authenticator,
             trusted_node_accounts: config.trusted_node_accounts,
             registry: config.registry,
             metrics: config.metrics,
@@ -58,7 +55,7 @@ impl CertificateService {
     }
 
     /// Handles one request at `now`.
-    fn create(
+    async fn create(
         &self,
         request: &Request<IstioCertificateRequest>,
         now: SystemTime,
@@ -67,6 +64,7 @@ impl CertificateService {
         let impersonate = impersonated_identity(body);
         let caller = self
             .authenticate(request, now)
+            .await
             .map_err(|denial| self.deny(None, impersonate, &denial))?;
         let identity = authorize(
             &caller,
@@ -103,7 +101,7 @@ impl CertificateService {
         Ok(IstioCertificateResponse { cert_chain })
     }
 
-    fn authenticate(
+    async fn authenticate(
         &self,
         request: &Request<IstioCertificateRequest>,
         now: SystemTime,
@@ -113,12 +111,7 @@ impl CertificateService {
             .get("authorization")
             .map(|value| value.as_bytes());
         let token = bearer_token(header)?;
-        Ok(Caller::from_token(
-            token,
-            &self.token_keys,
-            &self.token_policy,
-            now,
-        )?)
+        Ok(self.authenticator.authenticate(token, now).await?)
     }
 
     /// Logs and counts a denial and returns the opaque status for it.
@@ -149,7 +142,9 @@ impl IstioCertificateService for CertificateService {
     ) -> Result<Response<IstioCertificateResponse>, Status> {
         // `clusterid` picks the cluster in a multi-cluster istiod; this CA
         // serves one cluster and accepts any value.
-        self.create(&request, SystemTime::now()).map(Response::new)
+        self.create(&request, SystemTime::now())
+            .await
+            .map(Response::new)
     }
 }
 

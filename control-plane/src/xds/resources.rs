@@ -1,7 +1,8 @@
 //! Mesh snapshot → xDS resources, as pure functions (WIRE.md §8, §9):
 //!
 //! - each Running or Pending pod with an IP → `Address{workload}` named by
-//!   its uid, listing the services that select it and the
+//!   its workload uid (else its uid), listing the services it serves (with
+//!   named target ports resolved against its container ports) and the
 //!   `WorkloadSelector` policies that pick it;
 //! - each service → `Address{service}` named `<namespace>/<hostname>`;
 //! - each policy → `Authorization` named `<namespace>/<name>`.
@@ -9,7 +10,8 @@
 //! Also the canonical encoding of an `Address`: `Workload.services` is a
 //! map, which prost encodes in hash order; resources are versioned by the
 //! hash of their bytes, so the map is encoded here in key order instead.
-//! Versions and sharing are `cache.rs`'s.
+//! Versions and sharing are `cache.rs`'s; which pods make workloads and
+//! what selectors pick is `resources/index.rs`'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -19,14 +21,20 @@ use ztunnel_proto::istio::security::{
     self as proto_security, Authorization, string_match::MatchType,
 };
 use ztunnel_proto::istio::workload::{
-    Address, NetworkAddress as ProtoNetworkAddress, Port, PortList, Service as ProtoService,
-    TunnelProtocol, Workload, WorkloadStatus, WorkloadType, address,
+    self as proto_workload, Address, NetworkAddress as ProtoNetworkAddress, Port, PortList,
+    Service as ProtoService, TunnelProtocol, Workload, WorkloadStatus, WorkloadType, address,
 };
 
 use ztunnel_mesh::{
-    Cidr, Labels, MeshSnapshot, Pod, PodPhase, Policy, PolicyAction, PolicyMatch, PolicyScope,
-    Service, ServiceAccountMatch, StringMatch, WorkloadProtocol,
+    AppProtocol, Cidr, HealthPolicy, IpFamilies, Labels, LoadBalancing, LoadBalancingMode,
+    LocalityScope, MeshSnapshot, Pod, Policy, PolicyAction, PolicyMatch, PolicyScope, Service,
+    ServiceAccountMatch, StringMatch, TargetPort, WorkloadProtocol,
+    WorkloadType as MeshWorkloadType,
 };
+
+use index::PodIndex;
+
+mod index;
 
 /// The cluster of pods that name none (WIRE.md §8: empty means this too).
 pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
@@ -55,18 +63,18 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
     let mut services_of: HashMap<usize, BTreeMap<String, PortList>> = HashMap::new();
     for service in snapshot.services() {
         let key = service.resource_name();
-        let ports = port_list(service);
-        for pod in index.endpoints(service) {
+        for (at, pod) in index.endpoints(service) {
             services_of
-                .entry(pod)
+                .entry(at)
                 .or_default()
-                .insert(key.clone(), ports.clone());
+                .insert(key.clone(), workload_ports(service, pod));
         }
     }
     let mut policies_of: HashMap<usize, Vec<String>> = HashMap::new();
     for policy in snapshot.policies() {
         if let (PolicyScope::WorkloadSelector, Some(selector)) = (policy.scope, &policy.selector) {
-            for (pod, _) in index.selected(&policy.namespace, selector) {
+            let namespace = (!policy.all_namespaces).then_some(policy.namespace.as_str());
+            for (pod, _) in index.selected(namespace, selector) {
                 policies_of
                     .entry(pod)
                     .or_default()
@@ -85,7 +93,7 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
         let services = services_of.remove(&at).unwrap_or_default();
         let workload = workload(pod, trust_domain, services, policies);
         resources.push((
-            pod.uid.clone(),
+            pod.resource_name().to_owned(),
             Address {
                 r#type: Some(address::Type::Workload(workload)),
             },
@@ -142,104 +150,22 @@ struct AddressWorkload {
     workload: Vec<u8>,
 }
 
-/// The pods that make workloads, indexed for selectors.
-struct PodIndex<'a> {
-    /// Every pod of the snapshot.
-    pods: &'a [Pod],
-    /// Positions in `pods` of those that make workloads, in file order.
-    workloads: Vec<usize>,
-    /// uid → workload position.
-    by_uid: HashMap<&'a str, usize>,
-    /// (namespace, label key, label value) → workload positions.
-    by_label: HashMap<(&'a str, &'a str, &'a str), Vec<usize>>,
-    /// namespace → workload positions.
-    by_namespace: HashMap<&'a str, Vec<usize>>,
-}
-
-impl<'a> PodIndex<'a> {
-    fn new(snapshot: &'a MeshSnapshot) -> Self {
-        let mut index = PodIndex {
-            pods: snapshot.pods(),
-            workloads: Vec::new(),
-            by_uid: HashMap::new(),
-            by_label: HashMap::new(),
-            by_namespace: HashMap::new(),
-        };
-        for (at, pod) in snapshot.pods().iter().enumerate() {
-            if !makes_workload(pod) {
-                continue;
-            }
-            index.workloads.push(at);
-            index.by_uid.insert(pod.uid.as_str(), at);
-            index
-                .by_namespace
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push(at);
-            for (key, value) in &pod.labels {
-                index
-                    .by_label
-                    .entry((pod.namespace.as_str(), key.as_str(), value.as_str()))
-                    .or_default()
-                    .push(at);
-            }
-        }
-        index
-    }
-
-    /// Workloads in `namespace` that `selector` matches (all of the
-    /// namespace for an empty selector). Only the pods carrying the
-    /// selector's first label are compared.
-    fn selected(&self, namespace: &str, selector: &Labels) -> Vec<(usize, &'a Pod)> {
-        let candidates = match selector.iter().next() {
-            None => self.by_namespace.get(namespace),
-            Some((key, value)) => self
-                .by_label
-                .get(&(namespace, key.as_str(), value.as_str())),
-        };
-        let pods = self.pods;
-        candidates
-            .into_iter()
-            .flatten()
-            .filter_map(|at| Some((*at, pods.get(*at)?)))
-            .filter(|(_, pod)| pod.is_selected_by(selector))
-            .collect()
-    }
-
-    /// Workloads that are endpoints of `service`: Running pods of its
-    /// namespace matching its selector, or the pods its endpoints name.
-    fn endpoints(&self, service: &Service) -> Vec<usize> {
-        match (&service.selector, &service.endpoints) {
-            (Some(selector), _) => self
-                .selected(&service.namespace, selector)
-                .into_iter()
-                .filter(|(_, pod)| pod.phase == PodPhase::Running)
-                .map(|(at, _)| at)
-                .collect(),
-            (None, Some(uids)) => uids
-                .iter()
-                .filter_map(|uid| self.by_uid.get(uid.as_str()).copied())
-                .collect(),
-            (None, None) => Vec::new(),
-        }
-    }
-}
-
-/// Whether a pod is a workload: it runs or is about to, and has an address.
-fn makes_workload(pod: &Pod) -> bool {
-    pod.is_live() && !pod.ips.is_empty()
-}
-
 fn workload(
     pod: &Pod,
     trust_domain: &str,
     services: BTreeMap<String, PortList>,
     authorization_policies: Vec<String>,
 ) -> Workload {
-    let (workload_type, workload_name) = match &pod.workload_name {
+    let (derived_type, workload_name) = match &pod.workload_name {
         Some(name) => (WorkloadType::Deployment, name.clone()),
         None => (WorkloadType::Pod, pod.name.clone()),
     };
+    let workload_type = pod.workload_type.map_or(derived_type, |kind| match kind {
+        MeshWorkloadType::Deployment => WorkloadType::Deployment,
+        MeshWorkloadType::CronJob => WorkloadType::Cronjob,
+        MeshWorkloadType::Pod => WorkloadType::Pod,
+        MeshWorkloadType::Job => WorkloadType::Job,
+    });
     let canonical_name = first_label(&pod.labels, &CANONICAL_NAME_LABELS)
         .unwrap_or(&workload_name)
         .to_owned();
@@ -247,7 +173,7 @@ fn workload(
         .unwrap_or(DEFAULT_REVISION)
         .to_owned();
     Workload {
-        uid: pod.uid.clone(),
+        uid: pod.resource_name().to_owned(),
         name: pod.name.clone(),
         namespace: pod.namespace.clone(),
         addresses: pod.ips.iter().map(|ip| ip_bytes(*ip)).collect(),
@@ -256,25 +182,41 @@ fn workload(
             WorkloadProtocol::Hbone => TunnelProtocol::Hbone,
             WorkloadProtocol::Tcp => TunnelProtocol::None,
         } as i32,
-        trust_domain: trust_domain.to_owned(),
+        trust_domain: pod
+            .trust_domain
+            .clone()
+            .unwrap_or_else(|| trust_domain.to_owned()),
         service_account: pod.service_account.clone(),
         node: pod.node_name.clone().unwrap_or_default(),
         canonical_name,
         canonical_revision,
         workload_type: workload_type as i32,
         workload_name,
+        native_tunnel: pod.native_tunnel,
         authorization_policies,
-        // A Pending pod is not ready: peers may address it, but services
-        // do not balance to it.
-        status: match pod.phase {
-            PodPhase::Running => WorkloadStatus::Healthy,
-            _ => WorkloadStatus::Unhealthy,
+        status: if pod.is_healthy() {
+            WorkloadStatus::Healthy
+        } else {
+            WorkloadStatus::Unhealthy
         } as i32,
         cluster_id: pod
             .cluster_id
             .clone()
             .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_owned()),
         services: services.into_iter().collect(),
+        locality: pod
+            .locality
+            .as_ref()
+            .map(|locality| proto_workload::Locality {
+                region: locality.region.clone(),
+                zone: locality.zone.clone(),
+                subzone: locality.subzone.clone(),
+            }),
+        network_mode: if pod.host_network {
+            proto_workload::NetworkMode::HostNetwork
+        } else {
+            proto_workload::NetworkMode::Standard
+        } as i32,
         ..Workload::default()
     }
 }
@@ -285,22 +227,54 @@ fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-fn port_list(service: &Service) -> PortList {
-    PortList {
-        ports: ports(service),
-    }
+/// The service's ports as one endpoint receives them: a named target port
+/// becomes the pod's container port of that name, and a service port whose
+/// name the pod lacks is left out for it.
+fn workload_ports(service: &Service, pod: &Pod) -> PortList {
+    let ports = service
+        .ports
+        .iter()
+        .filter_map(|(service_port, port)| {
+            let target_port = match &port.target {
+                TargetPort::Number(number) => *number,
+                TargetPort::Name(name) => *pod.container_ports.get(name)?,
+            };
+            Some(Port {
+                service_port: u32::from(*service_port),
+                target_port: u32::from(target_port),
+                ..Port::default()
+            })
+        })
+        .collect();
+    PortList { ports }
 }
 
-fn ports(service: &Service) -> Vec<Port> {
+/// The service's own ports: a named target port is 0, as it differs by
+/// endpoint.
+fn service_ports(service: &Service) -> Vec<Port> {
     service
         .ports
         .iter()
-        .map(|(service_port, target_port)| Port {
+        .map(|(service_port, port)| Port {
             service_port: u32::from(*service_port),
-            target_port: u32::from(*target_port),
-            ..Port::default()
+            target_port: match port.target {
+                TargetPort::Number(number) => u32::from(number),
+                TargetPort::Name(_) => 0,
+            },
+            app_protocol: app_protocol(port.app_protocol) as i32,
         })
         .collect()
+}
+
+fn app_protocol(protocol: AppProtocol) -> proto_workload::AppProtocol {
+    match protocol {
+        AppProtocol::Unknown => proto_workload::AppProtocol::Unknown,
+        AppProtocol::Http11 => proto_workload::AppProtocol::Http11,
+        AppProtocol::Http2 => proto_workload::AppProtocol::Http2,
+        AppProtocol::Grpc => proto_workload::AppProtocol::Grpc,
+        AppProtocol::Tcp => proto_workload::AppProtocol::Tcp,
+        AppProtocol::Tls => proto_workload::AppProtocol::Tls,
+    }
 }
 
 fn proto_service(service: &Service) -> ProtoService {
@@ -317,8 +291,49 @@ fn proto_service(service: &Service) -> ProtoService {
                 length: None,
             })
             .collect(),
-        ports: ports(service),
+        ports: service_ports(service),
+        load_balancing: service.load_balancing.as_ref().map(load_balancing),
+        ip_families: match service.ip_families {
+            IpFamilies::Automatic => proto_workload::IpFamilies::Automatic,
+            IpFamilies::IPv4Only => proto_workload::IpFamilies::Ipv4Only,
+            IpFamilies::IPv6Only => proto_workload::IpFamilies::Ipv6Only,
+            IpFamilies::Dual => proto_workload::IpFamilies::Dual,
+        } as i32,
+        canonical: service.canonical,
         ..ProtoService::default()
+    }
+}
+
+fn load_balancing(balancing: &LoadBalancing) -> proto_workload::LoadBalancing {
+    use proto_workload::load_balancing::{HealthPolicy as Health, Mode};
+    proto_workload::LoadBalancing {
+        routing_preference: balancing
+            .routing_preference
+            .iter()
+            .map(|scope| scope_of(*scope) as i32)
+            .collect(),
+        mode: match balancing.mode {
+            LoadBalancingMode::Unspecified => Mode::UnspecifiedMode,
+            LoadBalancingMode::Strict => Mode::Strict,
+            LoadBalancingMode::Failover => Mode::Failover,
+            LoadBalancingMode::Passthrough => Mode::Passthrough,
+        } as i32,
+        health_policy: match balancing.health_policy {
+            HealthPolicy::OnlyHealthy => Health::OnlyHealthy,
+            HealthPolicy::AllowAll => Health::AllowAll,
+        } as i32,
+    }
+}
+
+fn scope_of(scope: LocalityScope) -> proto_workload::load_balancing::Scope {
+    use proto_workload::load_balancing::Scope;
+    match scope {
+        LocalityScope::Region => Scope::Region,
+        LocalityScope::Zone => Scope::Zone,
+        LocalityScope::Subzone => Scope::Subzone,
+        LocalityScope::Node => Scope::Node,
+        LocalityScope::Cluster => Scope::Cluster,
+        LocalityScope::Network => Scope::Network,
     }
 }
 

@@ -29,11 +29,11 @@ use tonic::codegen::{BoxFuture, Service};
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
 use crate::ca::CaConfig;
-use crate::ca::authn::{Caller, TokenPolicy, bearer_token};
+use crate::ca::authenticator::Authenticator;
+use crate::ca::authn::{Caller, bearer_token};
 use crate::ca::authz::{Denial, NodeAgentAccount, caller_node, trusted_node_agent};
 use crate::ca::metrics::CaMetrics;
 use crate::ca::service::bounded_for_log as bounded;
-use crate::ca::token_keys::TokenKeys;
 use ztunnel_mesh::{MeshSnapshot, PodRegistry};
 
 use super::ResourceType;
@@ -65,10 +65,8 @@ pub struct AdsService(Arc<Shared>);
 
 /// What every stream of the service shares.
 struct Shared {
-    /// Token verification keys.
-    token_keys: TokenKeys,
-    /// Token issuer, audience and leeway.
-    token_policy: TokenPolicy,
+    /// Who a token belongs to.
+    authenticator: Arc<Authenticator>,
     /// Who may subscribe.
     trusted_node_accounts: Vec<NodeAgentAccount>,
     /// Where the caller's pod is looked up.
@@ -98,8 +96,7 @@ impl AdsService {
         let (publisher, resources) = watch::channel(Arc::new(first));
         tokio::spawn(publish(changes, config.trust_domain.clone(), publisher));
         AdsService(Arc::new(Shared {
-            token_keys: config.token_keys.clone(),
-            token_policy: config.token_policy.clone(),
+            authenticator: Arc::clone(&config.authenticator),
             trusted_node_accounts: config.trusted_node_accounts.clone(),
             registry: Arc::clone(&config.registry),
             metrics: Arc::clone(&config.metrics),
@@ -121,14 +118,17 @@ impl Service<http::Request<Body>> for AdsService {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let response = self.0.open(request, SystemTime::now());
-        Box::pin(async move { Ok(response.unwrap_or_else(Status::into_http)) })
+        let shared = Arc::clone(&self.0);
+        Box::pin(async move {
+            let response = shared.open(request, SystemTime::now()).await;
+            Ok(response.unwrap_or_else(Status::into_http))
+        })
     }
 }
 
 impl Shared {
     /// Admits a stream and starts its task, or says why not.
-    fn open(
+    async fn open(
         &self,
         request: http::Request<Body>,
         now: SystemTime,
@@ -136,7 +136,7 @@ impl Shared {
         if request.uri().path() != DELTA_PATH {
             return Err(Status::unimplemented(""));
         }
-        let subscriber = self.admit(request.headers(), now)?;
+        let subscriber = self.admit(request.headers(), now).await?;
         if *self.stop.borrow() {
             return Err(Status::unavailable("server is shutting down"));
         }
@@ -164,7 +164,7 @@ impl Shared {
 
     /// Authenticates and authorizes a subscriber at `now`; a refusal is
     /// logged, counted, and returned as an opaque status.
-    fn admit(&self, headers: &HeaderMap, now: SystemTime) -> Result<Subscriber, Status> {
+    async fn admit(&self, headers: &HeaderMap, now: SystemTime) -> Result<Subscriber, Status> {
         let header = headers.get("authorization").map(HeaderValue::as_bytes);
         let deny = |caller: Option<&Caller>, denial: Denial| {
             self.metrics.record_xds_denial(&denial);
@@ -179,8 +179,11 @@ impl Shared {
             );
             subscription_status(&denial)
         };
-        let caller = bearer_token(header)
-            .and_then(|token| Caller::from_token(token, &self.token_keys, &self.token_policy, now))
+        let token = bearer_token(header).map_err(|error| deny(None, error.into()))?;
+        let caller = self
+            .authenticator
+            .authenticate(token, now)
+            .await
             .map_err(|error| deny(None, error.into()))?;
         trusted_node_agent(&caller, &self.trusted_node_accounts)
             .map_err(|denial| deny(Some(&caller), denial))?;

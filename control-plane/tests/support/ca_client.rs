@@ -88,13 +88,18 @@ pub fn request(
 
 /// The `/metrics` response, status line included.
 pub async fn metrics(addr: SocketAddr) -> String {
+    let response = get(addr, "/metrics").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// A plain HTTP/1.1 GET of `path`: the whole response, status line
+/// included.
+pub async fn get(addr: SocketAddr, path: &str) -> String {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
+use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::TokenPolicy;
 use ztunnel_control_plane::ca::metrics::{self, CaMetrics};
 use ztunnel_control_plane::ca::token::TokenSigner;
@@ -61,8 +62,10 @@ pub async fn start(mesh: &str) -> TestServer {
         trust_domain: "cluster.local".into(),
         issuer: Arc::clone(&issuer),
         ttl: TtlPolicy::new(24 * HOUR, 48 * HOUR),
-        token_keys: signer.verifying_keys().unwrap(),
-        token_policy: TokenPolicy::default(),
+        authenticator: Arc::new(Authenticator::Keys {
+            keys: signer.verifying_keys().unwrap(),
+            policy: TokenPolicy::default(),
+        }),
         trusted_node_accounts: vec!["istio-system/ztunnel".parse().unwrap()],
         registry: Arc::clone(&registry) as _,
         metrics: Arc::clone(&metrics),
@@ -86,7 +89,7 @@ pub async fn start(mesh: &str) -> TestServer {
     let refusals = Arc::clone(&metrics);
     let on_refused = move |_: &_| refusals.record_mesh_reload_error();
     tokio::spawn(registry.watch(poll, on_refused, side()));
-    tokio::spawn(metrics::serve(metrics, http, side()));
+    tokio::spawn(metrics::serve(metrics, Arc::new(|| None), http, side()));
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop_requested.await;

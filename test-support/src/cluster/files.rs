@@ -229,11 +229,17 @@ impl MeshFile {
     /// The uids of the pods that are workloads, sorted: what every ztunnel
     /// should know once in sync.
     pub fn workload_uids(&self) -> Vec<String> {
+        self.workload_uids_by(PodSpec::uid)
+    }
+
+    /// The uids of the pods that are workloads, each named by `uid`,
+    /// sorted.
+    pub(super) fn workload_uids_by(&self, uid: impl Fn(&PodSpec) -> String) -> Vec<String> {
         let mut uids: Vec<String> = self
             .pods
             .iter()
             .filter(|entry| entry.workload.is_some())
-            .map(|entry| entry.spec.uid())
+            .map(|entry| uid(&entry.spec))
             .collect();
         uids.sort();
         uids

@@ -183,6 +183,9 @@ impl Cluster {
     /// runtime's sandbox and the kubelet's status update. The pod must be
     /// in the registry.
     pub fn add_pod_unpublished(&mut self, spec: &PodSpec) -> anyhow::Result<&Pod> {
+        if let Some(api) = self.kube() {
+            api.create_pod(spec)?;
+        }
         let node = self.node(&spec.node)?;
         let ns = NetNs::create("pod")?;
         let uid = spec.uid();
@@ -225,6 +228,9 @@ impl Cluster {
         let (spec, ip) = (pod.spec.clone(), pod.ip);
         let ambient = self.is_ambient(&spec.namespace);
         self.mesh().set_workload(&spec, ip, ambient)?;
+        if let Some(api) = self.kube() {
+            api.publish(&spec, ip, ambient)?;
+        }
         self.pod(name)
     }
 
@@ -233,6 +239,9 @@ impl Cluster {
     /// registry, but is no longer a workload peers route to.
     pub fn unpublish_pod(&mut self, name: &str) -> anyhow::Result<()> {
         let spec = self.pod(name)?.spec.clone();
+        if let Some(api) = self.kube() {
+            api.unpublish(&spec)?;
+        }
         self.mesh().remove_workload(&spec)
     }
 
@@ -251,6 +260,9 @@ impl Cluster {
         let run = node.network.del(&sandbox)?;
         if !run.success {
             bail!("CNI DEL of {name} failed: {} {}", run.stdout, run.stderr);
+        }
+        if let Some(api) = self.kube() {
+            api.delete(&pod.spec)?;
         }
         self.mesh().remove_workload(&pod.spec)?;
         Ok(())

@@ -386,3 +386,233 @@ fn workload_encoding_is_canonical() {
         assert_eq!(bytes, first);
     }
 }
+
+/// A Kubernetes object from its JSON.
+fn kube<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> std::sync::Arc<T> {
+    std::sync::Arc::new(serde_json::from_value(value).unwrap())
+}
+
+/// A Running, Ready pod on node-a serving a port named `http`, with
+/// `metadata` keys added to its metadata.
+fn kube_pod(
+    namespace: &str,
+    name: &str,
+    ip: &str,
+    metadata: serde_json::Value,
+) -> serde_json::Value {
+    let mut pod = serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("u-{name}")},
+        "spec": {"nodeName": "node-a", "serviceAccountName": "web", "containers": [
+            {"name": "app", "ports": [{"name": "http", "containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    if let (Some(into), serde_json::Value::Object(extra)) =
+        (pod["metadata"].as_object_mut(), metadata)
+    {
+        into.extend(extra);
+    }
+    pod
+}
+
+#[test]
+fn a_converted_kubernetes_cluster_gives_istiods_workload_fields() {
+    use serde_json::json;
+    use ztunnel_mesh::kube::convert::{ConvertSettings, KubeObjects, convert};
+    use ztunnel_proto::istio::workload::{Locality, NetworkMode, load_balancing};
+
+    let web = kube_pod(
+        "shop",
+        "web-7d4b9-abc",
+        "10.0.0.1",
+        json!({
+            "generateName": "web-7d4b9-",
+            "labels": {"app": "web", "pod-template-hash": "7d4b9"},
+            "annotations": {"ambient.istio.io/redirection": "enabled"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9",
+                                 "uid": "rs", "controller": true}],
+        }),
+    );
+    let mut starting = kube_pod(
+        "shop",
+        "web-starting",
+        "10.0.0.2",
+        json!({"labels": {"app": "web"}}),
+    );
+    starting["status"] = json!({"phase": "Pending", "podIPs": [{"ip": "10.0.0.2"}]});
+    starting["spec"]["containers"] = json!([]);
+    let mut native = kube_pod(
+        "shop",
+        "backup-29012345-x",
+        "192.168.0.10",
+        json!({
+            "generateName": "backup-29012345-",
+            "labels": {"networking.istio.io/tunnel": "http"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "backup-29012345",
+                                 "uid": "job", "controller": true}],
+        }),
+    );
+    native["spec"]["hostNetwork"] = json!(true);
+    let elsewhere = kube_pod(
+        "other",
+        "api",
+        "10.0.1.1",
+        json!({"labels": {"app": "web"}}),
+    );
+    let mut done = kube_pod(
+        "shop",
+        "done",
+        "10.0.0.3",
+        json!({"labels": {"app": "web"}}),
+    );
+    done["status"]["phase"] = json!("Succeeded");
+
+    let objects = KubeObjects {
+        pods: [web, starting, native, elsewhere, done].map(kube).to_vec(),
+        nodes: vec![kube(json!({"metadata": {"name": "node-a", "labels": {
+            "topology.kubernetes.io/region": "eu", "topology.kubernetes.io/zone": "eu-1"}}}))],
+        services: vec![kube(json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"clusterIPs": ["10.96.0.1"], "selector": {"app": "web"},
+                     "internalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                               {"name": "tls-admin", "port": 443, "targetPort": 8443}]},
+        }))],
+        authorization_policies: vec![
+            kube(
+                json!({"metadata": {"name": "mesh-web", "namespace": "istio-system"},
+                        "spec": {"selector": {"matchLabels": {"app": "web"}}}}),
+            ),
+            kube(json!({"metadata": {"name": "local", "namespace": "shop"},
+                        "spec": {"selector": {"matchLabels": {"app": "web"}}, "action": "DENY"}})),
+        ],
+        ..KubeObjects::default()
+    };
+    let conversion = convert(&objects, &ConvertSettings::default());
+    assert_eq!(conversion.problems, []);
+    let snapshot = MeshSnapshot::new(conversion.mesh).unwrap();
+    let mut workloads = HashMap::new();
+    let mut services = HashMap::new();
+    for (name, resource) in addresses(&snapshot, TD) {
+        match resource.r#type {
+            Some(address::Type::Workload(workload)) => {
+                assert_eq!(name, workload.uid, "resource name = uid");
+                workloads.insert(name, workload);
+            }
+            Some(address::Type::Service(service)) => {
+                services.insert(name, service);
+            }
+            None => panic!("{name}: empty Address"),
+        }
+    }
+    let mut uids: Vec<&str> = workloads.keys().map(String::as_str).collect();
+    uids.sort_unstable();
+    assert_eq!(
+        uids,
+        [
+            "Kubernetes//Pod/other/api",
+            "Kubernetes//Pod/shop/backup-29012345-x",
+            "Kubernetes//Pod/shop/web-7d4b9-abc",
+            "Kubernetes//Pod/shop/web-starting",
+        ],
+        "live pods with an IP, named <cluster>//Pod/<ns>/<name>"
+    );
+
+    let hostname = "shop/web.shop.svc.cluster.local";
+    let ports = |pairs: &[(u32, u32)]| PortList {
+        ports: pairs
+            .iter()
+            .map(|(service_port, target_port)| Port {
+                service_port: *service_port,
+                target_port: *target_port,
+                ..Port::default()
+            })
+            .collect(),
+    };
+    let want = Workload {
+        uid: "Kubernetes//Pod/shop/web-7d4b9-abc".into(),
+        name: "web-7d4b9-abc".into(),
+        namespace: "shop".into(),
+        addresses: vec![vec![10, 0, 0, 1]],
+        tunnel_protocol: TunnelProtocol::Hbone as i32,
+        trust_domain: String::new(), // cluster.local is sent empty
+        service_account: "web".into(),
+        node: "node-a".into(),
+        canonical_name: "web".into(),
+        canonical_revision: "latest".into(),
+        workload_type: WorkloadType::Pod as i32,
+        workload_name: "web".into(), // the ReplicaSet minus its hash
+        authorization_policies: vec!["istio-system/mesh-web".into(), "shop/local".into()],
+        status: WorkloadStatus::Healthy as i32,
+        cluster_id: "Kubernetes".into(),
+        services: [(hostname.to_owned(), ports(&[(80, 8080), (443, 8443)]))].into(),
+        locality: Some(Locality {
+            region: "eu".into(),
+            zone: "eu-1".into(),
+            subzone: String::new(),
+        }),
+        network_mode: NetworkMode::Standard as i32,
+        ..Workload::default()
+    };
+    assert_eq!(workloads["Kubernetes//Pod/shop/web-7d4b9-abc"], want);
+
+    let starting = &workloads["Kubernetes//Pod/shop/web-starting"];
+    assert_eq!(starting.status(), WorkloadStatus::Unhealthy, "not ready");
+    assert_eq!(
+        starting.tunnel_protocol(),
+        TunnelProtocol::None,
+        "not captured"
+    );
+    assert_eq!(
+        starting.services[hostname],
+        ports(&[(443, 8443)]),
+        "a member while starting; no port named http, so port 80 is left out for it"
+    );
+
+    let native = &workloads["Kubernetes//Pod/shop/backup-29012345-x"];
+    assert_eq!(
+        (
+            native.tunnel_protocol(),
+            native.native_tunnel,
+            native.network_mode()
+        ),
+        (TunnelProtocol::Hbone, true, NetworkMode::HostNetwork)
+    );
+    assert_eq!(
+        (
+            native.workload_name.as_str(),
+            native.canonical_name.as_str()
+        ),
+        ("backup", "backup"),
+        "the CronJob of its Job; canonical name falls back to it"
+    );
+    assert_eq!(
+        workloads["Kubernetes//Pod/other/api"].authorization_policies,
+        ["istio-system/mesh-web"],
+        "a root-namespace selector policy attaches across namespaces"
+    );
+
+    let service = &services[hostname];
+    let service_ports: Vec<(u32, u32, i32)> = service
+        .ports
+        .iter()
+        .map(|port| (port.service_port, port.target_port, port.app_protocol))
+        .collect();
+    assert_eq!(
+        service_ports,
+        [
+            (80, 0, proto_workload::AppProtocol::Http11 as i32), // named target: 0
+            (443, 8443, proto_workload::AppProtocol::Tls as i32),
+        ]
+    );
+    let balancing = service.load_balancing.as_ref().unwrap();
+    assert_eq!(
+        (balancing.routing_preference.as_slice(), balancing.mode()),
+        (
+            &[load_balancing::Scope::Node as i32][..],
+            load_balancing::Mode::Strict
+        )
+    );
+    assert!(service.canonical);
+    assert_eq!(service.ip_families(), proto_workload::IpFamilies::Automatic);
+}

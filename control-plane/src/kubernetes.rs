@@ -1,0 +1,184 @@
+//! The control plane on Kubernetes: the API client (a kubeconfig file, or
+//! the pod's own in-cluster credentials), the mesh source watching the API
+//! (`ztunnel_mesh::kube`), token authentication by TokenReview, and the
+//! check that the control plane's role grants what it needs.
+//!
+//! Readiness waits for both: every watch listed once, and every permission
+//! granted. A missing verb keeps the control plane unready with a log line
+//! naming it, re-checked until it is granted; it is never a crash.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::Api;
+use kube::api::PostParams;
+use ztunnel_mesh::MeshSnapshot;
+use ztunnel_mesh::kube::convert::ObjectProblem;
+use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver};
+
+use crate::ca::metrics::{CaMetrics, Readiness};
+
+/// What the control plane does with the API: (verb, group, resource). The
+/// ClusterRole in `deploy/rbac/control-plane.yaml` grants exactly these.
+pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
+    ("list", "", "pods"),
+    ("watch", "", "pods"),
+    ("list", "", "namespaces"),
+    ("watch", "", "namespaces"),
+    ("list", "", "services"),
+    ("watch", "", "services"),
+    ("list", "", "nodes"),
+    ("watch", "", "nodes"),
+    ("list", "discovery.k8s.io", "endpointslices"),
+    ("watch", "discovery.k8s.io", "endpointslices"),
+    ("list", "security.istio.io", "authorizationpolicies"),
+    ("watch", "security.istio.io", "authorizationpolicies"),
+    ("create", "authentication.k8s.io", "tokenreviews"),
+];
+
+/// How often missing permissions are checked again.
+const PERMISSION_RECHECK: Duration = Duration::from_secs(5);
+
+/// A client from `kubeconfig`, or from the pod's service account when none
+/// is given.
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::incluster()
+            .context("no --kubeconfig, and not inside a pod (in-cluster configuration)")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// Logs and counts what the mesh source reports.
+pub struct MetricsObserver(pub Arc<CaMetrics>);
+
+impl SourceObserver for MetricsObserver {
+    fn watch_failed(&self, kind: &'static str, error: &str) {
+        self.0.record_kube_watch_error(kind);
+        tracing::warn!(
+            kind,
+            error,
+            "Kubernetes watch failed; keeping the last state, retrying"
+        );
+    }
+
+    fn object_refused(&self, problem: &ObjectProblem) {
+        self.0.record_kube_object_refused(problem.kind);
+        tracing::warn!(
+            kind = problem.kind,
+            object = %format_args!("{}/{}", problem.namespace, problem.name),
+            reason = %problem.reason,
+            "Kubernetes object left out of the mesh"
+        );
+    }
+
+    fn snapshot_built(&self, snapshot: &MeshSnapshot) {
+        tracing::debug!(
+            pods = snapshot.len(),
+            services = snapshot.services().len(),
+            policies = snapshot.policies().len(),
+            "mesh rebuilt from the Kubernetes API"
+        );
+    }
+}
+
+/// Permissions the control plane lacks, kept up to date by
+/// [`watch_permissions`].
+#[derive(Default)]
+pub struct Permissions {
+    /// `verb group/resource` of each missing permission; `None` until the
+    /// first check.
+    missing: Mutex<Option<Vec<String>>>,
+}
+
+impl Permissions {
+    /// Why the permissions are not in place, or `None` when they are.
+    pub fn problem(&self) -> Option<String> {
+        let missing = self.missing.lock().unwrap_or_else(PoisonError::into_inner);
+        match missing.as_deref() {
+            None => Some("permissions not checked yet".to_owned()),
+            Some([]) => None,
+            Some(list) => Some(format!("the control plane may not {}", list.join(", "))),
+        }
+    }
+
+    fn set(&self, list: Vec<String>) {
+        *self.missing.lock().unwrap_or_else(PoisonError::into_inner) = Some(list);
+    }
+}
+
+/// Checks [`REQUIRED_ACCESS`] with SelfSubjectAccessReviews until all are
+/// granted, logging what is missing each time it changes.
+pub async fn watch_permissions(client: kube::Client, permissions: Arc<Permissions>) {
+    let mut last: Option<Vec<String>> = None;
+    loop {
+        let missing = match missing_access(&client).await {
+            Ok(missing) => missing,
+            Err(error) => vec![format!("(access review failed: {error})")],
+        };
+        if last.as_ref() != Some(&missing) {
+            if missing.is_empty() {
+                tracing::info!("the control plane's Kubernetes permissions are in place");
+            } else {
+                tracing::error!(
+                    missing = %missing.join(", "),
+                    "the control plane's role lacks permissions it needs; not ready until granted"
+                );
+            }
+        }
+        let done = missing.is_empty();
+        permissions.set(missing.clone());
+        last = Some(missing);
+        if done {
+            return;
+        }
+        tokio::time::sleep(PERMISSION_RECHECK).await;
+    }
+}
+
+async fn missing_access(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    for (verb, group, resource) in REQUIRED_ACCESS {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some((*verb).to_owned()),
+                    group: Some((*group).to_owned()),
+                    resource: Some((*resource).to_owned()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        let answer = api.create(&PostParams::default(), &review).await?;
+        if !answer.status.is_some_and(|status| status.allowed) {
+            let group = if group.is_empty() { "core" } else { group };
+            missing.push(format!("{verb} {group}/{resource}"));
+        }
+    }
+    Ok(missing)
+}
+
+/// Readiness of the Kubernetes control plane: permissions, then the
+/// first list of every watch.
+pub fn readiness(registry: Arc<KubeRegistry>, permissions: Arc<Permissions>) -> Readiness {
+    Arc::new(move || {
+        permissions.problem().or_else(|| {
+            (!registry.is_ready()).then(|| format!("waiting for {}", registry.waiting_for()))
+        })
+    })
+}

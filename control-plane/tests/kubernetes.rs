@@ -1,0 +1,360 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
+//! `ztunnel-ca serve --kubeconfig` against a real API server (etcd and
+//! kube-apiserver from `scripts/k8s-test-env.sh`), running as a service
+//! account bound to exactly the ClusterRole in `deploy/rbac/`. Callers hold
+//! real tokens from the TokenRequest API; pods are created and deleted
+//! through the API, with their status written as a kubelet would.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tonic::Code;
+use ztunnel_certs::cert::WorkloadCertificate;
+use ztunnel_certs::csr::CertRequest;
+use ztunnel_certs::identity::Identity;
+use ztunnel_test_support::kube::KubeApi;
+use ztunnel_test_support::kube::objects::{
+    PodSpecForTest, create_pod, delete_pod, ensure_namespace, request_token,
+    service_account_with_role, set_pod_running,
+};
+
+#[path = "support/ca_client.rs"]
+mod ca_client;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ztunnel-ca");
+
+/// The role the control plane ships with.
+const ROLE: &str = include_str!("../../deploy/rbac/control-plane.yaml");
+
+/// The AuthorizationPolicy CRD it watches.
+const CRD: &str = include_str!("../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
+
+/// How long a change in the API may take to reach the CA's decisions in
+/// these tests: the target is under a second; the bound is generous so a
+/// busy machine does not fail the test, and the time taken is printed.
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// Kills the server when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The API server with the CRD installed, and the control plane's service
+/// account bound to `role` (the shipped role, or a test's variant).
+async fn api_with_control_plane_account(role: &str) -> Option<(KubeApi, String)> {
+    let api = KubeApi::start().unwrap()?;
+    eprintln!("API server ready in {:?}", api.started_in());
+    api.kubectl(&["apply", "-f", "-"], Some(CRD)).unwrap();
+    api.kubectl(&["apply", "-f", "-"], Some(role)).unwrap();
+    let client = api.admin_client().await.unwrap();
+    ensure_namespace(&client, "istio-system", &[])
+        .await
+        .unwrap();
+    let token = service_account_with_role(
+        &client,
+        "istio-system",
+        "ztunnel-control-plane",
+        "ztunnel-control-plane",
+    )
+    .await
+    .unwrap();
+    let kubeconfig = api
+        .kubeconfig_for_token("control-plane", &token)
+        .unwrap()
+        .display()
+        .to_string();
+    Some((api, kubeconfig))
+}
+
+/// Starts `serve --kubeconfig` on free loopback ports and reads back the
+/// addresses it printed.
+fn start(state: &Path, kubeconfig: &str) -> (Server, SocketAddr, SocketAddr) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--kubeconfig", kubeconfig])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let server = Server(child);
+    let (line_tx, line_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = line_tx.send(line);
+    });
+    let line = line_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("serve printed its addresses");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let grpc = words.get(3).unwrap().parse().unwrap();
+    let http = words.get(5).unwrap().parse().unwrap();
+    (server, grpc, http)
+}
+
+/// Waits until `/ready` answers 200, or panics with its last answer.
+async fn wait_ready(http: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = ca_client::get(http, "/ready").await;
+        if response.starts_with("HTTP/1.1 200") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never ready: {response}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn roots(state: &Path) -> Vec<CertificateDer<'static>> {
+    let pem = std::fs::read(state.join("root-cert.pem")).unwrap();
+    CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Asks for `identity` (impersonating when it is not the caller's own)
+/// with `token`: the identity in the issued certificate, or the code.
+async fn ask(
+    grpc: SocketAddr,
+    roots: &[CertificateDer<'static>],
+    token: &str,
+    identity: &str,
+    impersonate: bool,
+) -> Result<String, Code> {
+    let identity: Identity = identity.parse().unwrap();
+    let csr = CertRequest::generate(&identity).unwrap();
+    let mut client = ca_client::connect(grpc, roots).await;
+    let request = ca_client::request(
+        Some(token),
+        csr.csr_pem(),
+        impersonate.then_some(identity.as_str()),
+        3600,
+    );
+    match client.create_certificate(request).await {
+        Ok(response) => {
+            let chain = response.into_inner().cert_chain;
+            let leaf =
+                WorkloadCertificate::from_ca_response(&chain, csr.private_key(), None).unwrap();
+            Ok(leaf.identity().map(ToString::to_string).unwrap_or_default())
+        }
+        Err(status) => Err(status.code()),
+    }
+}
+
+/// Asks until the answer is `expected`, and says how long it took.
+async fn until(
+    what: &str,
+    expected: Result<String, Code>,
+    mut ask: impl AsyncFnMut() -> Result<String, Code>,
+) {
+    let started = Instant::now();
+    loop {
+        let got = ask().await;
+        if got == expected {
+            eprintln!("{what}: {:?}", started.elapsed());
+            return;
+        }
+        assert!(started.elapsed() < CONVERGE, "{what}: still {got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn running_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    service_account: &str,
+    node: &str,
+    ip: &str,
+) -> String {
+    let uid = create_pod(
+        client,
+        &PodSpecForTest {
+            namespace: namespace.into(),
+            name: name.into(),
+            service_account: service_account.into(),
+            node: node.into(),
+            ..PodSpecForTest::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_pod_running(client, namespace, name, &[ip.parse().unwrap()], true)
+        .await
+        .unwrap();
+    uid
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_agents_get_certificates_only_for_pods_on_their_node() {
+    ztunnel_certs::tls::install_provider();
+    let Some((api, kubeconfig)) = api_with_control_plane_account(ROLE).await else {
+        return;
+    };
+    let client = api.admin_client().await.unwrap();
+    ensure_namespace(&client, "apps", &[]).await.unwrap();
+    let ztunnel_a = running_pod(
+        &client,
+        "istio-system",
+        "ztunnel-a",
+        "ztunnel",
+        "node-a",
+        "198.18.0.11",
+    )
+    .await;
+    let web_uid = running_pod(&client, "apps", "web-0", "web", "node-a", "198.18.10.2").await;
+    running_pod(&client, "apps", "db-0", "db", "node-b", "198.18.11.2").await;
+
+    let state = api.dir().join("ca-state");
+    let (_server, grpc, http) = start(&state, &kubeconfig);
+    wait_ready(http).await;
+    let roots = roots(&state);
+    let node_token = request_token(
+        &client,
+        "istio-system",
+        "ztunnel",
+        Some(("ztunnel-a", &ztunnel_a)),
+        Some("istio-ca"),
+    )
+    .await
+    .unwrap();
+    let web = "spiffe://cluster.local/ns/apps/sa/web";
+    let db = "spiffe://cluster.local/ns/apps/sa/db";
+
+    assert_eq!(
+        ask(grpc, &roots, &node_token, web, true).await,
+        Ok(web.to_owned()),
+        "a pod on the node agent's node"
+    );
+    assert_eq!(
+        ask(grpc, &roots, &node_token, db, true).await,
+        Err(Code::Unauthenticated),
+        "a pod on another node"
+    );
+
+    // A workload's own token gets its own identity, and only that.
+    let web_token = request_token(
+        &client,
+        "apps",
+        "web",
+        Some(("web-0", &web_uid)),
+        Some("istio-ca"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ask(grpc, &roots, &web_token, web, false).await,
+        Ok(web.to_owned())
+    );
+    assert_eq!(
+        ask(grpc, &roots, &web_token, db, true).await,
+        Err(Code::Unauthenticated),
+        "a workload may not impersonate"
+    );
+
+    // A token for another audience.
+    let other = request_token(
+        &client,
+        "istio-system",
+        "ztunnel",
+        Some(("ztunnel-a", &ztunnel_a)),
+        Some("some-other-audience"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ask(grpc, &roots, &other, web, true).await,
+        Err(Code::Unauthenticated)
+    );
+
+    // A pod scheduled on node A later is granted once the API says so.
+    running_pod(&client, "apps", "cache-0", "cache", "node-a", "198.18.10.3").await;
+    let cache = "spiffe://cluster.local/ns/apps/sa/cache";
+    until("new pod granted", Ok(cache.to_owned()), async || {
+        ask(grpc, &roots, &node_token, cache, true).await
+    })
+    .await;
+
+    // The pod deleted: its identity is no longer granted.
+    delete_pod(&client, "apps", "web-0").await.unwrap();
+    until(
+        "deleted pod denied",
+        Err(Code::Unauthenticated),
+        async || ask(grpc, &roots, &node_token, web, true).await,
+    )
+    .await;
+
+    // The node agent's own pod deleted: its token is denied.
+    delete_pod(&client, "istio-system", "ztunnel-a")
+        .await
+        .unwrap();
+    until(
+        "deleted node agent denied",
+        Err(Code::Unauthenticated),
+        async || ask(grpc, &roots, &node_token, cache, true).await,
+    )
+    .await;
+
+    let metrics = ca_client::metrics(http).await;
+    for reason in [
+        "no_pod_on_node",
+        "untrusted_caller",
+        "token_review_rejected",
+    ] {
+        assert!(
+            metrics.contains(&format!("reason=\"{reason}\"")),
+            "denials counted by reason ({reason}):\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_missing_a_verb_keeps_the_control_plane_unready() {
+    let without_reviews = ROLE.replace(
+        "  - apiGroups: [authentication.k8s.io]\n    resources: [tokenreviews]\n    verbs: [create]\n",
+        "",
+    );
+    assert_ne!(
+        without_reviews, ROLE,
+        "the test removes the tokenreviews rule"
+    );
+    let Some((api, kubeconfig)) = api_with_control_plane_account(&without_reviews).await else {
+        return;
+    };
+    let state = api.dir().join("ca-state");
+    let (mut server, _grpc, http) = start(&state, &kubeconfig);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut response = String::new();
+    while Instant::now() < deadline {
+        response = ca_client::get(http, "/ready").await;
+        if response.contains("tokenreviews") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+    assert!(
+        response.contains("create authentication.k8s.io/tokenreviews"),
+        "the missing verb is named: {response}"
+    );
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "still running, not crashed"
+    );
+}

@@ -1,0 +1,417 @@
+//! Kubernetes objects → the mesh model, as one pure function ([`convert`])
+//! over what the watches hold, following istiod's ambient index
+//! (KUBERNETES.md E2–E10). The result always passes
+//! [`MeshSnapshot::new`](crate::MeshSnapshot::new): an object that would
+//! break it is left out and reported, never failing the rest.
+//!
+//! This file owns the whole-mesh part: ordering, the checks across objects
+//! (duplicates, shared addresses) and the problems' vocabulary. One object
+//! at a time is `pod.rs`, `service.rs` and `policy.rs`'s. Watching is
+//! `kube.rs`'s.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod as KubePod, Service as KubeService};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::policy_crd::AuthorizationPolicy;
+use crate::{Labels, Locality, MeshFile, Pod, Policy};
+
+mod pod;
+mod policy;
+mod service;
+
+/// What the watches currently hold. Order does not matter: the output is
+/// sorted by namespace and name.
+#[derive(Debug, Clone, Default)]
+pub struct KubeObjects {
+    /// Every pod, whichever its phase (the CA counts all but Failed ones).
+    pub pods: Vec<Arc<KubePod>>,
+    /// Namespaces. The conversion reads none of their fields today; they
+    /// are held for the watch's namespace filtering.
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// Services.
+    pub services: Vec<Arc<KubeService>>,
+    /// EndpointSlices: the members of services without a selector.
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Nodes: the locality of their pods.
+    pub nodes: Vec<Arc<Node>>,
+    /// Istio AuthorizationPolicies.
+    pub authorization_policies: Vec<Arc<AuthorizationPolicy>>,
+}
+
+/// The mesh-wide settings istiod takes from its flags and mesh config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertSettings {
+    /// The cluster's name in workload uids and `Workload.cluster_id`
+    /// (istiod `CLUSTER_ID`).
+    pub cluster_id: String,
+    /// The trust domain of workload identities (mesh config
+    /// `trustDomain`).
+    pub trust_domain: String,
+    /// The DNS suffix of service hostnames (istiod `--domain`).
+    pub cluster_domain: String,
+    /// Where mesh-wide policies live (mesh config `rootNamespace`).
+    pub root_namespace: String,
+    /// The network of pod IPs and service VIPs; empty is the default one.
+    pub network: String,
+    /// Whether dry-run policies are sent, marked dry-run, rather than
+    /// left out (`AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY`).
+    pub enable_dry_run_policies: bool,
+}
+
+impl Default for ConvertSettings {
+    /// istiod's defaults.
+    fn default() -> Self {
+        ConvertSettings {
+            cluster_id: "Kubernetes".to_owned(),
+            trust_domain: "cluster.local".to_owned(),
+            cluster_domain: "cluster.local".to_owned(),
+            root_namespace: "istio-system".to_owned(),
+            network: String::new(),
+            enable_dry_run_policies: false,
+        }
+    }
+}
+
+/// The mesh the objects make, and what was left out or trimmed on the way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Conversion {
+    /// Passes `MeshSnapshot::new`.
+    pub mesh: MeshFile,
+    /// One entry per object and reason, pods first, then services,
+    /// EndpointSlices and policies, each in namespace/name order.
+    pub problems: Vec<ObjectProblem>,
+}
+
+/// An object the conversion left out or trimmed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectProblem {
+    /// `Pod`, `Service`, `EndpointSlice` or `AuthorizationPolicy`.
+    pub kind: &'static str,
+    /// The object's namespace (empty if it has none).
+    pub namespace: String,
+    /// The object's name (empty if it has none).
+    pub name: String,
+    /// What happened to it.
+    pub reason: ProblemReason,
+}
+
+impl fmt::Display for ObjectProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}/{}: {}",
+            self.kind, self.namespace, self.name, self.reason
+        )
+    }
+}
+
+/// Why an object is left out of the mesh or only partly in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProblemReason {
+    /// A field the model needs is absent or empty; the object is left out.
+    #[error("{field} is missing")]
+    MissingField {
+        /// The field, e.g. `metadata.uid`.
+        field: &'static str,
+    },
+    /// A pod uid with a `/`, which could collide with a service resource
+    /// name; the pod is left out.
+    #[error("uid {uid:?} contains '/'")]
+    SlashInUid {
+        /// The uid.
+        uid: String,
+    },
+    /// Another object of the same kind has this namespace and name; the
+    /// later one is left out.
+    #[error("appears twice")]
+    Duplicate,
+    /// Another pod has this uid; the later one (in namespace/name order) is
+    /// left out.
+    #[error("uid {uid} is also pod {other}'s")]
+    DuplicateUid {
+        /// The uid.
+        uid: String,
+        /// `namespace/name` of the pod kept.
+        other: String,
+    },
+    /// Another live pod has this address; the later one (in namespace/name
+    /// order) is kept without addresses, so it is no workload.
+    #[error("address {address} is also pod {other}'s; the pod is kept without addresses")]
+    AddressInUse {
+        /// The address.
+        address: IpAddr,
+        /// `namespace/name` of the pod keeping it.
+        other: String,
+    },
+    /// An address that does not parse; it is skipped.
+    #[error("address {address:?} does not parse; skipped")]
+    BadAddress {
+        /// The text.
+        address: String,
+    },
+    /// A service port or target port outside 1..=65535; the port is
+    /// skipped.
+    #[error("port {port} is out of range; skipped")]
+    BadPort {
+        /// The number.
+        port: i64,
+    },
+    /// Endpoints with no Pod behind them; they are not converted (istiod
+    /// makes workloads of them; the model has no such entry).
+    #[error("{count} endpoint(s) without a Pod targetRef are not converted")]
+    EndpointsWithoutPod {
+        /// How many.
+        count: usize,
+    },
+    /// A policy for a gateway or service (`targetRef`/`targetRefs`): waypoints
+    /// enforce it, so it is not sent.
+    #[error("policy with targetRef is for waypoints; not sent")]
+    TargetRefNotSent,
+    /// An action ztunnel does not enforce (`AUDIT`, `CUSTOM`); not sent.
+    #[error("ztunnel does not support action {action}; not sent")]
+    UnsupportedAction {
+        /// The action as written.
+        action: &'static str,
+    },
+    /// A dry-run policy while dry-run policies are disabled; not sent.
+    #[error("dry-run policy not sent (dry-run policies are disabled)")]
+    DryRunNotSent,
+    /// An `ALLOW` policy's rules using HTTP-only fields; those rules are
+    /// left out (a policy left with none allows nothing).
+    #[error("{rules} ALLOW rule(s) dropped: ztunnel does not support {}", .fields.join(", "))]
+    AllowRulesDropped {
+        /// How many rules.
+        rules: usize,
+        /// The fields, e.g. `to.operation.methods`.
+        fields: Vec<String>,
+    },
+    /// A `DENY` policy's HTTP-only fields; they are left out of their rules
+    /// (a match left empty never matches).
+    #[error("DENY fields ignored: ztunnel does not support {}", .fields.join(", "))]
+    DenyFieldsIgnored {
+        /// The fields, e.g. `to.operation.methods`.
+        fields: Vec<String>,
+    },
+}
+
+impl ProblemReason {
+    /// What the problem did to the object.
+    pub fn effect(&self) -> Effect {
+        match self {
+            ProblemReason::MissingField { .. }
+            | ProblemReason::SlashInUid { .. }
+            | ProblemReason::Duplicate
+            | ProblemReason::DuplicateUid { .. } => Effect::Dropped,
+            ProblemReason::TargetRefNotSent
+            | ProblemReason::UnsupportedAction { .. }
+            | ProblemReason::DryRunNotSent => Effect::NotSent,
+            ProblemReason::AddressInUse { .. }
+            | ProblemReason::BadAddress { .. }
+            | ProblemReason::BadPort { .. }
+            | ProblemReason::EndpointsWithoutPod { .. }
+            | ProblemReason::AllowRulesDropped { .. }
+            | ProblemReason::DenyFieldsIgnored { .. } => Effect::Trimmed,
+        }
+    }
+}
+
+/// What a problem did to its object, for choosing how loudly to say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// The object is malformed or contradicts another: it is not in the
+    /// mesh.
+    Dropped,
+    /// The object asks for what ztunnel does not do: it is not in the mesh,
+    /// as with istiod (which writes a status condition).
+    NotSent,
+    /// The object is in the mesh with a part left out.
+    Trimmed,
+}
+
+/// The mesh the objects make. Pure: the same objects give the same result.
+pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion {
+    let mut problems = Vec::new();
+    let localities = pod::localities(&objects.nodes);
+    let pods = pods(objects, &localities, settings, &mut problems);
+    let services = service::services(objects, &pods, settings, &mut problems);
+    let policies = policies(objects, settings, &mut problems);
+    Conversion {
+        mesh: MeshFile {
+            pods,
+            services,
+            policies,
+        },
+        problems,
+    }
+}
+
+/// Every pod that converts, in namespace/name order, with the checks the
+/// snapshot makes across pods.
+fn pods(
+    objects: &KubeObjects,
+    localities: &HashMap<&str, Locality>,
+    settings: &ConvertSettings,
+    problems: &mut Vec<ObjectProblem>,
+) -> Vec<Pod> {
+    let mut converted = Vec::with_capacity(objects.pods.len());
+    let mut claims = PodClaims::default();
+    for object in sorted(&objects.pods, |pod| &pod.metadata) {
+        let report = |reason| problem("Pod", &object.metadata, reason);
+        let outcome = pod::pod(object, localities, settings);
+        problems.extend(outcome.problems.into_iter().map(report));
+        let Some(mut pod) = outcome.entry else {
+            continue;
+        };
+        match claims.admit(&mut pod) {
+            Ok(None) => converted.push(pod),
+            Ok(Some(trimmed)) => {
+                problems.push(report(trimmed));
+                converted.push(pod);
+            }
+            Err(dropped) => problems.push(report(dropped)),
+        }
+    }
+    converted
+}
+
+/// What the pods kept so far hold, each with the `namespace/name` of the
+/// pod holding it: names, uids, and the addresses of live pods.
+#[derive(Default)]
+struct PodClaims {
+    names: HashSet<String>,
+    uids: HashMap<String, String>,
+    addresses: HashMap<(String, IpAddr), String>,
+}
+
+impl PodClaims {
+    /// Admits a pod whose name and uid are free (else the error says why
+    /// it is left out). A live pod with an address another holds is
+    /// admitted without its addresses, and the reason returned.
+    fn admit(&mut self, pod: &mut Pod) -> Result<Option<ProblemReason>, ProblemReason> {
+        let item = format!("{}/{}", pod.namespace, pod.name);
+        if self.names.contains(&item) {
+            return Err(ProblemReason::Duplicate);
+        }
+        if let Some(other) = self.uids.get(&pod.uid) {
+            return Err(ProblemReason::DuplicateUid {
+                uid: pod.uid.clone(),
+                other: other.clone(),
+            });
+        }
+        self.names.insert(item.clone());
+        self.uids.insert(pod.uid.clone(), item.clone());
+        // Pods on their node's network share its address by design.
+        if !pod.is_live() || pod.host_network {
+            return Ok(None);
+        }
+        let key = |ip: &IpAddr| (pod.network.clone(), ip.to_canonical());
+        let taken = pod.ips.iter().find_map(|ip| {
+            let other = self.addresses.get(&key(ip))?;
+            Some(ProblemReason::AddressInUse {
+                address: *ip,
+                other: other.clone(),
+            })
+        });
+        if taken.is_none() {
+            for ip in &pod.ips {
+                self.addresses.insert(key(ip), item.clone());
+            }
+        } else {
+            pod.ips.clear();
+        }
+        Ok(taken)
+    }
+}
+
+/// Every policy that converts and is sent, in namespace/name order.
+fn policies(
+    objects: &KubeObjects,
+    settings: &ConvertSettings,
+    problems: &mut Vec<ObjectProblem>,
+) -> Vec<Policy> {
+    let mut converted = Vec::new();
+    let mut names = HashSet::new();
+    for object in sorted(&objects.authorization_policies, |policy| &policy.metadata) {
+        let report = |reason| problem("AuthorizationPolicy", &object.metadata, reason);
+        let outcome = policy::policy(object, settings);
+        problems.extend(outcome.problems.into_iter().map(report));
+        let Some(policy) = outcome.entry else {
+            continue;
+        };
+        if !names.insert((policy.namespace.clone(), policy.name.clone())) {
+            problems.push(report(ProblemReason::Duplicate));
+            continue;
+        }
+        converted.push(policy);
+    }
+    converted
+}
+
+/// What one object becomes: its model entry, if any, and the problems met.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome<T> {
+    /// `None` when the object is left out.
+    entry: Option<T>,
+    /// Why it is left out or trimmed.
+    problems: Vec<ProblemReason>,
+}
+
+impl<T> Outcome<T> {
+    /// The object is left out, for this reason.
+    fn left_out(reason: ProblemReason) -> Self {
+        Outcome {
+            entry: None,
+            problems: vec![reason],
+        }
+    }
+}
+
+/// The objects in namespace/name order.
+fn sorted<T>(objects: &[Arc<T>], metadata: impl Fn(&T) -> &ObjectMeta) -> Vec<&T> {
+    let mut sorted: Vec<&T> = objects.iter().map(Arc::as_ref).collect();
+    sorted.sort_by(|a, b| {
+        let (a, b) = (metadata(a), metadata(b));
+        (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name))
+    });
+    sorted
+}
+
+fn problem(kind: &'static str, metadata: &ObjectMeta, reason: ProblemReason) -> ObjectProblem {
+    ObjectProblem {
+        kind,
+        namespace: metadata.namespace.clone().unwrap_or_default(),
+        name: metadata.name.clone().unwrap_or_default(),
+        reason,
+    }
+}
+
+/// `metadata.name` and `metadata.namespace`, both non-empty.
+fn name_and_namespace(metadata: &ObjectMeta) -> Result<(String, String), ProblemReason> {
+    let present = |value: &Option<String>, field| match value.as_deref() {
+        Some(value) if !value.is_empty() => Ok(value.to_owned()),
+        _ => Err(ProblemReason::MissingField { field }),
+    };
+    Ok((
+        present(&metadata.name, "metadata.name")?,
+        present(&metadata.namespace, "metadata.namespace")?,
+    ))
+}
+
+/// An object's labels (none when absent).
+fn labels(metadata: &ObjectMeta) -> Labels {
+    metadata.labels.clone().unwrap_or_default()
+}
+
+/// The object's label or annotation `key`.
+fn value<'a>(map: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    map.as_ref()?.get(key).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests;

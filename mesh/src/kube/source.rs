@@ -1,0 +1,249 @@
+//! The Kubernetes source of the mesh, as a [`PodRegistry`]: one watch per
+//! kind (Pods, Namespaces, Services, EndpointSlices, Nodes,
+//! AuthorizationPolicies) feeding a reflector store, and one task that
+//! turns the stores into a new [`MeshSnapshot`] through the pure
+//! conversion (`convert.rs`) after each change.
+//!
+//! What a failure does:
+//! - a watch that fails keeps its store as it was and resumes with
+//!   backoff (kube-runtime's), re-listing when it must; a re-list replaces
+//!   a store at once when complete, so the mesh never empties meanwhile;
+//! - an object that does not convert is left out and reported, with its
+//!   kind and name, once per distinct problem; the rest of the mesh is kept;
+//! - until every watch has listed once, the source is not ready and the
+//!   snapshot is empty (readers check [`KubeRegistry::is_ready`]).
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+
+use super::convert::{ConvertSettings, KubeObjects, ObjectProblem, convert};
+use super::policy_crd::AuthorizationPolicy;
+use crate::{MeshSnapshot, PodRegistry};
+
+/// How long changes are gathered before a rebuild: a burst of events (a
+/// re-list, a rollout) becomes one snapshot, and a single change still
+/// reaches the snapshot well within a second.
+const REBUILD_DELAY: Duration = Duration::from_millis(50);
+
+/// What the source tells its owner about, for logs it cannot write itself
+/// with the owner's context, and for metrics.
+pub trait SourceObserver: Send + Sync {
+    /// A watch of `kind` failed; it resumes with backoff.
+    fn watch_failed(&self, kind: &'static str, error: &str);
+    /// An object was left out of the mesh (reported once per problem).
+    fn object_refused(&self, problem: &ObjectProblem);
+    /// A new snapshot was built from the stores.
+    fn snapshot_built(&self, snapshot: &MeshSnapshot);
+}
+
+/// The mesh as the API server says it is.
+pub struct KubeRegistry {
+    /// The latest snapshot; empty until ready.
+    current: watch::Sender<Arc<MeshSnapshot>>,
+    /// True once every watch has listed once.
+    ready: watch::Sender<bool>,
+    /// Why the source is not ready, for the readiness endpoint.
+    waiting_for: Mutex<String>,
+}
+
+impl KubeRegistry {
+    /// Starts the watches through `client` and the task that rebuilds the
+    /// snapshot; they run until `shutdown` resolves. Must be called inside a
+    /// Tokio runtime.
+    pub fn start(
+        client: kube::Client,
+        settings: ConvertSettings,
+        observer: Arc<dyn SourceObserver>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Arc<KubeRegistry> {
+        let registry = Arc::new(KubeRegistry {
+            current: watch::Sender::new(Arc::new(MeshSnapshot::default())),
+            ready: watch::Sender::new(false),
+            waiting_for: Mutex::new("the first list of every watched kind".to_owned()),
+        });
+        let changed = Arc::new(Notify::new());
+        let stores = Stores {
+            pods: watch_kind::<Pod>(&client, "Pod", &changed, &observer),
+            namespaces: watch_kind::<Namespace>(&client, "Namespace", &changed, &observer),
+            services: watch_kind::<Service>(&client, "Service", &changed, &observer),
+            endpoint_slices: watch_kind::<EndpointSlice>(
+                &client,
+                "EndpointSlice",
+                &changed,
+                &observer,
+            ),
+            nodes: watch_kind::<Node>(&client, "Node", &changed, &observer),
+            authorization_policies: watch_kind::<AuthorizationPolicy>(
+                &client,
+                "AuthorizationPolicy",
+                &changed,
+                &observer,
+            ),
+        };
+        let task = rebuild(Arc::clone(&registry), stores, settings, changed, observer);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = task => {}
+            }
+        });
+        registry
+    }
+
+    /// Whether every watch has listed once.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// A receiver of readiness changes.
+    pub fn readiness(&self) -> watch::Receiver<bool> {
+        self.ready.subscribe()
+    }
+
+    /// What the source still waits for, while not ready.
+    pub fn waiting_for(&self) -> String {
+        self.waiting_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_waiting_for(&self, what: &str) {
+        let mut waiting = self
+            .waiting_for
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        what.clone_into(&mut waiting);
+    }
+}
+
+impl PodRegistry for KubeRegistry {
+    fn snapshot(&self) -> Arc<MeshSnapshot> {
+        Arc::clone(&self.current.borrow())
+    }
+
+    fn changes(&self) -> watch::Receiver<Arc<MeshSnapshot>> {
+        self.current.subscribe()
+    }
+}
+
+/// One reflector store per kind.
+struct Stores {
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    services: Store<Service>,
+    endpoint_slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
+    authorization_policies: Store<AuthorizationPolicy>,
+}
+
+impl Stores {
+    /// Waits until every store has its first list, saying which it still
+    /// waits for.
+    async fn wait_until_ready(&self, registry: &KubeRegistry) {
+        macro_rules! wait {
+            ($store:expr, $kind:literal) => {
+                registry.set_waiting_for(concat!("the first list of ", $kind));
+                // The writer lives as long as its watch task, which runs
+                // until shutdown.
+                let _ = $store.wait_until_ready().await;
+            };
+        }
+        wait!(self.pods, "Pods");
+        wait!(self.namespaces, "Namespaces");
+        wait!(self.services, "Services");
+        wait!(self.endpoint_slices, "EndpointSlices");
+        wait!(self.nodes, "Nodes");
+        wait!(self.authorization_policies, "AuthorizationPolicies");
+    }
+
+    fn objects(&self) -> KubeObjects {
+        KubeObjects {
+            pods: self.pods.state(),
+            namespaces: self.namespaces.state(),
+            services: self.services.state(),
+            endpoint_slices: self.endpoint_slices.state(),
+            nodes: self.nodes.state(),
+            authorization_policies: self.authorization_policies.state(),
+        }
+    }
+}
+
+/// Starts the watch of one kind over all namespaces and returns its store.
+/// Every event wakes the rebuild; every error is reported and the watch
+/// goes on after backoff.
+fn watch_kind<K>(
+    client: &kube::Client,
+    kind: &'static str,
+    changed: &Arc<Notify>,
+    observer: &Arc<dyn SourceObserver>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let api: Api<K> = Api::all(client.clone());
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    let changed = Arc::clone(changed);
+    let observer = Arc::clone(observer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(error) => observer.watch_failed(kind, &error.to_string()),
+            }
+        }
+    });
+    store
+}
+
+/// Builds a snapshot once every store is ready, then after each burst of
+/// changes.
+async fn rebuild(
+    registry: Arc<KubeRegistry>,
+    stores: Stores,
+    settings: ConvertSettings,
+    changed: Arc<Notify>,
+    observer: Arc<dyn SourceObserver>,
+) {
+    stores.wait_until_ready(&registry).await;
+    let mut reported: HashSet<String> = HashSet::new();
+    loop {
+        let conversion = convert(&stores.objects(), &settings);
+        let mut still_reported = HashSet::with_capacity(conversion.problems.len());
+        for problem in &conversion.problems {
+            let key = problem.to_string();
+            if !reported.contains(&key) {
+                observer.object_refused(problem);
+            }
+            still_reported.insert(key);
+        }
+        reported = still_reported;
+        match MeshSnapshot::new(conversion.mesh) {
+            Ok(snapshot) => {
+                observer.snapshot_built(&snapshot);
+                registry.current.send_replace(Arc::new(snapshot));
+                registry.ready.send_replace(true);
+            }
+            // The conversion leaves out what the snapshot would refuse; if
+            // it ever does not, the last good snapshot stays.
+            Err(error) => observer.watch_failed("snapshot", &error.to_string()),
+        }
+        changed.notified().await;
+        tokio::time::sleep(REBUILD_DELAY).await;
+    }
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes parts the tests run against: kube-apiserver and
+# kubectl (test-support/kube-env, k8s.io/kubernetes) and etcd
+# (test-support/kube-env/etcd, go.etcd.io/etcd/server). Every version is
+# pinned in those modules' go.mod and go.sum.
+#
+# The binaries go to a cache outside target/ (default
+# ~/.cache/ztunnel-kube-env), in a directory named after the hash of the
+# pinning files, with `current` pointing at it; test-support's `KubeApi`
+# looks there. A second call with the same pins does nothing.
+#
+#   scripts/k8s-test-env.sh          build if needed, print the bin directory
+#   ZTUNNEL_KUBE_ENV=DIR ...         another cache directory
+#   GOCACHE=DIR ...                  build with (and keep) this Go build cache
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${ZTUNNEL_KUBE_ENV:-$HOME/.cache/ztunnel-kube-env}"
+modules=test-support/kube-env
+version=v1.37.2
+
+if ! command -v go >/dev/null; then
+  echo "k8s-test-env: no Go toolchain on PATH; the API server cannot be built" >&2
+  exit 1
+fi
+
+key="$(cat "$0" "$modules"/go.mod "$modules"/go.sum "$modules"/tools.go \
+  "$modules"/etcd/go.mod "$modules"/etcd/go.sum "$modules"/etcd/main.go \
+  | sha256sum | cut -c1-16)"
+out="$cache/$key"
+if [ -x "$out/bin/kube-apiserver" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kubectl" ]; then
+  ln -sfn "$key" "$cache/current"
+  echo "$out/bin"
+  exit 0
+fi
+
+mkdir -p "$out"
+# A build cache of its own, removed after a good build: the API server's
+# takes ~3 GB and would only be used again when the pins change. A GOCACHE
+# the caller exported is used instead, and kept.
+build_cache=""
+if [ -z "${GOCACHE:-}" ]; then
+  build_cache="$out/go-build"
+  export GOCACHE="$build_cache"
+fi
+export GOFLAGS="-mod=readonly -buildvcs=false"
+export CGO_ENABLED=0
+
+started=$(date +%s)
+echo "k8s-test-env: building kube-apiserver, kubectl $version and etcd into $out (cold: 10-15 minutes on 2 cores)" >&2
+# The version the binaries report (/version, kubectl version) is stamped at
+# link time, as Kubernetes' own build does.
+stamp="-X k8s.io/component-base/version.gitVersion=$version"
+stamp+=" -X k8s.io/component-base/version.gitMajor=1"
+stamp+=" -X k8s.io/component-base/version.gitMinor=37"
+stamp+=" -X k8s.io/component-base/version.gitTreeState=clean"
+stamp+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
+stamp+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+stamp+=" -X k8s.io/client-go/pkg/version.gitMinor=37"
+(
+  cd "$modules"
+  go build -trimpath -ldflags "-s -w $stamp" -o "$out/bin.tmp/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+)
+(
+  cd "$modules/etcd"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/etcd" .
+)
+rm -rf "$out/bin"
+mv "$out/bin.tmp" "$out/bin"
+if [ -n "$build_cache" ]; then
+  chmod -R u+w "$build_cache" 2>/dev/null || true
+  rm -rf "$build_cache"
+fi
+ln -sfn "$key" "$cache/current"
+echo "k8s-test-env: built in $(( $(date +%s) - started )) s; $(du -sh "$out/bin" | cut -f1) of binaries" >&2
+"$out/bin/kube-apiserver" --version >&2
+echo "$out/bin"
