@@ -1,11 +1,13 @@
 //! The control plane's delta ADS server (WIRE.md §7): workloads, services
-//! and authorization policies from the mesh file, served on the CA's own
-//! TLS port as istiod serves both on 15012.
+//! and authorization policies from the mesh source (the mesh file or the
+//! Kubernetes API), served on the CA's own TLS port as istiod serves both
+//! on 15012.
 //!
-//! The path of a mesh file edit:
+//! The path of a change:
 //!
 //! ```text
-//! FileRegistry::reload ─▶ Arc<MeshSnapshot> (the CA authorizes from it too)
+//! FileRegistry::reload, or KubeRegistry's rebuild after a watch event
+//!   ─▶ Arc<MeshSnapshot> (the CA authorizes from it too)
 //!   ─▶ resources::{addresses, authorizations}
 //!                        (pure: snapshot → named Address / Authorization)
 //!   ─▶ cache::MeshResources (encoded once, versioned by content hash,

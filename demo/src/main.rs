@@ -7,6 +7,12 @@
 //! plane, a pod deleted); prints what happened, from the ztunnels' own
 //! access logs; and removes everything it made, also on Ctrl-C or failure.
 //!
+//! With `--kubernetes` the control plane reads only a real Kubernetes API
+//! server started for the demo (etcd and kube-apiserver, built by
+//! `scripts/k8s-test-env.sh`): pods are created there and get their status
+//! as a kubelet would write it, and the live policy is a
+//! `security.istio.io/v1` AuthorizationPolicy applied with kubectl.
+//!
 //! Run it through `demo/run.sh`, which builds the binaries it starts.
 
 use std::net::SocketAddr;
@@ -14,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use clap::Parser;
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
 use ztunnel_test_support::wait;
 
@@ -31,10 +38,35 @@ const DENY_CLIENT_TO_DB: &str = "\
         destinationIps: [\"198.18.10.0/24\"]
 ";
 
+/// The same policy as a Kubernetes object, for `--kubernetes`.
+const DENY_CLIENT_TO_DB_KUBERNETES: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: db-deny-client, namespace: default}
+spec:
+  selector: {matchLabels: {app: db}}
+  action: DENY
+  rules:
+  - from:
+    - source: {principals: ["cluster.local/ns/default/sa/client"]}
+"#;
+
 /// The cluster, shared with the Ctrl-C handler so that it can tear it down.
 type Shared = Arc<Mutex<Option<Cluster>>>;
 
+/// The local demo mesh.
+#[derive(Debug, Parser)]
+#[command(name = "ztunnel-demo")]
+struct Cli {
+    /// Run the control plane on a real Kubernetes API server started for
+    /// the demo (built by scripts/k8s-test-env.sh), instead of its mesh
+    /// file.
+    #[arg(long)]
+    kubernetes: bool,
+}
+
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
     if let Some(missing) = cluster::unavailable() {
         eprintln!("ztunnel-demo: cannot run here: {missing}");
         return std::process::ExitCode::from(2);
@@ -42,7 +74,7 @@ fn main() -> std::process::ExitCode {
     let shared: Shared = Arc::default();
     watch_for_interrupt(Arc::clone(&shared));
     let started = Instant::now();
-    let outcome = run(&shared);
+    let outcome = run(&shared, cli.kubernetes);
     // Tear down before printing the verdict: processes by PID, namespaces.
     let cluster = lock(&shared).take();
     drop(cluster);
@@ -106,7 +138,7 @@ struct Step {
     happened: bool,
 }
 
-fn run(shared: &Shared) -> anyhow::Result<()> {
+fn run(shared: &Shared, kubernetes: bool) -> anyhow::Result<()> {
     let binaries = Binaries::from_target_dir()
         .context("run the demo through demo/run.sh, which builds every binary first")?;
     let specs = [
@@ -118,11 +150,26 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
     println!(
         "demo: starting the control plane (CA + xDS), two nodes (agent + ztunnel each) and four pods via CNI"
     );
-    let mut cluster = Cluster::start(&["node-a", "node-b"], &specs, &["default"], binaries)?;
-    println!(
-        "demo:   the ztunnels are fed over xDS by the control plane, from its mesh file {}",
-        cluster.mesh().path().display()
-    );
+    let nodes = ["node-a", "node-b"];
+    let mut cluster = if kubernetes {
+        let cluster = Cluster::start_on_kubernetes(&nodes, &specs, &["default"], binaries)?
+            .context("no Kubernetes API server: run demo/run.sh --kubernetes, which builds it")?;
+        if let Some(api) = cluster.kube() {
+            println!(
+                "demo:   the ztunnels are fed over xDS by the control plane, which reads only the Kubernetes API at {} (admin kubeconfig: {})",
+                api.api().server(),
+                api.api().admin_kubeconfig().display()
+            );
+        }
+        cluster
+    } else {
+        let mut cluster = Cluster::start(&nodes, &specs, &["default"], binaries)?;
+        println!(
+            "demo:   the ztunnels are fed over xDS by the control plane, from its mesh file {}",
+            cluster.mesh().path().display()
+        );
+        cluster
+    };
     for spec in &specs {
         let pod = cluster.add_pod(spec)?;
         pod.serve_echo(APP_PORT)?;
@@ -173,13 +220,18 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
     })?;
 
     println!(
-        "demo: applying a live policy: deny client -> db, written to the mesh file and pushed over xDS"
+        "demo: applying a live policy: deny client -> db, {} and pushed over xDS",
+        if kubernetes {
+            "an AuthorizationPolicy applied to the API server"
+        } else {
+            "written to the mesh file"
+        }
     );
     let mut open = with(shared, |c| {
         let target = app(c, "db")?;
         c.pod("client")?.connect(target)
     })?;
-    with(shared, |c| c.mesh().set_policies(DENY_CLIENT_TO_DB))?;
+    with(shared, |c| set_deny_policy(c, true))?;
     let denied = wait_until(|| with(shared, |c| Ok(!echoes(c, "client", "db"))).unwrap_or(false));
     step("client -> db under the deny policy", false, !denied);
     step(
@@ -195,7 +247,7 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
         );
         Ok(())
     })?;
-    with(shared, |c| c.mesh().set_policies(""))?;
+    with(shared, |c| set_deny_policy(c, false))?;
     let allowed = wait_until(|| with(shared, |c| Ok(echoes(c, "client", "db"))).unwrap_or(false));
     step("client -> db after the policy is removed", true, allowed);
 
@@ -223,6 +275,26 @@ fn run(shared: &Shared) -> anyhow::Result<()> {
         bail!("unexpected outcomes: {}", names.join("; "));
     }
     Ok(())
+}
+
+/// Puts the deny policy in place, or takes it away: in the API server when
+/// the control plane reads Kubernetes, in its mesh file otherwise.
+fn set_deny_policy(cluster: &mut Cluster, deny: bool) -> anyhow::Result<()> {
+    if let Some(api) = cluster.kube() {
+        let api = api.api();
+        if deny {
+            api.kubectl(&["apply", "-f", "-"], Some(DENY_CLIENT_TO_DB_KUBERNETES))?;
+        } else {
+            api.kubectl(
+                &["delete", "authorizationpolicy", "db-deny-client", "-n", "default"],
+                None,
+            )?;
+        }
+        return Ok(());
+    }
+    cluster
+        .mesh()
+        .set_policies(if deny { DENY_CLIENT_TO_DB } else { "" })
 }
 
 /// Runs `f` on the cluster, if it is still there.
