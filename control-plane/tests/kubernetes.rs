@@ -35,6 +35,16 @@ const ROLE: &str = include_str!("../../deploy/rbac/control-plane.yaml");
 /// The AuthorizationPolicy CRD it watches.
 const CRD: &str = include_str!("../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
 
+/// A policy whose action ztunnel does not support: not sent, and counted.
+const AUDIT_POLICY: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: audit-all, namespace: apps}
+spec:
+  action: AUDIT
+  rules: [{}]
+"#;
+
 /// How long a change in the API may take to reach the CA's decisions in
 /// these tests: the target is under a second; the bound is generous so a
 /// busy machine does not fail the test, and the time taken is printed.
@@ -281,6 +291,35 @@ async fn node_agents_get_certificates_only_for_pods_on_their_node() {
     assert_eq!(
         ask(grpc, &roots, &other, web, true).await,
         Err(Code::Unauthenticated)
+    );
+
+    // Objects that do not convert are left out, logged and counted; the
+    // rest of the mesh stays: a pod claiming web-0's address, and a policy
+    // with an action ztunnel does not support.
+    running_pod(&client, "apps", "web-1", "copy", "node-a", "198.18.10.2").await;
+    api.kubectl(&["apply", "-f", "-"], Some(AUDIT_POLICY))
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let metrics = ca_client::metrics(http).await;
+        let counted = ["Pod", "AuthorizationPolicy"].iter().all(|kind| {
+            metrics.lines().any(|line| {
+                line.starts_with(&format!("ca_kube_objects_refused_total{{kind=\"{kind}\"}}"))
+            })
+        });
+        if counted {
+            break;
+        }
+        assert!(
+            started.elapsed() < CONVERGE,
+            "refusals counted by kind:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        ask(grpc, &roots, &node_token, web, true).await,
+        Ok(web.to_owned()),
+        "the rest of the mesh is kept"
     );
 
     // A pod scheduled on node A later is granted once the API says so.

@@ -286,7 +286,13 @@ fn set_deny_policy(cluster: &mut Cluster, deny: bool) -> anyhow::Result<()> {
             api.kubectl(&["apply", "-f", "-"], Some(DENY_CLIENT_TO_DB_KUBERNETES))?;
         } else {
             api.kubectl(
-                &["delete", "authorizationpolicy", "db-deny-client", "-n", "default"],
+                &[
+                    "delete",
+                    "authorizationpolicy",
+                    "db-deny-client",
+                    "-n",
+                    "default",
+                ],
                 None,
             )?;
         }
