@@ -3,12 +3,9 @@
 //! directory, `token` minting with the key `serve` created, and a node agent
 //! getting a pod's certificate with that token.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Command;
 
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -19,8 +16,8 @@ use ztunnel_certs::identity::Identity;
 
 #[path = "support/ca_client.rs"]
 mod ca_client;
-
-const BIN: &str = env!("CARGO_BIN_EXE_ztunnel-ca");
+#[path = "support/serve.rs"]
+mod serve;
 
 const PODS: &str = "\
 - {name: ztunnel-a, namespace: istio-system, uid: uid-za, serviceAccount: ztunnel, nodeName: node-a}
@@ -28,64 +25,8 @@ const PODS: &str = "\
 - {name: db-b, namespace: default, uid: uid-db, serviceAccount: db, nodeName: node-b}
 ";
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `serve` on free loopback ports and reads back the addresses it
-/// printed.
-fn start(state: &Path, pods: &Path) -> (Server, SocketAddr, SocketAddr) {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--pods")
-        .arg(pods)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let (line_tx, line_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = line_tx.send(line);
-    });
-    let line = line_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve printed its addresses");
-    // "ztunnel-ca listening on <grpc> metrics <http>"
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let grpc = words
-        .get(3)
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-        .parse()
-        .unwrap();
-    let http = words
-        .get(5)
-        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-        .parse()
-        .unwrap();
-    (server, grpc, http)
-}
-
 fn mint(state: &Path, args: &[&str]) -> String {
-    let output = Command::new(BIN)
+    let output = Command::new(serve::BIN)
         .arg("token")
         .arg("--state-dir")
         .arg(state)
@@ -107,7 +48,8 @@ async fn serve_and_token_work_together() {
     let state = dir.path().join("state");
     let pods = dir.path().join("pods.yaml");
     std::fs::write(&pods, PODS).unwrap();
-    let (_server, grpc, http) = start(&state, &pods);
+    let (_server, grpc, http) =
+        serve::start(&state, &[OsStr::new("--pods"), pods.as_os_str()], "warn");
 
     let root_pem = std::fs::read(state.join("root-cert.pem")).unwrap();
     let roots: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&root_pem)
@@ -166,7 +108,7 @@ async fn serve_and_token_work_together() {
 
 #[test]
 fn help_documents_every_flag() {
-    let output = Command::new(BIN)
+    let output = Command::new(serve::BIN)
         .args(["serve", "--help"])
         .output()
         .unwrap();
@@ -199,7 +141,7 @@ fn help_documents_every_flag() {
         help.contains("[alias: --pods]"),
         "the mesh file's old flag still works"
     );
-    let output = Command::new(BIN)
+    let output = Command::new(serve::BIN)
         .args(["token", "--namespace", "a"])
         .output()
         .unwrap();

@@ -5,11 +5,8 @@
 //! real tokens from the TokenRequest API; pods are created and deleted
 //! through the API, with their status written as a kubelet would.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::CertificateDer;
@@ -26,8 +23,8 @@ use ztunnel_test_support::kube::objects::{
 
 #[path = "support/ca_client.rs"]
 mod ca_client;
-
-const BIN: &str = env!("CARGO_BIN_EXE_ztunnel-ca");
+#[path = "support/serve.rs"]
+mod serve;
 
 /// The role the control plane ships with.
 const ROLE: &str = include_str!("../../deploy/rbac/control-plane.yaml");
@@ -49,16 +46,6 @@ spec:
 /// these tests: the target is under a second; the bound is generous so a
 /// busy machine does not fail the test, and the time taken is printed.
 const CONVERGE: Duration = Duration::from_secs(10);
-
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The API server with the CRD installed, and the control plane's service
 /// account bound to `role` (the shipped role, or a test's variant).
@@ -85,37 +72,6 @@ async fn api_with_control_plane_account(role: &str) -> Option<(KubeApi, String)>
         .display()
         .to_string();
     Some((api, kubeconfig))
-}
-
-/// Starts `serve --kubeconfig` on free loopback ports and reads back the
-/// addresses it printed.
-fn start(state: &Path, kubeconfig: &str) -> (Server, SocketAddr, SocketAddr) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(["--metrics-listen", "127.0.0.1:0"])
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--kubeconfig", kubeconfig])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let (line_tx, line_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = line_tx.send(line);
-    });
-    let line = line_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve printed its addresses");
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let grpc = words.get(3).unwrap().parse().unwrap();
-    let http = words.get(5).unwrap().parse().unwrap();
-    (server, grpc, http)
 }
 
 /// Waits until `/ready` answers 200, or panics with its last answer.
@@ -232,7 +188,7 @@ async fn node_agents_get_certificates_only_for_pods_on_their_node() {
     running_pod(&client, "apps", "db-0", "db", "node-b", "198.18.11.2").await;
 
     let state = api.dir().join("ca-state");
-    let (_server, grpc, http) = start(&state, &kubeconfig);
+    let (_server, grpc, http) = serve::start(&state, &["--kubeconfig", &kubeconfig], "info");
     wait_ready(http).await;
     let roots = roots(&state);
     let node_token = request_token(
@@ -377,7 +333,7 @@ async fn a_role_missing_a_verb_keeps_the_control_plane_unready() {
         return;
     };
     let state = api.dir().join("ca-state");
-    let (mut server, _grpc, http) = start(&state, &kubeconfig);
+    let (mut server, _grpc, http) = serve::start(&state, &["--kubeconfig", &kubeconfig], "info");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut response = String::new();
     while Instant::now() < deadline {

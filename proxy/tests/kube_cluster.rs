@@ -11,21 +11,19 @@
 //! Needs root, `ip`, `iptables`, containernetworking-plugins and the built
 //! API server; skips with the reason otherwise.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{
-    self, Binaries, Cluster, PodSpec, closed_by_peer, still_echoes, tail,
+    self, Binaries, Cluster, PodSpec, closed_by_peer, still_echoes,
 };
 use ztunnel_test_support::wait;
 
-const APP_PORT: u16 = 8080;
-/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
-const HBONE_PORT: u16 = 15008;
+use support::{
+    APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, tunnelled_to,
+};
 
-/// How long a test waits for something that should happen: generous, for
-/// a loaded machine; passing tests never wait this long.
-const PATIENCE: Duration = Duration::from_secs(20);
+#[path = "support/cluster.rs"]
+mod support;
 
 /// How long the control plane may take to come back after the API server
 /// restarts: its watches retry with exponential backoff (kube-runtime's,
@@ -74,36 +72,6 @@ fn late() -> PodSpec {
     PodSpec::new("late", "default", "late", "node-b")
 }
 
-fn app(cluster: &Cluster, pod: &str) -> SocketAddr {
-    SocketAddr::from((cluster.pod(pod).unwrap().ip, APP_PORT))
-}
-
-fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
-    cluster.pod(from).unwrap().echoes(app(cluster, to))
-}
-
-fn eventually(check: impl FnMut() -> bool) -> bool {
-    wait::until(PATIENCE, check)
-}
-
-/// How many connections `node`'s ztunnel delivered to `pod` with the
-/// client identity of `from` verified over mTLS.
-fn delivered_over_mtls(cluster: &Cluster, node: &str, pod: &str, from: &str) -> usize {
-    let identity = cluster.pod(from).unwrap().spec.identity();
-    cluster
-        .node(node)
-        .unwrap()
-        .access_log()
-        .iter()
-        .filter(|entry| {
-            entry.direction == "inbound"
-                && entry.dst_workload.as_deref() == Some(pod)
-                && entry.src_identity.as_deref() == Some(identity.as_str())
-                && entry.error.is_none()
-        })
-        .count()
-}
-
 /// Whether `node`'s ztunnel has the workload of `pod` (namespace
 /// `default`), named as the control plane names Kubernetes pods.
 fn knows(cluster: &Cluster, node: &str, pod: &str) -> bool {
@@ -113,14 +81,6 @@ fn knows(cluster: &Cluster, node: &str, pod: &str) -> bool {
 
 fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) {
     cluster.kube().unwrap().api().kubectl(args, stdin).unwrap();
-}
-
-fn logs(cluster: &Cluster) -> String {
-    cluster
-        .nodes
-        .iter()
-        .map(|node| format!("--- {} ---\n{}\n", node.name, tail(&node.ztunnel_log(), 20)))
-        .collect()
 }
 
 /// A DENY policy of namespace `default` refusing the `client` identity.
@@ -156,22 +116,9 @@ fn traffic_crosses_nodes_over_hbone_on_configuration_from_the_api_server() {
         return;
     };
     assert!(echoes(&cluster, "client", "server-b"));
-    let server = cluster.pod("server-b").unwrap();
-    let tunnel = SocketAddr::from((server.ip, HBONE_PORT)).to_string();
-    let tunnelled = || {
-        cluster
-            .node("node-a")
-            .unwrap()
-            .access_log()
-            .iter()
-            .any(|entry| {
-                entry.direction == "outbound"
-                    && entry.dst_hbone_addr.as_deref() == Some(tunnel.as_str())
-            })
-    };
     assert!(
-        eventually(tunnelled),
-        "node-a tunnels to {tunnel}:\n{}",
+        eventually(|| tunnelled_to(&cluster, "node-a", "server-b")),
+        "node-a tunnels to server-b's HBONE port:\n{}",
         logs(&cluster)
     );
     assert!(

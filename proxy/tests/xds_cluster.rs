@@ -10,21 +10,18 @@
 //! down. Needs root, `ip`, `iptables` and containernetworking-plugins;
 //! skips with the reason otherwise.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{
-    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes, tail,
+    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes,
 };
-use ztunnel_test_support::wait;
 
-const APP_PORT: u16 = 8080;
-/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
-const HBONE_PORT: u16 = 15008;
+use support::{
+    APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, tunnelled_to,
+};
 
-/// How long a test waits for something that should happen: generous, for
-/// a loaded machine; passing tests never wait this long.
-const PATIENCE: Duration = Duration::from_secs(20);
+#[path = "support/cluster.rs"]
+mod support;
 
 /// The bound on "a workload added is routable". The aim is about a second
 /// (the control plane reads the file every 100 ms and pushes at once);
@@ -68,38 +65,6 @@ fn late() -> PodSpec {
     PodSpec::new("late", "default", "late", "node-b")
 }
 
-fn app(cluster: &Cluster, pod: &str) -> SocketAddr {
-    SocketAddr::from((cluster.pod(pod).unwrap().ip, APP_PORT))
-}
-
-/// Whether `from` gets its bytes echoed by `to`'s application.
-fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
-    cluster.pod(from).unwrap().echoes(app(cluster, to))
-}
-
-/// Waits up to [`PATIENCE`] for `check`, polling.
-fn eventually(check: impl FnMut() -> bool) -> bool {
-    wait::until(PATIENCE, check)
-}
-
-/// How many connections `node`'s ztunnel delivered to `pod` with the
-/// client identity of `from` verified over mTLS.
-fn delivered_over_mtls(cluster: &Cluster, node: &str, pod: &str, from: &str) -> usize {
-    let identity = cluster.pod(from).unwrap().spec.identity();
-    cluster
-        .node(node)
-        .unwrap()
-        .access_log()
-        .iter()
-        .filter(|entry| {
-            entry.direction == "inbound"
-                && entry.dst_workload.as_deref() == Some(pod)
-                && entry.src_identity.as_deref() == Some(identity.as_str())
-                && entry.error.is_none()
-        })
-        .count()
-}
-
 /// Whether `node`'s ztunnel has `pod`'s workload (`/config_dump`).
 fn knows(cluster: &Cluster, node: &str, pod: &PodSpec) -> bool {
     cluster
@@ -118,14 +83,6 @@ fn xds_connected(cluster: &Cluster, node: &str) -> bool {
     )
 }
 
-fn logs(cluster: &Cluster) -> String {
-    cluster
-        .nodes
-        .iter()
-        .map(|node| format!("--- {} ---\n{}\n", node.name, tail(&node.ztunnel_log(), 20)))
-        .collect()
-}
-
 #[test]
 fn traffic_crosses_nodes_over_hbone_on_configuration_from_the_control_plane() {
     let Some(cluster) = start("traffic_crosses_nodes") else {
@@ -136,24 +93,11 @@ fn traffic_crosses_nodes_over_hbone_on_configuration_from_the_control_plane() {
     }
 
     assert!(echoes(&cluster, "client", "server-b"));
-    // The client's ztunnel tunnelled it to the server pod's HBONE port...
-    let server = cluster.pod("server-b").unwrap();
-    let tunnel = SocketAddr::from((server.ip, HBONE_PORT)).to_string();
-    // (Each side logs the connection as it finishes with it: poll.)
-    let tunnelled = || {
-        cluster
-            .node("node-a")
-            .unwrap()
-            .access_log()
-            .iter()
-            .any(|entry| {
-                entry.direction == "outbound"
-                    && entry.dst_hbone_addr.as_deref() == Some(tunnel.as_str())
-            })
-    };
+    // The client's ztunnel tunnelled it to the server pod's HBONE port
+    // (each side logs the connection as it finishes with it: poll)...
     assert!(
-        eventually(tunnelled),
-        "node-a tunnels to {tunnel}:\n{}",
+        eventually(|| tunnelled_to(&cluster, "node-a", "server-b")),
+        "node-a tunnels to server-b's HBONE port:\n{}",
         logs(&cluster)
     );
     // ...and the server's ztunnel delivered it under the client's identity.

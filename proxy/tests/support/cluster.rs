@@ -1,0 +1,77 @@
+//! What the cluster end-to-end tests (`xds_cluster.rs`, `kube_cluster.rs`)
+//! ask of a running `Cluster`: whether a pod's bytes come back from
+//! another's application, what a destination ztunnel logged, and the log
+//! tails a failure message shows.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ztunnel_test_support::cluster::{Cluster, tail};
+use ztunnel_test_support::wait;
+
+/// The port every pod's application (an echo server) listens on.
+pub const APP_PORT: u16 = 8080;
+/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
+pub const HBONE_PORT: u16 = 15008;
+
+/// How long a test waits for something that should happen: generous, for
+/// a loaded machine; passing tests never wait this long.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The application address of `pod`.
+pub fn app(cluster: &Cluster, pod: &str) -> SocketAddr {
+    SocketAddr::from((cluster.pod(pod).unwrap().ip, APP_PORT))
+}
+
+/// Whether `from` gets its bytes echoed by `to`'s application.
+pub fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
+    cluster.pod(from).unwrap().echoes(app(cluster, to))
+}
+
+/// Waits up to [`PATIENCE`] for `check`, polling.
+pub fn eventually(check: impl FnMut() -> bool) -> bool {
+    wait::until(PATIENCE, check)
+}
+
+/// How many connections `node`'s ztunnel delivered to `pod` with the
+/// client identity of `from` verified over mTLS.
+pub fn delivered_over_mtls(cluster: &Cluster, node: &str, pod: &str, from: &str) -> usize {
+    let identity = cluster.pod(from).unwrap().spec.identity();
+    cluster
+        .node(node)
+        .unwrap()
+        .access_log()
+        .iter()
+        .filter(|entry| {
+            entry.direction == "inbound"
+                && entry.dst_workload.as_deref() == Some(pod)
+                && entry.src_identity.as_deref() == Some(identity.as_str())
+                && entry.error.is_none()
+        })
+        .count()
+}
+
+/// Whether `node`'s ztunnel logged an outbound connection tunnelled to
+/// `pod`'s HBONE port.
+pub fn tunnelled_to(cluster: &Cluster, node: &str, pod: &str) -> bool {
+    let server = cluster.pod(pod).unwrap();
+    let tunnel = SocketAddr::from((server.ip, HBONE_PORT)).to_string();
+    cluster
+        .node(node)
+        .unwrap()
+        .access_log()
+        .iter()
+        .any(|entry| {
+            entry.direction == "outbound"
+                && entry.dst_hbone_addr.as_deref() == Some(tunnel.as_str())
+        })
+}
+
+/// The last lines of every ztunnel's log.
+pub fn logs(cluster: &Cluster) -> String {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| format!("--- {} ---\n{}\n", node.name, tail(&node.ztunnel_log(), 20)))
+        .collect()
+}
