@@ -41,6 +41,9 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("create", "authentication.k8s.io", "tokenreviews"),
 ];
 
+/// What the node untaint controller adds (`deploy/rbac/control-plane-untaint.yaml`).
+pub const UNTAINT_ACCESS: &[(&str, &str, &str)] = &[("patch", "", "nodes")];
+
 /// How often missing permissions are checked again.
 const PERMISSION_RECHECK: Duration = Duration::from_secs(5);
 
@@ -119,12 +122,17 @@ impl Permissions {
     }
 }
 
-/// Checks [`REQUIRED_ACCESS`] with SelfSubjectAccessReviews until all are
-/// granted, logging what is missing each time it changes.
-pub async fn watch_permissions(client: kube::Client, permissions: Arc<Permissions>) {
+/// Checks `required` (e.g. [`REQUIRED_ACCESS`]) with
+/// SelfSubjectAccessReviews until all are granted, logging what is missing
+/// each time it changes.
+pub async fn watch_permissions(
+    client: kube::Client,
+    permissions: Arc<Permissions>,
+    required: Vec<(&'static str, &'static str, &'static str)>,
+) {
     let mut last: Option<Vec<String>> = None;
     loop {
-        let missing = match missing_access(&client).await {
+        let missing = match missing_access(&client, &required).await {
             Ok(missing) => missing,
             Err(error) => vec![format!("(access review failed: {error})")],
         };
@@ -148,10 +156,13 @@ pub async fn watch_permissions(client: kube::Client, permissions: Arc<Permission
     }
 }
 
-async fn missing_access(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+async fn missing_access(
+    client: &kube::Client,
+    required: &[(&str, &str, &str)],
+) -> anyhow::Result<Vec<String>> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
-    for (verb, group, resource) in REQUIRED_ACCESS {
+    for (verb, group, resource) in required {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {

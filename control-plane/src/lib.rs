@@ -8,4 +8,5 @@
 
 pub mod ca;
 pub mod kubernetes;
+pub mod untaint;
 pub mod xds;

@@ -28,6 +28,7 @@ use ztunnel_control_plane::ca::token::PodToken;
 use ztunnel_control_plane::ca::token_keys::TokenKeys;
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
+use ztunnel_control_plane::untaint::{self, DEFAULT_TAINT_KEY, UntaintConfig};
 use ztunnel_mesh::kube::convert::ConvertSettings;
 use ztunnel_mesh::kube::source::KubeRegistry;
 use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
@@ -122,6 +123,22 @@ struct ServeArgs {
     /// not sent, as istiod's default.
     #[arg(long)]
     enable_dry_run_policies: bool,
+    /// Run the node untaint controller (Kubernetes only): remove the
+    /// --taint-name taint from a node once the node agent pod there
+    /// (label k8s-app=istio-cni-node in --taint-namespace) is Ready. Needs
+    /// patch on nodes (deploy/rbac/control-plane-untaint.yaml).
+    #[arg(long, env = "PILOT_ENABLE_NODE_UNTAINT_CONTROLLERS")]
+    taint_enabled: bool,
+    /// Namespace of the node agent pods; empty means the control plane's
+    /// own (POD_NAMESPACE), else istio-system.
+    #[arg(long, default_value = "")]
+    taint_namespace: String,
+    /// The taint the untaint controller removes.
+    #[arg(long, env = "PILOT_NODE_UNTAINT_CONTROLLERS_TAINT_NAME", default_value = DEFAULT_TAINT_KEY)]
+    taint_name: String,
+    /// The namespace this control plane runs in (the downward API's).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    pod_namespace: String,
     /// How often the mesh file is checked for changes.
     #[arg(long, visible_alias = "pods-poll-interval", default_value = "1s", value_parser = parse_duration)]
     mesh_poll_interval: Duration,
@@ -328,9 +345,27 @@ async fn kubernetes_source(
 ) -> anyhow::Result<Source> {
     let client = kubernetes::client(args.kubeconfig.as_deref()).await?;
     let permissions = Arc::new(Permissions::default());
+    let mut required = kubernetes::REQUIRED_ACCESS.to_vec();
+    if args.taint_enabled {
+        required.extend_from_slice(kubernetes::UNTAINT_ACCESS);
+        let agent_namespace = if args.taint_namespace.is_empty() {
+            args.pod_namespace.clone()
+        } else {
+            args.taint_namespace.clone()
+        };
+        tokio::spawn(untaint::run(
+            client.clone(),
+            UntaintConfig {
+                agent_namespace,
+                taint_key: args.taint_name.clone(),
+            },
+            wait(stopped.clone()),
+        ));
+    }
     tokio::spawn(kubernetes::watch_permissions(
         client.clone(),
         Arc::clone(&permissions),
+        required,
     ));
     let settings = ConvertSettings {
         cluster_id: args.cluster_id.clone(),

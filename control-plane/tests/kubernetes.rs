@@ -29,6 +29,9 @@ mod serve;
 /// The role the control plane ships with.
 const ROLE: &str = include_str!("../../deploy/rbac/control-plane.yaml");
 
+/// What the untaint controller adds to it.
+const UNTAINT_ROLE: &str = include_str!("../../deploy/rbac/control-plane-untaint.yaml");
+
 /// The AuthorizationPolicy CRD it watches.
 const CRD: &str = include_str!("../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
 
@@ -352,4 +355,140 @@ async fn a_role_missing_a_verb_keeps_the_control_plane_unready() {
         server.0.try_wait().unwrap().is_none(),
         "still running, not crashed"
     );
+}
+
+/// A node object with these taints (`key=effect`), as a provisioner
+/// registers it.
+fn node_with_taints(api: &KubeApi, name: &str, taints: &[(&str, &str)]) {
+    let taints: Vec<serde_json::Value> = taints
+        .iter()
+        .map(|(key, effect)| serde_json::json!({"key": key, "effect": effect}))
+        .collect();
+    let node = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"taints": taints},
+    });
+    api.kubectl(&["apply", "-f", "-"], Some(&node.to_string()))
+        .unwrap();
+}
+
+/// The keys of a node's taints, without the ones the API server itself
+/// adds to a node that has no kubelet (`node.kubernetes.io/...`).
+fn taint_keys(api: &KubeApi, node: &str) -> Vec<String> {
+    api.kubectl(
+        &["get", "node", node, "-o", "jsonpath={.spec.taints[*].key}"],
+        None,
+    )
+    .unwrap()
+    .split_whitespace()
+    .filter(|key| !key.starts_with("node.kubernetes.io/"))
+    .map(str::to_owned)
+    .collect()
+}
+
+/// A node agent pod on `node`, running, Ready or not.
+async fn agent_pod(client: &kube::Client, node: &str, ready: bool, ip: &str) {
+    create_pod(
+        client,
+        &PodSpecForTest {
+            namespace: "istio-system".into(),
+            name: format!("istio-cni-node-{node}"),
+            service_account: "istio-cni".into(),
+            node: node.into(),
+            labels: [("k8s-app".to_owned(), "istio-cni-node".to_owned())].into(),
+            ..PodSpecForTest::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_pod_running(
+        client,
+        "istio-system",
+        &format!("istio-cni-node-{node}"),
+        &[ip.parse().unwrap()],
+        ready,
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_loses_the_not_ready_taint_once_its_node_agent_is_ready() {
+    let role = format!("{ROLE}---\n{UNTAINT_ROLE}");
+    let Some((api, kubeconfig)) = api_with_control_plane_account(&role).await else {
+        return;
+    };
+    api.kubectl(
+        &[
+            "create",
+            "clusterrolebinding",
+            "ztunnel-control-plane-untaint",
+            "--clusterrole=ztunnel-control-plane-untaint",
+            "--serviceaccount=istio-system:ztunnel-control-plane",
+        ],
+        None,
+    )
+    .unwrap();
+    let client = api.admin_client().await.unwrap();
+    let not_ready = "cni.istio.io/not-ready";
+    node_with_taints(
+        &api,
+        "node-a",
+        &[(not_ready, "NoSchedule"), ("dedicated", "NoSchedule")],
+    );
+    node_with_taints(&api, "node-b", &[(not_ready, "NoSchedule")]);
+    agent_pod(&client, "node-a", true, "198.18.0.21").await;
+    agent_pod(&client, "node-b", false, "198.18.0.22").await;
+
+    let state = api.dir().join("ca-state");
+    let (_server, _grpc, http) = serve::start(
+        &state,
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "--taint-enabled",
+            "--taint-namespace",
+            "istio-system",
+        ],
+        "info",
+    );
+    wait_ready(http).await;
+    let started = Instant::now();
+    while taint_keys(&api, "node-a") != ["dedicated"] {
+        assert!(
+            started.elapsed() < CONVERGE,
+            "node-a keeps {:?}",
+            taint_keys(&api, "node-a")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("node-a untainted {:?} after ready", started.elapsed());
+    assert_eq!(
+        taint_keys(&api, "node-b"),
+        [not_ready],
+        "a node whose agent is not Ready keeps the taint"
+    );
+
+    // A node that joins later, and whose agent turns Ready later.
+    node_with_taints(&api, "node-c", &[(not_ready, "NoExecute")]);
+    agent_pod(&client, "node-c", true, "198.18.0.23").await;
+    set_pod_running(
+        &client,
+        "istio-system",
+        "istio-cni-node-node-b",
+        &["198.18.0.22".parse().unwrap()],
+        true,
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    while !(taint_keys(&api, "node-c").is_empty() && taint_keys(&api, "node-b").is_empty()) {
+        assert!(
+            started.elapsed() < CONVERGE,
+            "node-b and node-c keep their taints"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
