@@ -14,6 +14,8 @@
 //! | `pods` | the pod set and `pods.json` |
 //! | `zds` | the ZDS socket and the snapshot/ack sequence |
 //! | `socket_file` | the sockets' paths: made ready to bind, removed on exit |
+//! | `install` | the plugin binary and its chained entry in the node's CNI configuration (copy, choose, insert, watch, uninstall) |
+//! | `procfs` | finding a running pod's netns from the host through procfs (cgroup pod UID, verified by the pod's IP) |
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -30,9 +32,11 @@ use pods::{PodSet, PodStore, PodStoreError};
 use rules::RuleSettings;
 use zds::socket::SeqPacketListener;
 
+pub mod install;
 pub mod mesh;
 pub mod netns;
 pub mod pods;
+pub mod procfs;
 pub mod rules;
 pub mod server;
 mod socket_file;
