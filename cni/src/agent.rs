@@ -8,7 +8,10 @@
 //! | Module | Owns |
 //! |---|---|
 //! | `server` | the plugin-event HTTP socket |
-//! | `mesh` | adding and deleting pods (registry look-up, rules, record, ZDS events) |
+//! | `mesh` | adding and deleting pods (look-up, rules, record, ZDS events, annotation) |
+//! | `source` | who the pod of an add is: the registry file or the Kubernetes API, and the checks before it may join |
+//! | `kube` | the watches of this node's Pods and of Namespaces, direct reads, the redirection annotation |
+//! | `enablement` | whether a pod belongs in the ambient mesh (exclusions, enablement selectors) |
 //! | `rules` | the iptables and policy-routing text, and applying it in a netns |
 //! | `netns` | entering a netns and running tools there |
 //! | `pods` | the pod set and `pods.json` |
@@ -27,12 +30,17 @@ use ztunnel_mesh::{FileRegistry, RegistryError};
 
 use crate::event::DEFAULT_SOCKET;
 
+use enablement::EnablementSettings;
+use kube::PodWatch;
 use mesh::Mesh;
 use pods::{PodSet, PodStore, PodStoreError};
 use rules::RuleSettings;
+use source::{FileSource, KubeSource, PodSource};
 use zds::socket::SeqPacketListener;
 
+pub mod enablement;
 pub mod install;
+pub mod kube;
 pub mod mesh;
 pub mod netns;
 pub mod pods;
@@ -40,6 +48,7 @@ pub mod procfs;
 pub mod rules;
 pub mod server;
 mod socket_file;
+pub mod source;
 pub mod zds;
 
 /// Default ZDS socket (WIRE.md §5).
@@ -65,11 +74,10 @@ pub struct AgentConfig {
     pub zds_socket: PathBuf,
     /// Holds `pods.json`, so a restarted agent can re-snapshot.
     pub state_dir: PathBuf,
-    /// The pod registry YAML file (the CA's format): uid and service
-    /// account of each pod, re-read when an add names a pod it does not
-    /// know (or knows with another uid).
-    pub pods: PathBuf,
-    /// This node; pods the registry places on another node are refused.
+    /// Where the uid and service account of an added pod come from.
+    pub pods: PodSourceConfig,
+    /// This node; pods placed on another node are refused. Required with
+    /// the Kubernetes source, whose watch holds only this node's pods.
     pub node_name: Option<String>,
     /// How the in-pod rules are written.
     pub rules: RuleSettings,
@@ -79,18 +87,89 @@ impl AgentConfig {
     /// A configuration with the default paths and rule settings, reading
     /// the registry at `pods`.
     pub fn with_registry(pods: PathBuf) -> AgentConfig {
+        AgentConfig::with_source(PodSourceConfig::File(pods), None)
+    }
+
+    /// A configuration with the default paths, rule settings and
+    /// enablement, taking pods of `node_name` from the Kubernetes API.
+    pub fn with_kubernetes(credentials: KubeCredentials, node_name: String) -> AgentConfig {
+        let source = PodSourceConfig::Kubernetes {
+            credentials,
+            enablement: EnablementSettings::default(),
+        };
+        AgentConfig::with_source(source, Some(node_name))
+    }
+
+    fn with_source(pods: PodSourceConfig, node_name: Option<String>) -> AgentConfig {
         AgentConfig {
             plugin_socket: PathBuf::from(DEFAULT_SOCKET),
             zds_socket: PathBuf::from(DEFAULT_ZDS_SOCKET),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             pods,
-            node_name: None,
+            node_name,
             rules: RuleSettings {
                 probe_snat_ipv4: DEFAULT_PROBE_SNAT_IPV4,
                 probe_snat_ipv6: DEFAULT_PROBE_SNAT_IPV6,
                 dns_capture: false,
                 virtual_interfaces: Vec::new(),
             },
+        }
+    }
+}
+
+/// Where the agent learns who a pod is.
+#[derive(Debug, Clone)]
+pub enum PodSourceConfig {
+    /// The pod registry YAML file (the CA's format): uid, service account
+    /// and node of each pod, re-read when an add names a pod it does not
+    /// know (or knows with another uid).
+    File(PathBuf),
+    /// The Kubernetes API: this node's Pods and all Namespaces, watched.
+    Kubernetes {
+        /// How to reach the API server.
+        credentials: KubeCredentials,
+        /// Which pods belong in the mesh.
+        enablement: EnablementSettings,
+    },
+}
+
+/// How the agent authenticates to the API server.
+#[derive(Debug, Clone)]
+pub enum KubeCredentials {
+    /// A kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// The service account of the pod the agent runs in.
+    InCluster,
+}
+
+impl KubeCredentials {
+    /// A client with these credentials.
+    async fn client(&self) -> Result<::kube::Client, AgentError> {
+        let failed = |reason: String| AgentError::KubeClient {
+            credentials: self.to_string(),
+            reason,
+        };
+        let config = match self {
+            KubeCredentials::Kubeconfig(path) => {
+                let file = ::kube::config::Kubeconfig::read_from(path)
+                    .map_err(|error| failed(error.to_string()))?;
+                ::kube::Config::from_custom_kubeconfig(file, &Default::default())
+                    .await
+                    .map_err(|error| failed(error.to_string()))?
+            }
+            KubeCredentials::InCluster => {
+                ::kube::Config::incluster().map_err(|error| failed(error.to_string()))?
+            }
+        };
+        ::kube::Client::try_from(config).map_err(|error| failed(error.to_string()))
+    }
+}
+
+impl std::fmt::Display for KubeCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KubeCredentials::Kubeconfig(path) => write!(f, "kubeconfig {}", path.display()),
+            KubeCredentials::InCluster => f.write_str("the in-cluster service account"),
         }
     }
 }
@@ -102,7 +181,28 @@ pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let registry = FileRegistry::load(&config.pods)?;
+    let (stop, stopped) = watch::channel(false);
+    let source = match &config.pods {
+        PodSourceConfig::File(path) => PodSource::File(FileSource {
+            registry: Arc::new(FileRegistry::load(path)?),
+            node_name: config.node_name.clone(),
+        }),
+        PodSourceConfig::Kubernetes {
+            credentials,
+            enablement,
+        } => {
+            let node_name = config
+                .node_name
+                .clone()
+                .ok_or(AgentError::NodeNameRequired)?;
+            let client = credentials.client().await?;
+            PodSource::Kubernetes(KubeSource {
+                watch: PodWatch::start(client, &node_name, stopped.clone()),
+                node_name,
+                enablement: enablement.clone(),
+            })
+        }
+    };
     let store = PodStore::open(&config.state_dir)?;
     let pods = match store.load() {
         Ok(pods) => pods,
@@ -113,13 +213,7 @@ pub async fn run(
         }
         Err(error) => return Err(error.into()),
     };
-    let mesh = Arc::new(Mesh::new(
-        registry,
-        config.node_name.clone(),
-        config.rules.clone(),
-        store,
-        pods,
-    )?);
+    let mesh = Arc::new(Mesh::new(source, config.rules.clone(), store, pods)?);
 
     let bind_error = |path: &PathBuf| {
         let path = path.clone();
@@ -135,7 +229,6 @@ pub async fn run(
         "node agent listening"
     );
 
-    let (stop, stopped) = watch::channel(false);
     let plugin_server = tokio::spawn(server::serve(
         plugin_listener,
         Arc::clone(&mesh),
@@ -169,6 +262,17 @@ pub enum AgentError {
     /// The stored pod set could not be reconciled.
     #[error(transparent)]
     Mesh(#[from] mesh::MeshError),
+    /// The Kubernetes source needs this node's name.
+    #[error("the Kubernetes pod source needs the node name")]
+    NodeNameRequired,
+    /// No Kubernetes client could be made.
+    #[error("no Kubernetes client from {credentials}: {reason}")]
+    KubeClient {
+        /// Which credentials (kubeconfig path or in-cluster).
+        credentials: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A socket could not be bound.
     #[error("cannot listen on {path}: {source}")]
     Bind {

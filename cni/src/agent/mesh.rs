@@ -1,38 +1,44 @@
 //! The pods in the mesh, and the two things that change them: a pod added
-//! by the CNI plugin (look it up in the registry, install its rules, record
-//! it, tell the newest ztunnel) and a pod deleted (remove its rules, forget
-//! it, tell every ztunnel).
+//! by the CNI plugin (look it up in the pod source, install its rules,
+//! record it, tell the newest ztunnel, annotate it) and a pod deleted
+//! (remove its rules, forget it, tell every ztunnel, remove the
+//! annotation).
 //!
 //! Adds and deletes run one at a time (`operations`); the pod set and the
 //! ztunnel connections share one lock (`state`) so that a connection's
 //! snapshot and the events queued after it agree. A change builds the new
 //! pod set, saves it with no lock but `operations` held, then swaps it in
-//! under `state`. Rules are `rules.rs`'s, persistence `pods.rs`'s, the ZDS
-//! exchange `zds.rs`'s.
+//! under `state`. Finding the pod is `source.rs`'s, rules are `rules.rs`'s,
+//! persistence `pods.rs`'s, the ZDS exchange `zds.rs`'s.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use ztunnel_mesh::{FileRegistry, Pod, PodRegistry};
 
 use crate::event::{CmdAdd, CmdDel};
 
+use super::kube::Redirection;
 use super::netns::NetnsError;
 use super::pods::{PodRecord, PodSet, PodStore, PodStoreError};
 use super::rules::{self, RuleSettings};
+use super::source::{PodSource, ResolveError};
 use super::zds::wire::Request;
 use super::zds::{Connections, ZdsError, ZdsEvent};
 
+/// How long a DEL waits for the removal of the pod's annotation before it
+/// answers (the removal goes on after): DEL has no deadline of its own,
+/// and a slow API server must not hold it.
+const UNANNOTATE_WITHIN: Duration = Duration::from_secs(3);
+
 /// The agent's pods and ztunnel connections.
 pub struct Mesh {
-    /// Pod facts (uid, service account, node); shared with the blocking
-    /// thread that reloads it.
-    registry: Arc<FileRegistry>,
-    /// This node; pods the registry places elsewhere are refused.
-    node_name: Option<String>,
+    /// Who the pods are (uid, service account, node), and where their
+    /// redirection is published.
+    source: PodSource,
     /// How rules are written.
     rules: RuleSettings,
     /// Where the pod set is kept.
@@ -56,8 +62,7 @@ impl Mesh {
     /// longer exists (their DEL may have been missed while the agent was
     /// down).
     pub fn new(
-        registry: FileRegistry,
-        node_name: Option<String>,
+        source: PodSource,
         rules: RuleSettings,
         store: PodStore,
         mut pods: PodSet,
@@ -70,8 +75,7 @@ impl Mesh {
             store.save(&pods)?;
         }
         Ok(Mesh {
-            registry: Arc::new(registry),
-            node_name,
+            source,
             rules,
             store,
             operations: tokio::sync::Mutex::new(()),
@@ -111,57 +115,81 @@ impl Mesh {
     /// snapshot; its rules already send its traffic to ports nobody
     /// listens on, so it fails closed meanwhile.
     ///
-    /// `deadline` bounds the wait for ztunnel's answer, so the plugin hears
-    /// the outcome before its own timeout; the rest runs to its end.
+    /// With the Kubernetes source the Pod is then annotated `enabled` once
+    /// ztunnel acked it, `pending` when ztunnel was not told; rules that
+    /// failed leave no annotation.
+    ///
+    /// `deadline` bounds the wait for ztunnel's answer and for the
+    /// annotation, so the plugin hears the outcome before its own timeout;
+    /// the rest runs to its end.
     pub async fn add(&self, event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
-        let record = self.resolve(&event).await?;
+        let record = self.source.resolve(&event).await?;
         let label = format!("{}/{}", record.namespace, record.name);
-        let answer = {
-            let _operation = self.operations.lock().await;
-            let (netns, ips, settings) =
-                (record.netns.clone(), record.ips.clone(), self.rules.clone());
-            install_blocking(netns, ips, settings).await?;
-            let mut pods = self.state().pods.clone();
-            let replaced = pods.insert(record.clone());
-            let pods = self.persist(pods).await?;
-            let mut state = self.state();
-            state.pods = pods;
-            if let Some(old) = replaced.filter(|old| old.uid != record.uid) {
-                state
-                    .connections
-                    .send_to_all(&Request::Del { uid: old.uid });
-            }
-            let (reply, answer) = oneshot::channel();
-            let event = ZdsEvent {
-                request: Request::add(&record),
-                reply: Some(reply),
-            };
-            state.connections.send_to_newest(event).then_some(answer)
-        };
+        let answer = self.install_and_queue(&record).await?;
         tracing::info!(pod = %label, uid = %record.uid, "pod added to the mesh");
-        let Some(answer) = answer else {
-            tracing::info!(pod = %label, "no ztunnel connected; the pod is in the next snapshot");
-            return Ok(());
+        let told = match answer {
+            Some(answer) => ZtunnelOutcome::of(tokio::time::timeout_at(deadline, answer).await),
+            None => ZtunnelOutcome::NoZtunnel,
         };
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(ZdsError::ConnectionLost(error))))
-            | Ok(Ok(Err(ZdsError::NetnsGone(error)))) => {
-                tracing::warn!(pod = %label, %error, "ztunnel did not get the pod; it is in the next snapshot");
-                Ok(())
+        match &told {
+            ZtunnelOutcome::Acked => {}
+            ZtunnelOutcome::NoZtunnel => {
+                tracing::info!(pod = %label, "no ztunnel connected; the pod is in the next snapshot");
             }
-            Ok(Ok(Err(error))) => Err(MeshError::Ztunnel(error)),
-            // The connection task ended without answering: as above.
-            Ok(Err(_)) => Ok(()),
-            Err(_) => Err(MeshError::AckTimeout),
+            ZtunnelOutcome::Lost(error) => {
+                tracing::warn!(pod = %label, %error, "ztunnel did not get the pod; it is in the next snapshot");
+            }
+            ZtunnelOutcome::Refused(error) => {
+                tracing::warn!(pod = %label, %error, "ztunnel refused the pod");
+            }
+            ZtunnelOutcome::TimedOut => {
+                tracing::warn!(pod = %label, "ztunnel did not ack the pod in time");
+            }
         }
+        self.source
+            .annotate(
+                &record.namespace,
+                &record.name,
+                told.redirection(),
+                deadline,
+            )
+            .await;
+        told.into_result()
+    }
+
+    /// Installs the pod's rules, records it and queues its `add` for the
+    /// newest ztunnel; returns where ztunnel's answer will come, or `None`
+    /// when no ztunnel is connected.
+    async fn install_and_queue(
+        &self,
+        record: &PodRecord,
+    ) -> Result<Option<oneshot::Receiver<Result<(), ZdsError>>>, MeshError> {
+        let _operation = self.operations.lock().await;
+        let (netns, ips, settings) = (record.netns.clone(), record.ips.clone(), self.rules.clone());
+        install_blocking(netns, ips, settings).await?;
+        let mut pods = self.state().pods.clone();
+        let replaced = pods.insert(record.clone());
+        let pods = self.persist(pods).await?;
+        let mut state = self.state();
+        state.pods = pods;
+        if let Some(old) = replaced.filter(|old| old.uid != record.uid) {
+            state
+                .connections
+                .send_to_all(&Request::Del { uid: old.uid });
+        }
+        let (reply, answer) = oneshot::channel();
+        let event = ZdsEvent {
+            request: Request::add(record),
+            reply: Some(reply),
+        };
+        Ok(state.connections.send_to_newest(event).then_some(answer))
     }
 
     /// Takes a pod out of the mesh: its rules (when its netns still
     /// exists), its record (when the uid matches), and ztunnel's proxy.
     /// Unknown pods are fine: DEL is repeated by runtimes.
     pub async fn del(&self, event: CmdDel) -> Result<(), MeshError> {
-        let _operation = self.operations.lock().await;
+        let operation = self.operations.lock().await;
         if !event.netns.is_empty() && Path::new(&event.netns).exists() {
             let netns = PathBuf::from(&event.netns);
             tokio::task::spawn_blocking(move || rules::remove(&netns))
@@ -171,8 +199,10 @@ impl Mesh {
         let removed = self
             .forget(&event.pod_namespace, &event.pod_name, &event.pod_uid)
             .await?;
+        drop(operation);
         if let Some(pod) = removed {
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "pod removed from the mesh");
+            self.unannotate(&pod).await;
         }
         Ok(())
     }
@@ -186,11 +216,22 @@ impl Mesh {
         name: &str,
         uid: &str,
     ) -> Result<(), MeshError> {
-        let _operation = self.operations.lock().await;
-        if let Some(pod) = self.forget(namespace, name, uid).await? {
+        let operation = self.operations.lock().await;
+        let removed = self.forget(namespace, name, uid).await?;
+        drop(operation);
+        if let Some(pod) = removed {
             tracing::info!(pod = %format!("{namespace}/{name}"), uid, netns = %pod.netns.display(), "pod removed from the mesh: netns is gone");
+            self.unannotate(&pod).await;
         }
         Ok(())
+    }
+
+    /// Removes the redirection annotation of a pod taken out of the mesh.
+    async fn unannotate(&self, pod: &PodRecord) {
+        let deadline = Instant::now() + UNANNOTATE_WITHIN;
+        self.source
+            .annotate(&pod.namespace, &pod.name, Redirection::Removed, deadline)
+            .await;
     }
 
     /// Removes a recorded pod (see [`PodSet::remove`]), saves the set and
@@ -224,58 +265,61 @@ impl Mesh {
             .map_err(|_| MeshError::TaskFailed)?
             .map_err(MeshError::Store)
     }
+}
 
-    /// The record of a pod to add: checks the event and looks the pod up.
-    /// The registry file is re-read (on a blocking thread) only when it
-    /// does not know the pod or knows it with another uid.
-    async fn resolve(&self, event: &CmdAdd) -> Result<PodRecord, MeshError> {
-        if event.netns.is_empty() || event.pod_name.is_empty() || event.pod_namespace.is_empty() {
-            return Err(MeshError::Incomplete);
-        }
-        let current = |pod: &Pod| event.pod_uid.is_empty() || event.pod_uid == pod.uid;
-        let mut snapshot = self.registry.snapshot();
-        if !snapshot
-            .pod(&event.pod_namespace, &event.pod_name)
-            .is_some_and(current)
-        {
-            let registry = Arc::clone(&self.registry);
-            match tokio::task::spawn_blocking(move || registry.reload()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "pod registry not reloaded; using the last good one");
-                }
-                Err(_) => return Err(MeshError::TaskFailed),
+/// What became of a pod's `add` toward ztunnel.
+#[derive(Debug)]
+enum ZtunnelOutcome {
+    /// ztunnel acked it.
+    Acked,
+    /// No ztunnel was connected; the pod is in the next snapshot.
+    NoZtunnel,
+    /// The connection or the netns went away before the ack; the pod is in
+    /// the next snapshot.
+    Lost(String),
+    /// ztunnel refused it.
+    Refused(ZdsError),
+    /// ztunnel did not answer before the plugin's deadline.
+    TimedOut,
+}
+
+impl ZtunnelOutcome {
+    /// Classifies the wait for ztunnel's answer.
+    fn of(
+        answer: Result<
+            Result<Result<(), ZdsError>, oneshot::error::RecvError>,
+            tokio::time::error::Elapsed,
+        >,
+    ) -> ZtunnelOutcome {
+        match answer {
+            Ok(Ok(Ok(()))) => ZtunnelOutcome::Acked,
+            Ok(Ok(Err(ZdsError::ConnectionLost(error) | ZdsError::NetnsGone(error)))) => {
+                ZtunnelOutcome::Lost(error)
             }
-            snapshot = self.registry.snapshot();
+            Ok(Ok(Err(error))) => ZtunnelOutcome::Refused(error),
+            Ok(Err(_)) => ZtunnelOutcome::Lost("the connection ended without answering".to_owned()),
+            Err(_) => ZtunnelOutcome::TimedOut,
         }
-        let pod = snapshot
-            .pod(&event.pod_namespace, &event.pod_name)
-            .ok_or_else(|| {
-                MeshError::NotInRegistry(format!("{}/{}", event.pod_namespace, event.pod_name))
-            })?;
-        if !current(pod) {
-            return Err(MeshError::UidMismatch {
-                pod: format!("{}/{}", pod.namespace, pod.name),
-                runtime: event.pod_uid.clone(),
-                registry: pod.uid.clone(),
-            });
+    }
+
+    /// The annotation that says it: `enabled` only once ztunnel has the
+    /// pod, `pending` while its rules wait for ztunnel.
+    fn redirection(&self) -> Redirection {
+        match self {
+            ZtunnelOutcome::Acked => Redirection::Enabled,
+            _ => Redirection::Pending,
         }
-        if let (Some(ours), Some(theirs)) = (&self.node_name, &pod.node_name)
-            && ours != theirs
-        {
-            return Err(MeshError::WrongNode {
-                pod: format!("{}/{}", pod.namespace, pod.name),
-                node: theirs.clone(),
-            });
+    }
+
+    /// What the plugin hears: success once the rules are in place and the
+    /// pod is ztunnel's or queued for it; an error when ztunnel refused it
+    /// or did not answer in time.
+    fn into_result(self) -> Result<(), MeshError> {
+        match self {
+            ZtunnelOutcome::Acked | ZtunnelOutcome::NoZtunnel | ZtunnelOutcome::Lost(_) => Ok(()),
+            ZtunnelOutcome::Refused(error) => Err(MeshError::Ztunnel(error)),
+            ZtunnelOutcome::TimedOut => Err(MeshError::AckTimeout),
         }
-        Ok(PodRecord {
-            uid: pod.uid.clone(),
-            name: pod.name.clone(),
-            namespace: pod.namespace.clone(),
-            service_account: pod.service_account.clone(),
-            netns: PathBuf::from(&event.netns),
-            ips: event.ips.iter().map(|ip| ip.address.ip).collect(),
-        })
     }
 }
 
@@ -296,30 +340,9 @@ async fn install_blocking(
 /// plugin-event socket, with this text as the body.
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
-    /// The event lacks the netns, name or namespace.
-    #[error("the event needs Netns, PodName and PodNamespace")]
-    Incomplete,
-    /// The registry does not know the pod.
-    #[error("pod {0} is not in the pod registry")]
-    NotInRegistry(String),
-    /// The runtime's pod UID is not the registry's.
-    #[error("pod {pod}: the runtime says uid {runtime}, the registry says {registry}")]
-    UidMismatch {
-        /// namespace/name.
-        pod: String,
-        /// From `K8S_POD_UID`.
-        runtime: String,
-        /// From the registry.
-        registry: String,
-    },
-    /// The registry places the pod on another node.
-    #[error("pod {pod} is on node {node}, not this one")]
-    WrongNode {
-        /// namespace/name.
-        pod: String,
-        /// The registry's node.
-        node: String,
-    },
+    /// The pod could not be found, or may not join the mesh here.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     /// Installing or removing rules failed.
     #[error(transparent)]
     Rules(#[from] NetnsError),
@@ -333,8 +356,34 @@ pub enum MeshError {
     /// recorded and stays queued for ztunnel.
     #[error("ztunnel did not ack the pod before the plugin's deadline")]
     AckTimeout,
-    /// A task of the operation (rules, saving, the registry reload, or
-    /// the operation itself) died.
+    /// A task of the operation (rules, saving, or the operation itself)
+    /// died.
     #[error("an agent task failed")]
     TaskFailed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_ack_enables_and_only_a_refusal_or_timeout_fails_the_add() {
+        let ok = Ok(Ok(Ok(())));
+        let lost = Ok(Ok(Err(ZdsError::ConnectionLost("reset".to_owned()))));
+        let netns_gone = Ok(Ok(Err(ZdsError::NetnsGone("ENOENT".to_owned()))));
+        let refused = Ok(Ok(Err(ZdsError::Nack("unknown netns".to_owned()))));
+        #[rustfmt::skip]
+        let cases = [
+            ("acked", ZtunnelOutcome::of(ok), Redirection::Enabled, true),
+            ("no ztunnel connected", ZtunnelOutcome::NoZtunnel, Redirection::Pending, true),
+            ("connection lost", ZtunnelOutcome::of(lost), Redirection::Pending, true),
+            ("netns gone", ZtunnelOutcome::of(netns_gone), Redirection::Pending, true),
+            ("refused", ZtunnelOutcome::of(refused), Redirection::Pending, false),
+            ("not acked in time", ZtunnelOutcome::TimedOut, Redirection::Pending, false),
+        ];
+        for (reason, outcome, redirection, succeeds) in cases {
+            assert_eq!(outcome.redirection(), redirection, "{reason}");
+            assert_eq!(outcome.into_result().is_ok(), succeeds, "{reason}");
+        }
+    }
 }

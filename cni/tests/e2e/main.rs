@@ -9,18 +9,19 @@
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::oneshot;
-use ztunnel_cni::agent::{self, AgentConfig, AgentError};
+use ztunnel_cni::agent::{self, AgentConfig};
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni::{self, CniNetwork, PodSandbox};
 use ztunnel_test_support::netns::NetNs;
 
+use running_agent::Agent;
 use ztunnel::FakeZtunnel;
 
+#[path = "../support/running_agent.rs"]
+mod running_agent;
 mod ztunnel;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_ztunnel-cni");
@@ -41,66 +42,6 @@ const PODS: &str = "
 - {name: db-0, namespace: other, uid: uid-db-0, serviceAccount: db, nodeName: node-a}
 - {name: dns-0, namespace: kube-system, uid: uid-dns-0, serviceAccount: dns, nodeName: node-a}
 ";
-
-/// The agent, in-process on a runtime thread of its own.
-struct Agent {
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<Result<(), AgentError>>>,
-}
-
-impl Agent {
-    fn start(config: AgentConfig) -> Agent {
-        let socket = config.plugin_socket.clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(agent::run(config, async {
-                let _ = stopped.await;
-            }))
-        });
-        let mut agent = Agent {
-            stop: Some(stop),
-            thread: Some(thread),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !socket.exists() {
-            if agent.thread.as_ref().is_some_and(JoinHandle::is_finished) {
-                let result = agent.thread.take().unwrap().join().unwrap();
-                panic!("agent stopped at start: {result:?}");
-            }
-            assert!(Instant::now() < deadline, "agent did not listen within 5 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        agent
-    }
-
-    fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap().unwrap();
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.shutdown();
-        } else if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
 
 /// A node namespace, a temp dir for sockets, state and registry.
 struct Node {
