@@ -8,6 +8,7 @@
 //! | Module | Owns |
 //! |---|---|
 //! | `server` | the plugin-event HTTP socket |
+//! | `health` | the readiness and liveness endpoint for the kubelet |
 //! | `mesh` | adding and deleting pods (look-up, rules, record, ZDS events, annotation) |
 //! | `source` | who the pod of an add is: the registry file or the Kubernetes API, and the checks before it may join |
 //! | `kube` | the watches of this node's Pods and of Namespaces, direct reads, the redirection annotation |
@@ -20,17 +21,21 @@
 //! | `install` | the plugin binary and its chained entry in the node's CNI configuration (copy, choose, insert, watch, uninstall) |
 //! | `procfs` | finding a running pod's netns from the host through procfs (cgroup pod UID, verified by the pod's IP) |
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use ztunnel_mesh::{FileRegistry, RegistryError};
 
 use crate::event::DEFAULT_SOCKET;
 
 use enablement::EnablementSettings;
+use health::Readiness;
+use install::{InstallConfig, InstallError, Installer};
 use kube::PodWatch;
 use mesh::Mesh;
 use pods::{PodSet, PodStore, PodStoreError};
@@ -39,6 +44,7 @@ use source::{FileSource, KubeSource, PodSource};
 use zds::socket::SeqPacketListener;
 
 pub mod enablement;
+pub mod health;
 pub mod install;
 pub mod kube;
 pub mod mesh;
@@ -81,6 +87,21 @@ pub struct AgentConfig {
     pub node_name: Option<String>,
     /// How the in-pod rules are written.
     pub rules: RuleSettings,
+    /// Install the plugin binary and its chained entry on start, keep them
+    /// in place while running, and take them out on exit; `None` leaves
+    /// the node's CNI configuration alone. The entry's `agent_socket` is
+    /// always set to `plugin_socket`, so the installed plugin reaches this
+    /// agent.
+    pub install: Option<InstallConfig>,
+    /// Leave the plugin and its entry installed on exit, because an
+    /// upgrade or a reboot is in progress: pods created until the next
+    /// agent answers then fail closed rather than start outside the mesh.
+    /// Stands in for istio-cni's check of its own DaemonSet (KUBERNETES.md
+    /// B6).
+    pub keep_cni_on_exit: bool,
+    /// Where the kubelet's readiness and liveness probes are answered
+    /// (`health`); `None` serves no probes.
+    pub readiness_listen: Option<SocketAddr>,
 }
 
 impl AgentConfig {
@@ -113,6 +134,9 @@ impl AgentConfig {
                 dns_capture: false,
                 virtual_interfaces: Vec::new(),
             },
+            install: None,
+            keep_cni_on_exit: false,
+            readiness_listen: None,
         }
     }
 }
@@ -177,42 +201,49 @@ impl std::fmt::Display for KubeCredentials {
 /// Runs the agent until `shutdown` resolves; both sockets are removed on
 /// the way out unless a newer agent has bound them since. Returns once
 /// both servers have stopped and every started add or delete has finished.
+///
+/// With [`AgentConfig::install`], the plugin is installed once both sockets
+/// are bound (so an installed plugin finds the agent listening), kept in
+/// place until `shutdown`, then uninstalled unless
+/// [`AgentConfig::keep_cni_on_exit`]. A failed install is logged and
+/// retried by the watcher; the agent serves meanwhile, not ready.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let (stop, stopped) = watch::channel(false);
-    let source = match &config.pods {
-        PodSourceConfig::File(path) => PodSource::File(FileSource {
-            registry: Arc::new(FileRegistry::load(path)?),
-            node_name: config.node_name.clone(),
-        }),
-        PodSourceConfig::Kubernetes {
-            credentials,
-            enablement,
-        } => {
-            let node_name = config
-                .node_name
-                .clone()
-                .ok_or(AgentError::NodeNameRequired)?;
-            let client = credentials.client().await?;
-            PodSource::Kubernetes(KubeSource {
-                watch: PodWatch::start(client, &node_name, stopped.clone()),
-                node_name,
-                enablement: enablement.clone(),
-            })
+    let installers = match &config.install {
+        Some(install) => {
+            let mut install = install.clone();
+            install.entry.agent_socket.clone_from(&config.plugin_socket);
+            Some((Installer::new(install.clone())?, Installer::new(install)?))
         }
+        None => None,
+    };
+    let readiness = Arc::new(Readiness::new(
+        installers.as_ref().map(|(installer, _)| installer.state()),
+    ));
+    let health_server = match config.readiness_listen {
+        Some(address) => {
+            let listener = TcpListener::bind(address)
+                .await
+                .map_err(|source| AgentError::Listen { address, source })?;
+            tracing::info!(%address, "health probes listening");
+            Some(tokio::spawn(health::serve(
+                listener,
+                Arc::clone(&readiness),
+                stopped.clone(),
+            )))
+        }
+        None => None,
+    };
+    let source = pod_source(&config, &stopped).await?;
+    let pod_watch = match &source {
+        PodSource::Kubernetes(source) => Some(Arc::clone(&source.watch)),
+        PodSource::File(_) => None,
     };
     let store = PodStore::open(&config.state_dir)?;
-    let pods = match store.load() {
-        Ok(pods) => pods,
-        Err(PodStoreError::Parse { .. } | PodStoreError::TooLarge(_)) => {
-            let aside = store.quarantine()?;
-            tracing::error!(aside = %aside.display(), "pod set unreadable; moved aside, starting empty");
-            PodSet::default()
-        }
-        Err(error) => return Err(error.into()),
-    };
+    let pods = load_pods(&store)?;
     let mesh = Arc::new(Mesh::new(source, config.rules.clone(), store, pods)?);
 
     let bind_error = |path: &PathBuf| {
@@ -234,13 +265,98 @@ pub async fn run(
         Arc::clone(&mesh),
         stopped.clone(),
     ));
-    let zds_server = tokio::spawn(zds::serve(zds_listener, mesh, stopped));
+    let zds_server = tokio::spawn(zds::serve(zds_listener, mesh, stopped.clone()));
+    readiness.serving(pod_watch);
+    let installation = installers
+        .map(|(installer, uninstaller)| (start_installation(installer, stopped), uninstaller));
     shutdown.await;
     tracing::info!("node agent shutting down");
     let _ = stop.send(true);
+    if let Some((watcher, uninstaller)) = installation {
+        finish_installation(watcher, uninstaller, config.keep_cni_on_exit).await;
+    }
     let _ = plugin_server.await;
     let _ = zds_server.await;
+    if let Some(health_server) = health_server {
+        let _ = health_server.await;
+    }
     Ok(())
+}
+
+/// The pod source `config` names; the Kubernetes watch stops with
+/// `shutdown`.
+async fn pod_source(
+    config: &AgentConfig,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<PodSource, AgentError> {
+    Ok(match &config.pods {
+        PodSourceConfig::File(path) => PodSource::File(FileSource {
+            registry: Arc::new(FileRegistry::load(path)?),
+            node_name: config.node_name.clone(),
+        }),
+        PodSourceConfig::Kubernetes {
+            credentials,
+            enablement,
+        } => {
+            let node_name = config
+                .node_name
+                .clone()
+                .ok_or(AgentError::NodeNameRequired)?;
+            let client = credentials.client().await?;
+            PodSource::Kubernetes(KubeSource {
+                watch: PodWatch::start(client, &node_name, shutdown.clone()),
+                node_name,
+                enablement: enablement.clone(),
+            })
+        }
+    })
+}
+
+/// The stored pod set; an unreadable one is moved aside and the agent
+/// starts empty.
+fn load_pods(store: &PodStore) -> Result<PodSet, AgentError> {
+    match store.load() {
+        Ok(pods) => Ok(pods),
+        Err(PodStoreError::Parse { .. } | PodStoreError::TooLarge(_)) => {
+            let aside = store.quarantine()?;
+            tracing::error!(aside = %aside.display(), "pod set unreadable; moved aside, starting empty");
+            Ok(PodSet::default())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Installs the plugin, then keeps it in place until `shutdown` on a task
+/// of its own. A failed install only leaves the agent not ready: the
+/// watcher checks again at start, on every change, and after a pause.
+/// The install's few small file writes run on the async thread, as the
+/// watcher's do.
+fn start_installation(
+    installer: Installer,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<Result<(), InstallError>> {
+    if let Err(error) = installer.install() {
+        tracing::error!(%error, "installing the CNI plugin; the watcher retries");
+    }
+    tokio::spawn(installer.watch(async move { stopped(&mut shutdown).await }))
+}
+
+/// Waits for the stopped watcher, then uninstalls (or, `upgrading`,
+/// leaves the installation in place). The watcher must have stopped
+/// first, or it would put back what uninstalling takes out.
+async fn finish_installation(
+    watcher: JoinHandle<Result<(), InstallError>>,
+    uninstaller: Installer,
+    upgrading: bool,
+) {
+    match watcher.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%error, "the CNI installation watch failed"),
+        Err(error) => tracing::error!(%error, "the CNI installation watch panicked"),
+    }
+    if let Err(error) = uninstaller.uninstall(upgrading) {
+        tracing::error!(%error, "uninstalling the CNI plugin");
+    }
 }
 
 /// Resolves once the stop flag is raised or its sender is gone: the one
@@ -272,6 +388,17 @@ pub enum AgentError {
         credentials: String,
         /// What went wrong.
         reason: String,
+    },
+    /// The installation settings are invalid.
+    #[error(transparent)]
+    Install(#[from] InstallError),
+    /// The health endpoint could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        /// The address.
+        address: SocketAddr,
+        /// The bind error.
+        source: std::io::Error,
     },
     /// A socket could not be bound.
     #[error("cannot listen on {path}: {source}")]

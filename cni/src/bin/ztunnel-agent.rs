@@ -1,7 +1,7 @@
 //! `ztunnel-agent`: the node agent. Parses flags, sets up logging, and runs
 //! [`ztunnel_cni::agent::run`] until SIGTERM or SIGINT.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -9,6 +9,8 @@ use clap::Parser;
 use ztunnel_cni::agent::enablement::{
     DEFAULT_SYSTEM_NAMESPACE, EnablementSelector, EnablementSettings,
 };
+use ztunnel_cni::agent::health;
+use ztunnel_cni::agent::install::{self, InstallConfig};
 use ztunnel_cni::agent::rules::RuleSettings;
 use ztunnel_cni::agent::{self, AgentConfig, KubeCredentials, PodSourceConfig};
 use ztunnel_cni::event;
@@ -75,6 +77,40 @@ struct Cli {
     /// traffic (e.g. a VM's tap device). Repeatable.
     #[arg(long = "virtual-interface")]
     virtual_interfaces: Vec<String>,
+    /// Install the `ztunnel-cni` binary and its chained entry on this node,
+    /// keep them in place while running, and take them out on exit. Off,
+    /// the node's CNI configuration is left alone.
+    #[arg(long, default_value_t = false)]
+    install_cni: bool,
+    /// The host's CNI bin directory, where the plugin binary is copied.
+    #[arg(long, default_value = install::DEFAULT_BIN_DIR)]
+    cni_bin_dir: PathBuf,
+    /// The host's CNI configuration directory, whose chosen file gets our
+    /// entry.
+    #[arg(long, default_value = install::DEFAULT_CONF_DIR)]
+    cni_conf_dir: PathBuf,
+    /// The configuration file to chain into; without it, the file the
+    /// runtime would pick (the first valid one by name).
+    #[arg(long, env = "CNI_CONF_NAME")]
+    cni_conf_name: Option<String>,
+    /// The `ztunnel-cni` binary to install; `ztunnel-cni` next to this
+    /// executable when absent.
+    #[arg(long)]
+    plugin_binary: Option<PathBuf>,
+    /// Namespaces whose pods the installed plugin reports to the agent,
+    /// comma-separated; `*` means all (the agent then decides).
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    ambient_namespaces: Vec<String>,
+    /// Leave the installed plugin and its entry in place on exit: an
+    /// upgrade or a reboot is in progress, and pods created until the next
+    /// agent answers should fail rather than start outside the mesh. A
+    /// stand-in for istio-cni's check of its own DaemonSet.
+    #[arg(long, default_value_t = false)]
+    keep_cni_on_exit: bool,
+    /// Where the kubelet's probes are answered: `GET /readyz` and
+    /// `GET /healthz` (HTTP/1.1).
+    #[arg(long, default_value = health::DEFAULT_LISTEN)]
+    readiness_listen: SocketAddr,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or
     /// `ztunnel_cni=debug`.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
@@ -89,6 +125,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let pods = pod_source(&cli)?;
+    let install = install_config(&cli)?;
     let config = AgentConfig {
         plugin_socket: cli.plugin_socket,
         zds_socket: cli.zds_socket,
@@ -101,6 +138,9 @@ fn main() -> anyhow::Result<()> {
             dns_capture: cli.dns_capture,
             virtual_interfaces: cli.virtual_interfaces,
         },
+        install,
+        keep_cni_on_exit: cli.keep_cni_on_exit,
+        readiness_listen: Some(cli.readiness_listen),
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -125,19 +165,43 @@ fn pod_source(cli: &Cli) -> anyhow::Result<PodSourceConfig> {
     };
     let enablement = EnablementSettings {
         selectors,
-        excluded_namespaces: cli
-            .exclude_namespaces
-            .iter()
-            .map(|namespace| namespace.trim())
-            .filter(|namespace| !namespace.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        excluded_namespaces: trimmed(&cli.exclude_namespaces).into_iter().collect(),
         system_namespace: cli.system_namespace.clone(),
     };
     Ok(PodSourceConfig::Kubernetes {
         credentials,
         enablement,
     })
+}
+
+/// What `--install-cni` installs, or `None` without it. The entry's
+/// `agent_socket` is set by the agent to its plugin socket.
+fn install_config(cli: &Cli) -> anyhow::Result<Option<InstallConfig>> {
+    if !cli.install_cni {
+        return Ok(None);
+    }
+    let plugin_source = match &cli.plugin_binary {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .context("finding this executable, beside which ztunnel-cni is")?
+            .with_file_name(install::DEFAULT_PLUGIN_NAME),
+    };
+    let mut config = InstallConfig::new(plugin_source);
+    config.bin_dir.clone_from(&cli.cni_bin_dir);
+    config.conf_dir.clone_from(&cli.cni_conf_dir);
+    config.conf_name.clone_from(&cli.cni_conf_name);
+    config.entry.ambient_namespaces = trimmed(&cli.ambient_namespaces);
+    config.entry.exclude_namespaces = trimmed(&cli.exclude_namespaces);
+    Ok(Some(config))
+}
+
+/// The non-empty entries of a comma-separated list, trimmed.
+fn trimmed(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|item| item.trim())
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// SIGINT or SIGTERM.
@@ -217,5 +281,43 @@ mod tests {
             ["batch", "kube-system"].map(str::to_owned).into()
         );
         assert_eq!(enablement.system_namespace, "mesh-system");
+    }
+
+    #[test]
+    fn install_flags_become_the_install_config_only_with_install_cni() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let cli = super::Cli::try_parse_from(
+                ["ztunnel-agent", "--pods", "p"].iter().chain(args).copied(),
+            )
+            .unwrap();
+            super::install_config(&cli).unwrap()
+        };
+        assert_eq!(parse(&["--cni-bin-dir", "/b"]), None);
+        let install = parse(&[
+            "--install-cni",
+            "--cni-bin-dir",
+            "/b",
+            "--cni-conf-dir",
+            "/c",
+            "--cni-conf-name",
+            "10-x.conflist",
+            "--plugin-binary",
+            "/p/ztunnel-cni",
+            "--ambient-namespaces",
+            "shop, bank",
+        ])
+        .unwrap();
+        assert_eq!(install.bin_dir, std::path::Path::new("/b"));
+        assert_eq!(install.conf_dir, std::path::Path::new("/c"));
+        assert_eq!(install.conf_name.as_deref(), Some("10-x.conflist"));
+        assert_eq!(
+            install.plugin_source,
+            std::path::Path::new("/p/ztunnel-cni")
+        );
+        assert_eq!(install.entry.ambient_namespaces, ["shop", "bank"]);
+        assert_eq!(install.entry.exclude_namespaces, ["kube-system"]);
+        let beside = parse(&["--install-cni"]).unwrap().plugin_source;
+        assert_eq!(beside.file_name().unwrap(), "ztunnel-cni");
     }
 }
