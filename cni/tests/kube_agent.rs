@@ -24,9 +24,12 @@ use ztunnel_test_support::kube::objects::{
 };
 use ztunnel_test_support::netns::NetNs;
 
+use rules::our_rules;
 use running_agent::Agent;
 use ztunnel::FakeZtunnel;
 
+#[path = "support/rules.rs"]
+mod rules;
 #[path = "support/running_agent.rs"]
 mod running_agent;
 #[path = "e2e/ztunnel.rs"]
@@ -172,16 +175,6 @@ impl Node {
         .unwrap()
         .ambient_namespaces(&["*"])
     }
-}
-
-/// `iptables-save` lines of ours inside a pod namespace.
-fn our_rules(pod: &NetNs) -> Vec<String> {
-    let saved = pod.exec(&["iptables-save"]).unwrap();
-    String::from_utf8_lossy(&saved.stdout)
-        .lines()
-        .filter(|line| line.contains("ISTIO"))
-        .map(str::to_owned)
-        .collect()
 }
 
 #[test]

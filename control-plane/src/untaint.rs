@@ -16,13 +16,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use tokio::sync::Notify;
+use ztunnel_mesh::kube::source::watch_into_store;
 
 /// The taint key istiod's controller removes by default.
 pub const DEFAULT_TAINT_KEY: &str = "cni.istio.io/not-ready";
@@ -122,7 +122,8 @@ pub async fn run(
     }
 }
 
-/// Watches `api` into a store, waking `changed` on every event.
+/// Watches `api` into a store, waking `changed` on every event; errors
+/// are logged and the watch resumes. It runs as long as the process.
 fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -138,21 +139,12 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher(api, config).default_backoff().reflect(writer);
     let changed = Arc::clone(changed);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => changed.notify_one(),
-                Err(error) => {
-                    tracing::warn!(kind, %error, "untaint controller watch failed; retrying");
-                }
-            }
-        }
-    });
-    store
+    let on_event = move |event: Result<(), watcher::Error>| match event {
+        Ok(()) => changed.notify_one(),
+        Err(error) => tracing::warn!(kind, %error, "untaint controller watch failed; retrying"),
+    };
+    watch_into_store(api, config, on_event, std::future::pending())
 }
 
 /// Removes `key` from node `name`'s taints if it has it, on the version

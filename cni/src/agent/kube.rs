@@ -12,13 +12,13 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use ztunnel_mesh::kube::source::watch_into_store;
 
 use super::stopped;
 
@@ -176,24 +176,15 @@ fn watch_kind<K>(
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher(api, config).default_backoff().reflect(writer);
     let changed = changed.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let event = tokio::select! {
-                () = stopped(&mut shutdown) => break,
-                event = stream.next() => event,
-            };
-            match event {
-                Some(Ok(_)) => changed.send_replace(()),
-                Some(Err(error)) => tracing::warn!(kind, %error, "watch failed; retrying"),
-                None => break,
-            }
+    let on_event = move |event: Result<(), watcher::Error>| match event {
+        Ok(()) => {
+            changed.send_replace(());
         }
-    });
-    store
+        Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
+    };
+    let until_stopped = async move { stopped(&mut shutdown).await };
+    watch_into_store(api, config, on_event, until_stopped)
 }
 
 /// Why a read or write of the API failed.

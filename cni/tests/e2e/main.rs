@@ -17,9 +17,12 @@ use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni::{self, CniNetwork, PodSandbox};
 use ztunnel_test_support::netns::NetNs;
 
+use rules::our_rules;
 use running_agent::Agent;
 use ztunnel::FakeZtunnel;
 
+#[path = "../support/rules.rs"]
+mod rules;
 #[path = "../support/running_agent.rs"]
 mod running_agent;
 mod ztunnel;
@@ -86,16 +89,6 @@ impl Node {
         .unwrap()
         .ambient_namespaces(&["shop"])
     }
-}
-
-/// `iptables-save` lines of ours inside a pod namespace.
-fn our_rules(pod: &NetNs) -> Vec<String> {
-    let saved = pod.exec(&["iptables-save"]).unwrap();
-    String::from_utf8_lossy(&saved.stdout)
-        .lines()
-        .filter(|line| line.contains("ISTIO"))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// `ip rule` lines of ours inside a pod namespace.

@@ -123,7 +123,6 @@ impl TokenReviewer {
 /// SHA-256 of a token: the cache never holds the token itself.
 fn token_hash(token: &[u8]) -> [u8; 32] {
     let digest = digest::digest(&digest::SHA256, token);
-    let mut key = [0; 32];
-    key.copy_from_slice(digest.as_ref());
-    key
+    // A SHA-256 digest is 32 bytes; the fallback is never taken.
+    <[u8; 32]>::try_from(digest.as_ref()).unwrap_or_default()
 }

@@ -73,25 +73,32 @@ impl KubeRegistry {
             waiting_for: Mutex::new("the first list of every watched kind".to_owned()),
         });
         let changed = Arc::new(Notify::new());
+        // One shutdown for the watches and the rebuild.
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }
+        };
+        let watch = |kind| (kind, &changed, &observer, until_stopped());
         let stores = Stores {
-            pods: watch_kind::<Pod>(&client, "Pod", &changed, &observer),
-            namespaces: watch_kind::<Namespace>(&client, "Namespace", &changed, &observer),
-            services: watch_kind::<Service>(&client, "Service", &changed, &observer),
-            endpoint_slices: watch_kind::<EndpointSlice>(
-                &client,
-                "EndpointSlice",
-                &changed,
-                &observer,
-            ),
-            nodes: watch_kind::<Node>(&client, "Node", &changed, &observer),
+            pods: watch_kind::<Pod>(&client, watch("Pod")),
+            namespaces: watch_kind::<Namespace>(&client, watch("Namespace")),
+            services: watch_kind::<Service>(&client, watch("Service")),
+            endpoint_slices: watch_kind::<EndpointSlice>(&client, watch("EndpointSlice")),
+            nodes: watch_kind::<Node>(&client, watch("Node")),
             authorization_policies: watch_kind::<AuthorizationPolicy>(
                 &client,
-                "AuthorizationPolicy",
-                &changed,
-                &observer,
+                watch("AuthorizationPolicy"),
             ),
         };
         let task = rebuild(Arc::clone(&registry), stores, settings, changed, observer);
+        let shutdown = until_stopped();
         tokio::spawn(async move {
             tokio::select! {
                 () = shutdown => {}
@@ -180,35 +187,66 @@ impl Stores {
     }
 }
 
-/// Starts the watch of one kind over all namespaces and returns its store.
-/// Every event wakes the rebuild; every error is reported and the watch
-/// goes on after backoff.
-fn watch_kind<K>(
-    client: &kube::Client,
-    kind: &'static str,
-    changed: &Arc<Notify>,
-    observer: &Arc<dyn SourceObserver>,
+/// Starts the watch of one kind with `config` into a reflector store and
+/// returns the store. Every event and every error (after which the watch
+/// resumes with kube-runtime's backoff) goes to `on_event`; the watch ends
+/// when `shutdown` resolves. The one way this workspace watches a kind:
+/// the control plane's mesh and untaint controller and the node agent use
+/// it.
+pub fn watch_into_store<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut on_event: impl FnMut(Result<(), watcher::Error>) + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let api: Api<K> = Api::all(client.clone());
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer);
-    let changed = Arc::clone(changed);
-    let observer = Arc::clone(observer);
+    let stream = watcher(api, config).default_backoff().reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
+        tokio::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => return,
+                event = stream.next() => event,
+            };
             match event {
-                Ok(_) => changed.notify_one(),
-                Err(error) => observer.watch_failed(kind, &error.to_string()),
+                Some(event) => on_event(event.map(drop)),
+                None => return,
             }
         }
     });
     store
+}
+
+/// Watches one kind over all namespaces for the mesh: every event wakes
+/// the rebuild, every error is reported.
+fn watch_kind<K>(
+    client: &kube::Client,
+    (kind, changed, observer, shutdown): (
+        &'static str,
+        &Arc<Notify>,
+        &Arc<dyn SourceObserver>,
+        impl Future<Output = ()> + Send + 'static,
+    ),
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let changed = Arc::clone(changed);
+    let observer = Arc::clone(observer);
+    let on_event = move |event: Result<(), watcher::Error>| match event {
+        Ok(()) => changed.notify_one(),
+        Err(error) => observer.watch_failed(kind, &error.to_string()),
+    };
+    watch_into_store(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        on_event,
+        shutdown,
+    )
 }
 
 /// Builds a snapshot once every store is ready, then after each burst of
