@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v iptables >/dev/null || need+=(iptables)
+command -v ipset >/dev/null || need+=(ipset)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -q

@@ -14,11 +14,13 @@
 //! | `kube` | the watches of this node's Pods and of Namespaces, direct reads, the redirection annotation |
 //! | `enablement` | whether a pod belongs in the ambient mesh (exclusions, enablement selectors) |
 //! | `rules` | the iptables and policy-routing text, and applying it in a netns |
+//! | `host_rules` | the node's side of kubelet probes: the probe ipsets and the `ISTIO_POSTRT` SNAT |
 //! | `netns` | entering a netns and running tools there |
 //! | `pods` | the pod set and `pods.json` |
 //! | `zds` | the ZDS socket and the snapshot/ack sequence |
 //! | `socket_file` | the sockets' paths: made ready to bind, removed on exit |
 //! | `install` | the plugin binary and its chained entry in the node's CNI configuration (copy, choose, insert, watch, uninstall) |
+//! | `reconcile` | following the API without CNI events: running pods enrolled, opted-out and deleted pods taken out, the start-up repairs (A5, A6) |
 //! | `procfs` | finding a running pod's netns from the host through procfs (cgroup pod UID, verified by the pod's IP) |
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -35,22 +37,26 @@ use crate::event::DEFAULT_SOCKET;
 
 use enablement::EnablementSettings;
 use health::Readiness;
+use host_rules::HostRules;
 use install::{InstallConfig, InstallError, Installer};
 use kube::PodWatch;
 use mesh::Mesh;
 use pods::{PodSet, PodStore, PodStoreError};
+use reconcile::Reconciler;
 use rules::RuleSettings;
 use source::{FileSource, KubeSource, PodSource};
 use zds::socket::SeqPacketListener;
 
 pub mod enablement;
 pub mod health;
+pub mod host_rules;
 pub mod install;
 pub mod kube;
 pub mod mesh;
 pub mod netns;
 pub mod pods;
 pub mod procfs;
+pub mod reconcile;
 pub mod rules;
 pub mod server;
 mod socket_file;
@@ -102,6 +108,14 @@ pub struct AgentConfig {
     /// Where the kubelet's readiness and liveness probes are answered
     /// (`health`); `None` serves no probes.
     pub readiness_listen: Option<SocketAddr>,
+    /// The host's procfs, where running pods' netns are found (`/proc` on
+    /// the host, the host's `/proc` mounted elsewhere in a container).
+    pub procfs: PathBuf,
+    /// Keep the node's side of kubelet probes (`host_rules`) in the
+    /// agent's own netns, which must then be the node's. Off in
+    /// constructors: an agent run inside a test process would change the
+    /// test machine's own netns.
+    pub host_probe_rules: bool,
 }
 
 impl AgentConfig {
@@ -137,6 +151,8 @@ impl AgentConfig {
             install: None,
             keep_cni_on_exit: false,
             readiness_listen: None,
+            procfs: PathBuf::from(procfs::DEFAULT_PROCFS),
+            host_probe_rules: false,
         }
     }
 }
@@ -244,7 +260,19 @@ pub async fn run(
     };
     let store = PodStore::open(&config.state_dir)?;
     let pods = load_pods(&store)?;
-    let mesh = Arc::new(Mesh::new(source, config.rules.clone(), store, pods)?);
+    let host_rules = if config.host_probe_rules {
+        Some(install_host_rules(&config.rules).await)
+    } else {
+        None
+    };
+    let mesh = Arc::new(Mesh::new(
+        source,
+        config.rules.clone(),
+        host_rules,
+        store,
+        pods,
+    )?);
+    let reconciler = Reconciler::new(Arc::clone(&mesh), config.procfs.clone());
 
     let bind_error = |path: &PathBuf| {
         let path = path.clone();
@@ -266,6 +294,7 @@ pub async fn run(
         stopped.clone(),
     ));
     let zds_server = tokio::spawn(zds::serve(zds_listener, mesh, stopped.clone()));
+    let reconciliation = reconciler.map(|reconciler| tokio::spawn(reconciler.run(stopped.clone())));
     readiness.serving(pod_watch);
     let installation = installers
         .map(|(installer, uninstaller)| (start_installation(installer, stopped), uninstaller));
@@ -277,6 +306,9 @@ pub async fn run(
     }
     let _ = plugin_server.await;
     let _ = zds_server.await;
+    if let Some(reconciliation) = reconciliation {
+        let _ = reconciliation.await;
+    }
     if let Some(health_server) = health_server {
         let _ = health_server.await;
     }
@@ -310,6 +342,23 @@ async fn pod_source(
             })
         }
     })
+}
+
+/// The node's probe rules, put in place (on a blocking thread: they run
+/// `ipset` and `iptables`). A failure is logged and the agent goes on:
+/// pods are still redirected, only their kubelet probes are captured, and
+/// every enrollment tries the probe sets again.
+async fn install_host_rules(rules: &RuleSettings) -> Arc<HostRules> {
+    let host_rules = Arc::new(HostRules::new(rules.probe_snat_ipv4, rules.probe_snat_ipv6));
+    let installing = Arc::clone(&host_rules);
+    match tokio::task::spawn_blocking(move || installing.install()).await {
+        Ok(Ok(())) => tracing::info!("host probe rules in place"),
+        Ok(Err(error)) => {
+            tracing::error!(%error, "host probe rules not installed: kubelet probes of meshed pods will be captured")
+        }
+        Err(_) => tracing::error!("the host probe rules task failed"),
+    }
+    host_rules
 }
 
 /// The stored pod set; an unreadable one is moved aside and the agent

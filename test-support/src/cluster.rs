@@ -151,10 +151,14 @@ impl Cluster {
         Cluster::build(node_names, pods, ambient_namespaces, binaries, source, None)
     }
 
-    /// [`Cluster::start`] with a control plane that reads only a real
-    /// Kubernetes API server (started here, `crate::kube`): `pods` are
-    /// created there, and get their status once added. `None`, with the
-    /// reason printed, where the API server's binaries were not built.
+    /// [`Cluster::start`] with a control plane and node agents that read
+    /// only a real Kubernetes API server (started here, `crate::kube`):
+    /// `pods` are created there, in their namespaces (labelled ambient if
+    /// in `ambient_namespaces`, plain otherwise), and get their status
+    /// once added. Every node's plugin reports every pod to its agent,
+    /// which decides enrollment from the labels, as an installed agent
+    /// does. `None`, with the reason printed, where the API server's
+    /// binaries were not built.
     pub fn start_on_kubernetes(
         node_names: &[&str],
         pods: &[PodSpec],
@@ -206,16 +210,25 @@ impl Cluster {
                 api.control_plane_kubeconfig(),
             )?,
         };
+        // On Kubernetes the agent decides which pods are ambient (from the
+        // labels), so the plugin reports them all.
+        let reported_namespaces = match &kube {
+            None => ambient_namespaces,
+            Some(_) => &["*"],
+        };
         let mut nodes = Vec::with_capacity(node_names.len());
         for (index, name) in node_names.iter().enumerate() {
             let offset = u8::try_from(index).context("too many nodes")?;
-            let node = Node::create(
+            let mut node = Node::create(
                 name,
                 offset,
                 dir.path(),
                 &binaries.plugin,
-                ambient_namespaces,
+                reported_namespaces,
             )?;
+            if let Some(api) = &kube {
+                node.reach_api(api.api().address()?)?;
+            }
             attach(&fabric, &node.ns, node.ip)?;
             node.ns
                 .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
@@ -319,12 +332,17 @@ impl Cluster {
         self.ztunnel_env.push((key.to_owned(), value.to_owned()));
     }
 
-    /// Starts the node agent of `name`, stopping the running one first.
+    /// Starts the node agent of `name`, stopping the running one first,
+    /// and waits until it is ready. It takes pods from the registry file,
+    /// or on Kubernetes from the API server as its service account.
     pub fn start_agent(&mut self, name: &str) -> anyhow::Result<()> {
-        let registry = self.ca.pods_path();
+        let (source_flag, source) = match &self.kube {
+            None => ("--pods", self.ca.pods_path()),
+            Some(api) => ("--kubeconfig", api.node_agent_kubeconfig().to_owned()),
+        };
         let node = node_mut(&mut self.nodes, name)?;
         stop(&mut node.agent);
-        let log = append(&node.dir.join("agent.log"))?;
+        let log = append(&node.agent_log_path())?;
         let child = node
             .ns
             .command(&self.binaries.agent.to_string_lossy())
@@ -334,10 +352,12 @@ impl Cluster {
             .arg(node.zds_socket())
             .arg("--state-dir")
             .arg(node.dir.join("agent-state"))
-            .arg("--pods")
-            .arg(&registry)
+            .arg(source_flag)
+            .arg(source)
             .arg("--node-name")
             .arg(&node.name)
+            .arg("--readiness-listen")
+            .arg(node.agent_readiness_address().to_string())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -345,8 +365,7 @@ impl Cluster {
             .spawn()
             .context("starting the node agent")?;
         node.agent = Some(child);
-        wait_for_path(&node.plugin_socket())?;
-        wait_for_path(&node.zds_socket())
+        node.wait_agent_ready()
     }
 
     /// Stops the node agent of `name` (SIGKILL, by PID).
@@ -502,13 +521,6 @@ fn stop(child: &mut Option<Child>) {
 
 fn append(path: &Path) -> anyhow::Result<File> {
     Ok(File::options().create(true).append(true).open(path)?)
-}
-
-fn wait_for_path(path: &Path) -> anyhow::Result<()> {
-    if wait::until(START_TIMEOUT, || path.exists()) {
-        return Ok(());
-    }
-    bail!("{} did not appear", path.display())
 }
 
 /// The last `lines` lines of a log, for failure messages.

@@ -246,6 +246,11 @@ impl KubeApi {
         &self.server
     }
 
+    /// The API server's address, on this process's loopback.
+    pub fn address(&self) -> anyhow::Result<SocketAddr> {
+        Ok(SocketAddr::from(([127, 0, 0, 1], self.port()?)))
+    }
+
     /// The CA that signed the API server's serving certificate, PEM.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem

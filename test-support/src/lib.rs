@@ -1,8 +1,9 @@
 //! Test support: real topologies for end-to-end tests. Network namespaces
 //! joined by veth pairs (198.18.0.0/15 addresses only), iptables capture
-//! rules, helpers to run code or processes inside a namespace, and a real
-//! Kubernetes API server (etcd and kube-apiserver). Nothing here is
-//! compiled into the product.
+//! rules, helpers to run code or processes inside a namespace, pods' pause
+//! processes in cgroups named after the pod, and a real Kubernetes API
+//! server (etcd and kube-apiserver). Nothing here is compiled into the
+//! product.
 
 #![forbid(unsafe_code)]
 
@@ -11,4 +12,5 @@ pub mod cluster;
 pub mod cni;
 pub mod kube;
 pub mod netns;
+pub mod pause;
 pub mod wait;

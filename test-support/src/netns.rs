@@ -1,10 +1,12 @@
 //! Network namespaces that clean up after themselves, veth pairs between
-//! them, and running code or processes inside one.
+//! them, running code or processes inside one, and forwarding a port
+//! inside one to a server on this process's own loopback.
 //!
 //! Every namespace gets a unique name (`zt-<tag>-<pid>-<n>`) and is deleted
 //! on drop, also when a test fails, so runs never collide or leak.
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,4 +162,63 @@ pub fn veth_pair(a: &NetNs, a_cidr: &str, b: &NetNs, b_cidr: &str) -> anyhow::Re
         ns.exec(&["ip", "link", "set", interface, "up"])?;
     }
     Ok(())
+}
+
+/// Connections to a loopback address inside a namespace, carried to the
+/// same address in this process's namespace: a process in the namespace
+/// reaches a server on the host's loopback (the test API server) at the
+/// address the server's certificate names, and no interface of the host
+/// changes. Stops on drop, closing every connection.
+pub struct PortForward {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl PortForward {
+    /// Listens on `target` (a loopback address) inside `ns`, and carries
+    /// each connection to `target` outside it.
+    pub fn to_host(ns: &NetNs, target: SocketAddr) -> anyhow::Result<PortForward> {
+        let listener = ns
+            .run(move || std::net::TcpListener::bind(target))?
+            .with_context(|| format!("binding {target} in {}", ns.name()))?;
+        listener.set_nonblocking(true)?;
+        // Its threads are made here, in this process's namespace, so the
+        // connections out start from there.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("port-forward")
+            .enable_all()
+            .build()?;
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)?
+        };
+        runtime.spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    // Out of descriptors, or a connection reset before it
+                    // was accepted: try again shortly.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                };
+                tokio::spawn(async move {
+                    // A refused connection (the server is down) closes the
+                    // client's, as the server's absence would.
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Ok(PortForward {
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }

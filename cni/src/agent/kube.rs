@@ -22,7 +22,7 @@ use ztunnel_mesh::kube::source::watch_into_store;
 
 use super::stopped;
 
-pub use redirection::Redirection;
+pub use redirection::{REDIRECTION_ANNOTATION, Redirection};
 
 mod redirection;
 
@@ -92,6 +92,23 @@ impl PodWatch {
     /// Whether both watches have listed once.
     pub fn ready(&self) -> bool {
         *self.ready.borrow()
+    }
+
+    /// Waits until both watches have listed once; forever if they never
+    /// do (the caller also waits for shutdown). Cancel safe: it only waits.
+    pub async fn wait_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
+
+    /// Every pod of this node the watch holds.
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.state()
+    }
+
+    /// A receiver that is marked changed on every event of either watch.
+    pub fn changes(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     /// The pod `namespace/name`, if it is on this node and the watch has

@@ -1,18 +1,22 @@
-//! The pods in the mesh, and the two things that change them: a pod added
-//! by the CNI plugin (look it up in the pod source, install its rules,
-//! record it, tell the newest ztunnel, annotate it) and a pod deleted
-//! (remove its rules, forget it, tell every ztunnel, remove the
-//! annotation).
+//! The pods in the mesh, and what changes them: a pod added by the CNI
+//! plugin (look it up in the pod source, install its rules, record it,
+//! tell the newest ztunnel, annotate it), a running pod enrolled by the
+//! reconciliation (the same from its rules on), and a pod deleted or taken
+//! out (KUBERNETES.md A6: its probe-set entries, its rules, its record and
+//! ztunnel's proxy, its annotation, in that order).
 //!
 //! Adds and deletes run one at a time (`operations`); the pod set and the
 //! ztunnel connections share one lock (`state`) so that a connection's
 //! snapshot and the events queued after it agree. A change builds the new
 //! pod set, saves it with no lock but `operations` held, then swaps it in
-//! under `state`. Finding the pod is `source.rs`'s, rules are `rules.rs`'s,
-//! persistence `pods.rs`'s, the ZDS exchange `zds.rs`'s.
+//! under `state`. Finding the pod is `source.rs`'s, deciding which running
+//! pods join or leave `reconcile.rs`'s, rules are `rules.rs`'s and
+//! `host_rules.rs`'s, persistence `pods.rs`'s, the ZDS exchange `zds.rs`'s.
 
 use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::event::{CmdAdd, CmdDel};
 
+use super::host_rules::HostRules;
 use super::kube::Redirection;
 use super::netns::NetnsError;
 use super::pods::{PodRecord, PodSet, PodStore, PodStoreError};
@@ -28,6 +33,10 @@ use super::rules::{self, RuleSettings};
 use super::source::{PodSource, ResolveError};
 use super::zds::wire::Request;
 use super::zds::{Connections, ZdsError, ZdsEvent};
+
+use outcome::ZtunnelOutcome;
+
+mod outcome;
 
 /// How long a DEL waits for the removal of the pod's annotation before it
 /// answers (the removal goes on after): DEL has no deadline of its own,
@@ -41,6 +50,9 @@ pub struct Mesh {
     source: PodSource,
     /// How rules are written.
     rules: RuleSettings,
+    /// The node's probe sets, when the agent keeps them (`None`: another
+    /// agent or nobody does, e.g. in tests that share the host's netns).
+    host_rules: Option<Arc<HostRules>>,
     /// Where the pod set is kept.
     store: PodStore,
     /// Serializes adds and deletes, rule installation and saving included.
@@ -48,6 +60,9 @@ pub struct Mesh {
     /// Pod set and connections; held briefly, never across an await or
     /// file I/O.
     state: Mutex<State>,
+    /// Marked each time a ztunnel has been sent its snapshot: pods held
+    /// while no ztunnel was there can now be confirmed (`reconcile.rs`).
+    snapshots: tokio::sync::watch::Sender<()>,
 }
 
 /// What `Mesh::state` guards.
@@ -64,10 +79,11 @@ impl Mesh {
     pub fn new(
         source: PodSource,
         rules: RuleSettings,
+        host_rules: Option<Arc<HostRules>>,
         store: PodStore,
         mut pods: PodSet,
     ) -> Result<Mesh, MeshError> {
-        let gone = pods.prune(|pod| !pod.netns.exists());
+        let gone = pods.prune(|pod| !pod.netns_alive());
         for pod in &gone {
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), netns = %pod.netns.display(), "pruned: netns is gone");
         }
@@ -77,12 +93,14 @@ impl Mesh {
         Ok(Mesh {
             source,
             rules,
+            host_rules,
             store,
             operations: tokio::sync::Mutex::new(()),
             state: Mutex::new(State {
                 pods,
                 connections: Connections::default(),
             }),
+            snapshots: tokio::sync::watch::Sender::new(()),
         })
     }
 
@@ -93,6 +111,32 @@ impl Mesh {
     /// The pod `namespace/name`, if it is in the mesh.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<PodRecord> {
         self.state().pods.get(namespace, name).cloned()
+    }
+
+    /// Every pod in the mesh.
+    pub fn pods(&self) -> Vec<PodRecord> {
+        self.state().pods.iter().cloned().collect()
+    }
+
+    /// Called once a ztunnel has been sent its snapshot.
+    pub fn snapshot_sent(&self) {
+        self.snapshots.send_replace(());
+    }
+
+    /// A receiver marked changed each time a ztunnel has been sent its
+    /// snapshot.
+    pub fn snapshots(&self) -> tokio::sync::watch::Receiver<()> {
+        self.snapshots.subscribe()
+    }
+
+    /// Whether a ztunnel is connected.
+    pub fn has_ztunnel(&self) -> bool {
+        !self.state().connections.is_empty()
+    }
+
+    /// Where pods are looked up and annotated.
+    pub fn source(&self) -> &PodSource {
+        &self.source
     }
 
     /// Registers a ztunnel connection; returns its id, its event queue and
@@ -109,6 +153,21 @@ impl Mesh {
         self.state().connections.deregister(id);
     }
 
+    /// Answers a CNI ADD: finds the pod in the source and puts it in the
+    /// mesh ([`Mesh::enroll`]). A pod the Kubernetes source says is not
+    /// enrolled in ambient is left alone and the ADD succeeds: with the
+    /// plugin reporting every pod, this is how pods outside the mesh start.
+    pub async fn add(&self, event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
+        match self.source.resolve(&event).await {
+            Ok(record) => self.enroll(record, deadline).await,
+            Err(ResolveError::NotEnrolled { pod, reason }) => {
+                tracing::info!(%pod, %reason, "not enrolled in ambient; left alone");
+                Ok(())
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Puts a pod in the mesh. Succeeds once its rules are in place and it
     /// is recorded, and, if a ztunnel is connected, once that ztunnel has
     /// acked the `add`. With none connected the pod waits for the next
@@ -122,11 +181,10 @@ impl Mesh {
     /// `deadline` bounds the wait for ztunnel's answer and for the
     /// annotation, so the plugin hears the outcome before its own timeout;
     /// the rest runs to its end.
-    pub async fn add(&self, event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
-        let record = self.source.resolve(&event).await?;
+    pub async fn enroll(&self, record: PodRecord, deadline: Instant) -> Result<(), MeshError> {
         let label = format!("{}/{}", record.namespace, record.name);
-        let answer = self.install_and_queue(&record).await?;
-        tracing::info!(pod = %label, uid = %record.uid, "pod added to the mesh");
+        let answer = self.install_and_queue(record.clone()).await?;
+        tracing::info!(pod = %label, uid = %record.uid, netns = %record.netns.display(), "pod added to the mesh");
         let told = match answer {
             Some(answer) => ZtunnelOutcome::of(tokio::time::timeout_at(deadline, answer).await),
             None => ZtunnelOutcome::NoZtunnel,
@@ -157,16 +215,19 @@ impl Mesh {
         told.into_result()
     }
 
-    /// Installs the pod's rules, records it and queues its `add` for the
-    /// newest ztunnel; returns where ztunnel's answer will come, or `None`
-    /// when no ztunnel is connected.
+    /// Installs the pod's rules, adds its addresses to the probe sets,
+    /// records it and queues its `add` for the newest ztunnel; returns
+    /// where ztunnel's answer will come, or `None` when no ztunnel is
+    /// connected.
     async fn install_and_queue(
         &self,
-        record: &PodRecord,
+        mut record: PodRecord,
     ) -> Result<Option<oneshot::Receiver<Result<(), ZdsError>>>, MeshError> {
         let _operation = self.operations.lock().await;
         let (netns, ips, settings) = (record.netns.clone(), record.ips.clone(), self.rules.clone());
-        install_blocking(netns, ips, settings).await?;
+        let (_, inode) = install_blocking(netns, ips, settings, record.netns_inode).await?;
+        record.netns_inode = Some(inode);
+        self.probe_set(&record, ProbeSetChange::Add).await;
         let mut pods = self.state().pods.clone();
         let replaced = pods.insert(record.clone());
         let pods = self.persist(pods).await?;
@@ -179,17 +240,103 @@ impl Mesh {
         }
         let (reply, answer) = oneshot::channel();
         let event = ZdsEvent {
-            request: Request::add(record),
+            request: Request::add(&record),
             reply: Some(reply),
         };
         Ok(state.connections.send_to_newest(event).then_some(answer))
     }
 
-    /// Takes a pod out of the mesh: its rules (when its netns still
-    /// exists), its record (when the uid matches), and ztunnel's proxy.
+    /// Re-applies a recorded pod's rules (on the agent's start); returns
+    /// whether they were not all in place.
+    pub async fn reapply_rules(&self, record: &PodRecord) -> Result<bool, MeshError> {
+        let _operation = self.operations.lock().await;
+        let (netns, ips, settings) = (record.netns.clone(), record.ips.clone(), self.rules.clone());
+        let (changed, _) = install_blocking(netns, ips, settings, record.netns_inode).await?;
+        Ok(changed)
+    }
+
+    /// Makes the node's probe sets hold exactly the addresses of the pods
+    /// in the mesh; returns how many entries were added and removed.
+    pub async fn sync_probe_sets(&self) -> Result<(usize, usize), MeshError> {
+        let Some(host_rules) = self.host_rules.clone() else {
+            return Ok((0, 0));
+        };
+        let _operation = self.operations.lock().await;
+        let ips: Vec<IpAddr> = self
+            .state()
+            .pods
+            .iter()
+            .flat_map(|pod| pod.ips.iter().copied())
+            .collect();
+        let report = tokio::task::spawn_blocking(move || host_rules.sync(&ips))
+            .await
+            .map_err(|_| MeshError::TaskFailed)??;
+        Ok((report.added.len(), report.removed.len()))
+    }
+
+    /// Takes a pod out of the mesh in KUBERNETES.md A6's order: its
+    /// addresses leave the probe sets, its rules are removed (only when it
+    /// opted out: a deleted pod's netns is the runtime's to tear down),
+    /// its record is dropped and every ztunnel told, then its annotation
+    /// is removed (only when it opted out: a deleted pod has none to
+    /// keep). A record replaced meanwhile (another uid) is left alone.
+    pub async fn remove(&self, record: &PodRecord, removal: Removal) -> Result<(), MeshError> {
+        let operation = self.operations.lock().await;
+        self.probe_set(record, ProbeSetChange::Remove).await;
+        if removal == Removal::OptedOut && record.netns_alive() {
+            let netns = record.netns.clone();
+            tokio::task::spawn_blocking(move || rules::remove(&netns))
+                .await
+                .map_err(|_| MeshError::TaskFailed)??;
+        }
+        let removed = self
+            .forget(&record.namespace, &record.name, &record.uid)
+            .await?;
+        drop(operation);
+        if let Some(pod) = removed {
+            tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, reason = %removal, "pod removed from the mesh");
+            if removal == Removal::OptedOut {
+                self.unannotate(&pod).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the pod's addresses to the node's probe sets or removes them.
+    /// A failure is logged, not returned: the pod's redirection stands
+    /// without it, only its kubelet probes are captured.
+    async fn probe_set(&self, record: &PodRecord, change: ProbeSetChange) {
+        let Some(host_rules) = self.host_rules.clone() else {
+            return;
+        };
+        let ips = record.ips.clone();
+        let outcome = tokio::task::spawn_blocking(move || match change {
+            ProbeSetChange::Add => host_rules.add_pod(&ips),
+            ProbeSetChange::Remove => host_rules.remove_pod(&ips),
+        })
+        .await;
+        let pod = format!("{}/{}", record.namespace, record.name);
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%pod, ?change, %error, "probe set not updated; the pod's kubelet probes may be captured")
+            }
+            Err(_) => tracing::error!(%pod, ?change, "probe set update task failed"),
+        }
+    }
+
+    /// Takes a pod out of the mesh: its probe-set entries, its rules (when
+    /// its netns still exists), its record (when the uid matches), and
+    /// ztunnel's proxy.
     /// Unknown pods are fine: DEL is repeated by runtimes.
     pub async fn del(&self, event: CmdDel) -> Result<(), MeshError> {
         let operation = self.operations.lock().await;
+        let recorded = self
+            .pod(&event.pod_namespace, &event.pod_name)
+            .filter(|pod| event.pod_uid.is_empty() || pod.uid == event.pod_uid);
+        if let Some(pod) = &recorded {
+            self.probe_set(pod, ProbeSetChange::Remove).await;
+        }
         if !event.netns.is_empty() && Path::new(&event.netns).exists() {
             let netns = PathBuf::from(&event.netns);
             tokio::task::spawn_blocking(move || rules::remove(&netns))
@@ -267,73 +414,61 @@ impl Mesh {
     }
 }
 
-/// What became of a pod's `add` toward ztunnel.
-#[derive(Debug)]
-enum ZtunnelOutcome {
-    /// ztunnel acked it.
-    Acked,
-    /// No ztunnel was connected; the pod is in the next snapshot.
-    NoZtunnel,
-    /// The connection or the netns went away before the ack; the pod is in
-    /// the next snapshot.
-    Lost(String),
-    /// ztunnel refused it.
-    Refused(ZdsError),
-    /// ztunnel did not answer before the plugin's deadline.
-    TimedOut,
-}
-
-impl ZtunnelOutcome {
-    /// Classifies the wait for ztunnel's answer.
-    fn of(
-        answer: Result<
-            Result<Result<(), ZdsError>, oneshot::error::RecvError>,
-            tokio::time::error::Elapsed,
-        >,
-    ) -> ZtunnelOutcome {
-        match answer {
-            Ok(Ok(Ok(()))) => ZtunnelOutcome::Acked,
-            Ok(Ok(Err(ZdsError::ConnectionLost(error) | ZdsError::NetnsGone(error)))) => {
-                ZtunnelOutcome::Lost(error)
-            }
-            Ok(Ok(Err(error))) => ZtunnelOutcome::Refused(error),
-            Ok(Err(_)) => ZtunnelOutcome::Lost("the connection ended without answering".to_owned()),
-            Err(_) => ZtunnelOutcome::TimedOut,
-        }
-    }
-
-    /// The annotation that says it: `enabled` only once ztunnel has the
-    /// pod, `pending` while its rules wait for ztunnel.
-    fn redirection(&self) -> Redirection {
-        match self {
-            ZtunnelOutcome::Acked => Redirection::Enabled,
-            _ => Redirection::Pending,
-        }
-    }
-
-    /// What the plugin hears: success once the rules are in place and the
-    /// pod is ztunnel's or queued for it; an error when ztunnel refused it
-    /// or did not answer in time.
-    fn into_result(self) -> Result<(), MeshError> {
-        match self {
-            ZtunnelOutcome::Acked | ZtunnelOutcome::NoZtunnel | ZtunnelOutcome::Lost(_) => Ok(()),
-            ZtunnelOutcome::Refused(error) => Err(MeshError::Ztunnel(error)),
-            ZtunnelOutcome::TimedOut => Err(MeshError::AckTimeout),
-        }
-    }
-}
-
 /// Installs rules on a blocking thread (the netns switch happens on a
-/// thread of its own inside).
+/// thread of its own inside); returns whether they were not all in place,
+/// and the netns's inode, which must be `expected_inode` when that is
+/// known (a procfs path whose process has gone may name another netns).
 async fn install_blocking(
     netns: PathBuf,
     ips: Vec<IpAddr>,
     settings: RuleSettings,
-) -> Result<(), MeshError> {
-    tokio::task::spawn_blocking(move || rules::install(&netns, &ips, &settings))
-        .await
-        .map_err(|_| MeshError::TaskFailed)??;
-    Ok(())
+    expected_inode: Option<u64>,
+) -> Result<(bool, u64), MeshError> {
+    tokio::task::spawn_blocking(move || {
+        let inode = std::fs::metadata(&netns)
+            .map_err(|error| MeshError::NetnsGone {
+                netns: netns.clone(),
+                reason: error.to_string(),
+            })?
+            .ino();
+        if expected_inode.is_some_and(|expected| expected != inode) {
+            return Err(MeshError::NetnsGone {
+                netns,
+                reason: "it names another network namespace now".to_owned(),
+            });
+        }
+        let changed = rules::install(&netns, &ips, &settings)?;
+        Ok((changed, inode))
+    })
+    .await
+    .map_err(|_| MeshError::TaskFailed)?
+}
+
+/// Which way a pod's addresses move in the probe sets.
+#[derive(Debug, Clone, Copy)]
+enum ProbeSetChange {
+    Add,
+    Remove,
+}
+
+/// Why a pod leaves the mesh (KUBERNETES.md A6), which decides what is
+/// undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// It no longer belongs in the mesh (a label changed) but keeps
+    /// running: its rules and its annotation are removed.
+    OptedOut,
+    /// It was deleted or has finished: its netns is going away with it.
+    Deleted,
+}
+
+impl std::fmt::Display for Removal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Removal::OptedOut => "no longer enrolled in ambient",
+            Removal::Deleted => "deleted or finished",
+        })
+    }
 }
 
 /// Why a pod could not be added or deleted. Every variant is a 500 on the
@@ -346,6 +481,17 @@ pub enum MeshError {
     /// Installing or removing rules failed.
     #[error(transparent)]
     Rules(#[from] NetnsError),
+    /// The pod's netns is not there (any more), or is another one.
+    #[error("the pod's netns {netns} is gone: {reason}")]
+    NetnsGone {
+        /// The recorded path.
+        netns: PathBuf,
+        /// What was found there.
+        reason: String,
+    },
+    /// The node's probe sets could not be brought up to date.
+    #[error(transparent)]
+    HostRules(#[from] super::host_rules::HostRulesError),
     /// The pod set could not be saved.
     #[error(transparent)]
     Store(#[from] PodStoreError),
@@ -360,30 +506,4 @@ pub enum MeshError {
     /// died.
     #[error("an agent task failed")]
     TaskFailed,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_an_ack_enables_and_only_a_refusal_or_timeout_fails_the_add() {
-        let ok = Ok(Ok(Ok(())));
-        let lost = Ok(Ok(Err(ZdsError::ConnectionLost("reset".to_owned()))));
-        let netns_gone = Ok(Ok(Err(ZdsError::NetnsGone("ENOENT".to_owned()))));
-        let refused = Ok(Ok(Err(ZdsError::Nack("unknown netns".to_owned()))));
-        #[rustfmt::skip]
-        let cases = [
-            ("acked", ZtunnelOutcome::of(ok), Redirection::Enabled, true),
-            ("no ztunnel connected", ZtunnelOutcome::NoZtunnel, Redirection::Pending, true),
-            ("connection lost", ZtunnelOutcome::of(lost), Redirection::Pending, true),
-            ("netns gone", ZtunnelOutcome::of(netns_gone), Redirection::Pending, true),
-            ("refused", ZtunnelOutcome::of(refused), Redirection::Pending, false),
-            ("not acked in time", ZtunnelOutcome::TimedOut, Redirection::Pending, false),
-        ];
-        for (reason, outcome, redirection, succeeds) in cases {
-            assert_eq!(outcome.redirection(), redirection, "{reason}");
-            assert_eq!(outcome.into_result().is_ok(), succeeds, "{reason}");
-        }
-    }
 }

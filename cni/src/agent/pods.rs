@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -38,10 +39,29 @@ pub struct PodRecord {
     pub namespace: String,
     /// `spec.serviceAccountName`, for ztunnel's workload match.
     pub service_account: String,
-    /// The pod's netns path; the snapshot opens it for the fd.
+    /// The pod's netns path; the snapshot opens it for the fd. A path the
+    /// runtime made (CNI ADD), or `<procfs>/<pid>/ns/net` of the pod's
+    /// oldest process when the pod was found running.
     pub netns: PathBuf,
+    /// The inode of that netns when it was recorded: a procfs path can come
+    /// to name another netns once its process exits and the pid is reused,
+    /// so the path alone does not say the pod's netns is still there.
+    /// Absent in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_inode: Option<u64>,
     /// The pod's addresses, from the CNI result.
     pub ips: Vec<IpAddr>,
+}
+
+impl PodRecord {
+    /// Whether the recorded netns is still there: the path exists and, when
+    /// the inode was recorded, names that same netns.
+    pub fn netns_alive(&self) -> bool {
+        match std::fs::metadata(&self.netns) {
+            Ok(metadata) => self.netns_inode.is_none_or(|inode| inode == metadata.ino()),
+            Err(_) => false,
+        }
+    }
 }
 
 /// Pods by (namespace, name): one sandbox per pod name at a time.
@@ -227,6 +247,7 @@ mod tests {
             namespace: namespace.into(),
             service_account: "default".into(),
             netns: PathBuf::from(format!("/run/netns/{name}")),
+            netns_inode: None,
             ips: vec!["198.18.10.2".parse().unwrap()],
         }
     }

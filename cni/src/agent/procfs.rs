@@ -38,15 +38,22 @@ pub use uid::{PodUid, PodUidError};
 /// host's `/proc` is mounted elsewhere (`/host/proc`).
 pub const DEFAULT_PROCFS: &str = "/proc";
 
+/// The agent's own netns, the host's stand-in in [`host_netns`].
+const OWN_NETNS: &str = "/proc/self/ns/net";
+
 /// A pod's network namespace, found by [`scan`].
 #[derive(Debug)]
 pub struct PodNetns {
     /// `<procfs>/<pid>/ns/net`, open and close-on-exec: what ztunnel gets
     /// over ZDS, valid however long the process lives.
     pub netns: OwnedFd,
+    /// `<procfs>/<pid>/ns/net`: the path the agent records for the pod,
+    /// naming this netns as long as the process lives.
+    pub path: PathBuf,
     /// The process it was found through, for logs.
     pub pid: u32,
-    /// The netns's inode, for logs.
+    /// The netns's inode, recorded to tell later whether `path` still
+    /// names this netns.
     pub inode: u64,
 }
 
@@ -66,13 +73,7 @@ pub fn scan(
     if wanted.is_empty() {
         return Ok(HashMap::new());
     }
-    let host_path = procfs.join("1/ns/net");
-    let host = std::fs::metadata(&host_path)
-        .map(|metadata| NetnsId::of(&metadata))
-        .map_err(|source| ProcfsError::HostNetns {
-            path: host_path,
-            source,
-        })?;
+    let host = host_netns(procfs)?;
     let mut verified = Verified::new();
     let mut candidates = Vec::new();
     for pid in pids(procfs)? {
@@ -94,6 +95,7 @@ pub fn scan(
                     uid,
                     PodNetns {
                         netns: OwnedFd::from(file),
+                        path,
                         pid: chosen.pid,
                         inode: chosen.netns.inode,
                     },
@@ -105,6 +107,27 @@ pub fn scan(
         }
     }
     Ok(found)
+}
+
+/// The host's netns: pid 1's, as istio-cni takes it. Where pid 1's
+/// namespaces may not be looked at (a sandbox that hides its init), the
+/// agent's own netns stands in: the agent runs in the node's network
+/// namespace, which is the one the host's processes share.
+fn host_netns(procfs: &Path) -> Result<NetnsId, ProcfsError> {
+    let host_path = procfs.join("1/ns/net");
+    match std::fs::metadata(&host_path) {
+        Ok(metadata) => Ok(NetnsId::of(&metadata)),
+        Err(error) => match std::fs::metadata(OWN_NETNS) {
+            Ok(metadata) => {
+                tracing::debug!(path = %host_path.display(), %error, "pid 1's netns cannot be looked at; taking the agent's own as the host's");
+                Ok(NetnsId::of(&metadata))
+            }
+            Err(_) => Err(ProcfsError::HostNetns {
+                path: host_path,
+                source: error,
+            }),
+        },
+    }
 }
 
 /// The processes in `procfs` (its all-digit entries), ascending: the scan
@@ -136,8 +159,8 @@ pub enum ProcfsError {
         /// The listing error.
         source: std::io::Error,
     },
-    /// The host's netns (`<procfs>/1/ns/net`) cannot be looked at, so
-    /// processes in it could not be told from pods.
+    /// Neither the host's netns (`<procfs>/1/ns/net`) nor the agent's own
+    /// can be looked at, so processes in it could not be told from pods.
     #[error("cannot stat the host netns {path}: {source}")]
     HostNetns {
         /// `<procfs>/1/ns/net`.

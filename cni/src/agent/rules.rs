@@ -10,10 +10,10 @@
 //! [`routing_steps`] lists the `ip` commands. [`install`] and [`remove`]
 //! run them inside the pod's netns.
 //!
-//! Only in-pod state is handled. The host-side probe SNAT (the
-//! `ISTIO_POSTRT` chain and the `istio-inpod-probes-v4/v6` ipsets) is not
-//! installed: the probe exemption rows (8 and 9) are, so a node that SNATs
-//! kubelet probes to the probe address keeps them unproxied.
+//! Only in-pod state is handled here. The node's side of kubelet probes
+//! (the `ISTIO_POSTRT` SNAT and the `istio-inpod-probes-v4/v6` ipsets) is
+//! `host_rules.rs`'s; the probe exemption rows (8 and 9) here keep the
+//! SNATed probes unproxied.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -86,7 +86,7 @@ impl Family {
     }
 
     /// `iptables-save` or `ip6tables-save`.
-    fn save_program(self) -> &'static str {
+    pub(crate) fn save_program(self) -> &'static str {
         match self {
             Family::V4 => "iptables-save",
             Family::V6 => "ip6tables-save",
@@ -99,6 +99,20 @@ impl Family {
             Family::V4 => "iptables-restore",
             Family::V6 => "ip6tables-restore",
         }
+    }
+
+    /// Applies `input` in the current netns as one `iptables-restore
+    /// --noflush` transaction (waiting up to 5 s for the xtables lock);
+    /// empty input runs nothing.
+    pub(crate) fn restore(self, input: &str) -> Result<(), NetnsError> {
+        if !input.is_empty() {
+            netns::command(
+                self.restore_program(),
+                &["--noflush", "--wait=5"],
+                Some(input),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -117,6 +131,12 @@ pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules>
     let probe: IpAddr = match family {
         Family::V4 => settings.probe_snat_ipv4.into(),
         Family::V6 => settings.probe_snat_ipv6.into(),
+    };
+    // Written with the prefix, as iptables-save prints a host address, so
+    // that `is_current` can compare the two.
+    let host_prefix = match family {
+        Family::V4 => 32,
+        Family::V6 => 128,
     };
     let jumps = [
         format!("-A PREROUTING -j {PREROUTING_CHAIN}"),
@@ -144,10 +164,10 @@ pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules>
         ));
     }
     nat.push(format!(
-        "-A {PREROUTING_CHAIN} -s {probe} -p tcp -m tcp -j ACCEPT"
+        "-A {PREROUTING_CHAIN} -s {probe}/{host_prefix} -p tcp -m tcp -j ACCEPT"
     )); // row 8
     nat.push(format!(
-        "-A {OUTPUT_CHAIN} -d {probe} -p tcp -m tcp -j ACCEPT"
+        "-A {OUTPUT_CHAIN} -d {probe}/{host_prefix} -p tcp -m tcp -j ACCEPT"
     )); // row 9
     nat.push(format!(
         "-A {PREROUTING_CHAIN} ! -d {loopback} -p tcp -m tcp ! --dport 15008 -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15006"
@@ -236,6 +256,44 @@ fn parse_saved(saved: &str) -> BTreeMap<String, Present> {
         }
     }
     tables
+}
+
+/// The chain an `-A CHAIN ...` line appends to.
+fn chain_of(rule: &str) -> Option<&str> {
+    rule.strip_prefix("-A ")?.split_whitespace().next()
+}
+
+/// Whether `saved` (`iptables-save` text) holds exactly the `desired`
+/// rules: in each desired table, every chain's rules of ours (the rules of
+/// our chains and the jumps to them) are the desired ones, in order, once
+/// each. Chains are compared one by one because `iptables-save` lists a
+/// table chain by chain. Other tables are not looked at.
+pub fn is_current(saved: &str, desired: &[TableRules]) -> bool {
+    let ours = |chain: &str| chain == PREROUTING_CHAIN || chain == OUTPUT_CHAIN;
+    let mut present: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    let mut current: Option<&str> = None;
+    for line in saved.lines().map(str::trim) {
+        if let Some(table) = line.strip_prefix('*') {
+            current = Some(table);
+            continue;
+        }
+        let (Some(table), Some(chain)) = (current, chain_of(line)) else {
+            continue;
+        };
+        let target = line.rsplit_once("-j ").map(|(_, target)| target.trim());
+        if ours(chain) || target.is_some_and(ours) {
+            present.entry((table, chain)).or_default().push(line);
+        }
+    }
+    let mut wanted: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for table in desired {
+        for rule in &table.rules {
+            let chain = chain_of(rule).unwrap_or_default();
+            wanted.entry((table.table, chain)).or_default().push(rule);
+        }
+    }
+    present.retain(|(table, _), _| desired.iter().any(|wanted| wanted.table == *table));
+    present == wanted
 }
 
 /// One `iptables-restore --noflush` transaction that turns the state in
@@ -329,26 +387,33 @@ pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
 
 /// Installs the rules and routing in the netns at `netns_path`, replacing
 /// any earlier copy. IPv6 is set up only when the pod has an IPv6 address
-/// and ip6tables works there.
+/// and ip6tables works there. Returns whether the iptables rules were not
+/// all in place before (a new pod, or rules someone removed), so a
+/// reconciliation can tell a repair from a no-op.
 pub fn install(
     netns_path: &Path,
     pod_ips: &[IpAddr],
     settings: &RuleSettings,
-) -> Result<(), NetnsError> {
+) -> Result<bool, NetnsError> {
     let has_ipv6 = pod_ips.iter().any(IpAddr::is_ipv6);
     netns::run_in(netns_path, || {
-        apply(Family::V4, &saved(Family::V4)?, Some(settings))?;
+        let current = saved(Family::V4)?;
+        let mut changed = !is_current(&current, &desired_rules(Family::V4, settings));
+        apply(Family::V4, &current, Some(settings))?;
         if has_ipv6 {
             // Reading the current rules is also the test that ip6tables
             // works here.
             match saved(Family::V6) {
-                Ok(current) => apply(Family::V6, &current, Some(settings))?,
+                Ok(current) => {
+                    changed |= !is_current(&current, &desired_rules(Family::V6, settings));
+                    apply(Family::V6, &current, Some(settings))?;
+                }
                 Err(error) => {
                     tracing::warn!(%error, "pod has IPv6 but ip6tables does not work; IPv6 is not captured")
                 }
             }
         }
-        Ok(())
+        Ok(changed)
     })?
 }
 
@@ -377,14 +442,7 @@ fn apply(family: Family, saved: &str, settings: Option<&RuleSettings>) -> Result
     let desired = settings
         .map(|settings| desired_rules(family, settings))
         .unwrap_or_default();
-    let input = restore_input(saved, &desired);
-    if !input.is_empty() {
-        netns::command(
-            family.restore_program(),
-            &["--noflush", "--wait=5"],
-            Some(&input),
-        )?;
-    }
+    family.restore(&restore_input(saved, &desired))?;
     for step in routing_steps(family, settings.is_some()) {
         match step {
             RouteStep::Run(args) => {

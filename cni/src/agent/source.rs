@@ -229,6 +229,9 @@ fn record(event: &CmdAdd, uid: &str, service_account: &str) -> PodRecord {
         namespace: event.pod_namespace.clone(),
         service_account: service_account.to_owned(),
         netns: PathBuf::from(&event.netns),
+        // Read when the rules go in, on the blocking thread that enters
+        // the netns.
+        netns_inode: None,
         ips: event.ips.iter().map(|ip| ip.address.ip).collect(),
     }
 }

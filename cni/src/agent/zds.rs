@@ -114,8 +114,7 @@ impl Connections {
     }
 
     /// Whether none is.
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.open.is_empty()
     }
 }
@@ -226,6 +225,7 @@ async fn serve_connection(
         }
     }
     tracing::info!(pods = pods.len() - dropped, "snapshot sent to ztunnel");
+    mesh.snapshot_sent();
 
     let mut probe = tokio::time::interval_at(Instant::now() + PROBE_INTERVAL, PROBE_INTERVAL);
     probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -111,6 +111,18 @@ struct Cli {
     /// `GET /healthz` (HTTP/1.1).
     #[arg(long, default_value = health::DEFAULT_LISTEN)]
     readiness_listen: SocketAddr,
+    /// The host's procfs, where the netns of pods that were running before
+    /// they joined the mesh are found: `/proc` when the agent runs on the
+    /// host, the host's `/proc` mounted into the container otherwise
+    /// (istio-cni mounts it at `/host/proc`).
+    #[arg(long, default_value = ztunnel_cni::agent::procfs::DEFAULT_PROCFS)]
+    procfs: PathBuf,
+    /// Keep the node's side of kubelet probes in the agent's netns (the
+    /// node's): the `istio-inpod-probes-v4/v6` ipsets of enrolled pods'
+    /// addresses and the `ISTIO_POSTRT` SNAT of the node's own connections
+    /// to them. `--host-probe-rules=false` leaves the node's rules alone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    host_probe_rules: bool,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or
     /// `ztunnel_cni=debug`.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
@@ -141,6 +153,8 @@ fn main() -> anyhow::Result<()> {
         install,
         keep_cni_on_exit: cli.keep_cni_on_exit,
         readiness_listen: Some(cli.readiness_listen),
+        procfs: cli.procfs,
+        host_probe_rules: cli.host_probe_rules,
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,7 +1,7 @@
 //! One node of the cluster: its namespace, address and pod network, the
-//! processes it runs (node agent, ztunnel), and what a test reads from its
-//! ztunnel (log, readiness, admin and metrics endpoints). Starting and
-//! stopping the processes is the cluster's (`cluster.rs`).
+//! processes it runs (node agent, ztunnel), and what a test reads from
+//! them (logs, readiness, ztunnel's admin and metrics endpoints). Starting
+//! and stopping the processes is the cluster's (`cluster.rs`).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -13,8 +13,12 @@ use anyhow::{Context, bail};
 
 use crate::cluster::{START_TIMEOUT, tail};
 use crate::cni::CniNetwork;
-use crate::netns::NetNs;
+use crate::netns::{NetNs, PortForward};
 use crate::wait;
+
+/// The node agent's readiness port, on the node's loopback: only the
+/// cluster asks it, as a kubelet would.
+const AGENT_READINESS_PORT: u16 = 8000;
 
 /// One node: its namespace, address, pod subnet and processes.
 pub struct Node {
@@ -32,6 +36,10 @@ pub struct Node {
     pub network: CniNetwork,
     pub(super) agent: Option<Child>,
     pub(super) ztunnel: Option<Child>,
+    /// On Kubernetes, carries the node agent's connections to the API
+    /// server, which listens on the host's loopback only, from the same
+    /// address on the node's loopback.
+    api_forward: Option<PortForward>,
 }
 
 impl Node {
@@ -66,7 +74,15 @@ impl Node {
             network,
             agent: None,
             ztunnel: None,
+            api_forward: None,
         })
+    }
+
+    /// Makes the API server at `address` (on the host's loopback)
+    /// reachable from the node at the same address.
+    pub(super) fn reach_api(&mut self, address: SocketAddr) -> anyhow::Result<()> {
+        self.api_forward = Some(PortForward::to_host(&self.ns, address)?);
+        Ok(())
     }
 
     /// Its pod subnet, which the other nodes route to it.
@@ -84,6 +100,32 @@ impl Node {
         self.dir.join("ztunnel.sock")
     }
 
+    /// Where the node agent's readiness probe is answered.
+    pub fn agent_readiness_address(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, AGENT_READINESS_PORT))
+    }
+
+    /// The node agent's log file.
+    pub(super) fn agent_log_path(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+
+    /// The node agent's log.
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.agent_log_path()).unwrap_or_default()
+    }
+
+    /// Whether the node agent answers ready: its sockets are bound and its
+    /// pod source has been read (on Kubernetes, both watches have listed).
+    pub fn agent_is_ready(&self) -> bool {
+        matches!(self.http_get(AGENT_READINESS_PORT, "/readyz"), Ok((200, _)))
+    }
+
+    /// Waits until the node agent is ready.
+    pub(super) fn wait_agent_ready(&self) -> anyhow::Result<()> {
+        self.wait_until_ready("node agent", Node::agent_is_ready, Node::agent_log)
+    }
+
     /// ztunnel's log (JSON lines, with access logs).
     pub fn ztunnel_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("ztunnel.log")).unwrap_or_default()
@@ -97,8 +139,9 @@ impl Node {
             .collect()
     }
 
-    /// An HTTP GET to one of ztunnel's own ports in the node (15020
-    /// metrics, 15021 readiness, 15000 admin): the status line and body.
+    /// An HTTP GET to a port on the node's loopback: ztunnel's (15020
+    /// metrics, 15021 readiness, 15000 admin) or the agent's readiness
+    /// port. The status code and body.
     pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut stream = self
@@ -155,13 +198,24 @@ impl Node {
 
     /// Waits until ztunnel is ready.
     pub fn wait_ready(&self) -> anyhow::Result<()> {
-        if wait::until(START_TIMEOUT, || self.is_ready()) {
+        self.wait_until_ready("ztunnel", Node::is_ready, Node::ztunnel_log)
+    }
+
+    /// Waits until `ready` holds for the node's `component`, or fails with
+    /// the end of its `log`.
+    fn wait_until_ready(
+        &self,
+        component: &str,
+        ready: fn(&Node) -> bool,
+        log: fn(&Node) -> String,
+    ) -> anyhow::Result<()> {
+        if wait::until(START_TIMEOUT, || ready(self)) {
             return Ok(());
         }
         bail!(
-            "{}: ztunnel not ready after {START_TIMEOUT:?}; log:\n{}",
+            "{}: {component} not ready after {START_TIMEOUT:?}; log:\n{}",
             self.name,
-            tail(&self.ztunnel_log(), 30)
+            tail(&log(self), 30)
         )
     }
 }

@@ -1,6 +1,8 @@
 //! Pods of the cluster: a network namespace each, attached through the
 //! real CNI chain of its node, with an application (an echo server) and a
-//! way to open connections from inside it.
+//! way to open connections from inside it. On Kubernetes a pod also has a
+//! pause process (`crate::pause`), as the node agent finds running pods
+//! through their processes.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -11,6 +13,7 @@ use anyhow::{Context, bail};
 use crate::cluster::Cluster;
 use crate::cni::PodSandbox;
 use crate::netns::NetNs;
+use crate::pause::{PauseError, PauseProcess};
 
 /// How long a connection attempt from a pod may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -41,7 +44,8 @@ impl PodSpec {
         }
     }
 
-    /// Its uid, derived from its name.
+    /// Its uid in the pod registry file, derived from its name. On
+    /// Kubernetes the API server gives the uid: [`Pod::uid`].
     pub fn uid(&self) -> String {
         format!("uid-{}-{}", self.namespace, self.name)
     }
@@ -62,6 +66,12 @@ impl PodSpec {
 pub struct Pod {
     /// What it is.
     pub spec: PodSpec,
+    /// The uid the runtime gave the CNI chain: the API server's on
+    /// Kubernetes, [`PodSpec::uid`] with the registry file.
+    pub uid: String,
+    /// Its pause process, or why it has none. Declared before the
+    /// namespace so it is dropped first, as a runtime stops a pod.
+    process: Result<PauseProcess, String>,
     /// Its network namespace.
     pub ns: NetNs,
     /// The address the CNI chain gave it.
@@ -69,6 +79,20 @@ pub struct Pod {
 }
 
 impl Pod {
+    /// Its pause process, running in its namespace and in a cgroup named
+    /// after its uid; `None` where it has none
+    /// ([`Pod::process_unavailable`] says why).
+    pub fn process(&self) -> Option<&PauseProcess> {
+        self.process.as_ref().ok()
+    }
+
+    /// Why the pod has no pause process, if it has none: the cluster is
+    /// not on Kubernetes, or cgroup v2 cannot be used here. Tests that
+    /// need the process skip with this reason.
+    pub fn process_unavailable(&self) -> Option<&str> {
+        self.process.as_ref().err().map(String::as_str)
+    }
+
     /// Serves an echo application on `port` (all addresses) inside the pod,
     /// on background threads: each connection gets back what it sends,
     /// until it half-closes.
@@ -181,14 +205,19 @@ impl Cluster {
     /// leaving the mesh file as it was: the pod runs, captured in an
     /// ambient namespace, but is nobody's workload yet, as between the
     /// runtime's sandbox and the kubelet's status update. The pod must be
-    /// in the registry.
+    /// in the registry; on Kubernetes it is created in the API if it is
+    /// not there, and gets a pause process before the chain runs.
     pub fn add_pod_unpublished(&mut self, spec: &PodSpec) -> anyhow::Result<&Pod> {
-        if let Some(api) = self.kube() {
-            api.create_pod(spec)?;
-        }
+        let uid = match self.kube() {
+            Some(api) => api.create_pod(spec)?,
+            None => spec.uid(),
+        };
         let node = self.node(&spec.node)?;
         let ns = NetNs::create("pod")?;
-        let uid = spec.uid();
+        let process = match self.kube() {
+            Some(_) => pause_process(&ns, &uid)?,
+            None => Err("a cluster on the pod registry file runs no pod processes".to_owned()),
+        };
         let sandbox = PodSandbox::new(&ns, &spec.namespace, &spec.name, &uid);
         let outcome = node.network.add(&sandbox)?;
         if !outcome.plugin.success {
@@ -213,6 +242,8 @@ impl Cluster {
         ])?;
         self.pods.push(Pod {
             spec: spec.clone(),
+            uid,
+            process,
             ns,
             ip,
         });
@@ -229,7 +260,7 @@ impl Cluster {
         let ambient = self.is_ambient(&spec.namespace);
         self.mesh().set_workload(&spec, ip, ambient)?;
         if let Some(api) = self.kube() {
-            api.publish(&spec, ip, ambient)?;
+            api.publish(&spec, ip)?;
         }
         self.pod(name)
     }
@@ -245,26 +276,32 @@ impl Cluster {
         self.mesh().remove_workload(&spec)
     }
 
-    /// Deletes a pod the way the runtime does: CNI DEL through the chain,
-    /// then the namespace goes.
+    /// Deletes a pod the way the runtime does: its processes are stopped,
+    /// then CNI DEL runs through the chain, then the namespace goes.
     pub fn delete_pod(&mut self, name: &str) -> anyhow::Result<()> {
         let index = self
             .pods
             .iter()
             .position(|pod| pod.spec.name == name)
             .with_context(|| format!("no pod {name}"))?;
-        let pod = self.pods.remove(index);
-        let uid = pod.spec.uid();
-        let node = self.node(&pod.spec.node)?;
-        let sandbox = PodSandbox::new(&pod.ns, &pod.spec.namespace, &pod.spec.name, &uid);
+        let Pod {
+            spec,
+            uid,
+            process,
+            ns,
+            ..
+        } = self.pods.remove(index);
+        drop(process);
+        let node = self.node(&spec.node)?;
+        let sandbox = PodSandbox::new(&ns, &spec.namespace, &spec.name, &uid);
         let run = node.network.del(&sandbox)?;
         if !run.success {
             bail!("CNI DEL of {name} failed: {} {}", run.stdout, run.stderr);
         }
         if let Some(api) = self.kube() {
-            api.delete(&pod.spec)?;
+            api.delete(&spec)?;
         }
-        self.mesh().remove_workload(&pod.spec)?;
+        self.mesh().remove_workload(&spec)?;
         Ok(())
     }
 
@@ -297,4 +334,15 @@ fn first_ipv4(result: &serde_json::Value) -> Option<(Ipv4Addr, Ipv4Addr)> {
         let gateway = ip.get("gateway")?.as_str()?.parse().ok()?;
         Some((address, gateway))
     })
+}
+
+/// Starts the pause process of the pod with `uid` in `ns`; `Ok(Err)` with
+/// the reason where cgroup v2 cannot be used here, so the pod runs without
+/// one.
+fn pause_process(ns: &NetNs, uid: &str) -> anyhow::Result<Result<PauseProcess, String>> {
+    match PauseProcess::start(ns, uid) {
+        Ok(process) => Ok(Ok(process)),
+        Err(error @ PauseError::CgroupUnavailable(_)) => Ok(Err(error.to_string())),
+        Err(error) => Err(error.into()),
+    }
 }

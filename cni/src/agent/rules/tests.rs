@@ -37,8 +37,8 @@ fn ipv4_rules_without_dns_follow_the_wire_rows() {
         [
             "-A OUTPUT -j ISTIO_OUTPUT",
             "-A PREROUTING -j ISTIO_PRERT",
-            "-A ISTIO_PRERT -s 169.254.7.127 -p tcp -m tcp -j ACCEPT",
-            "-A ISTIO_OUTPUT -d 169.254.7.127 -p tcp -m tcp -j ACCEPT",
+            "-A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT",
+            "-A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT",
             "-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006",
             "-A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT",
             "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT",
@@ -82,8 +82,10 @@ fn ipv6_rules_differ_only_in_loopback_and_probe_address() {
                 .rules
                 .iter()
                 .map(|rule| {
-                    rule.replace("127.0.0.1/32", "::1/128")
-                        .replace("169.254.7.127", "fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
+                    rule.replace("127.0.0.1/32", "::1/128").replace(
+                        "169.254.7.127/32",
+                        "fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128",
+                    )
                 })
                 .collect();
             assert_eq!(translated, six.rules, "{} dns={dns}", four.table);
@@ -237,5 +239,50 @@ fn routing_steps_per_family() {
     for (family, install, want) in cases {
         let got: Vec<String> = routing_steps(family, install).iter().map(words).collect();
         assert_eq!(got, want, "{family:?} install={install}");
+    }
+}
+
+#[test]
+fn rules_are_current_only_when_every_chain_holds_exactly_ours() {
+    let desired = desired_rules(Family::V4, &settings(false));
+    // What iptables-save prints after a clean install: builtin chains
+    // first, then ours, each chain's rules in their order.
+    let mut installed = String::new();
+    for table in &desired {
+        installed.push_str(&format!("*{}\n", table.table));
+        let mut rules = table.rules.clone();
+        rules.sort_by_key(|rule| {
+            [
+                "-A PREROUTING",
+                "-A OUTPUT",
+                "-A ISTIO_OUTPUT",
+                "-A ISTIO_PRERT",
+            ]
+            .iter()
+            .position(|chain| rule.starts_with(&format!("{chain} ")))
+        });
+        for rule in rules {
+            installed.push_str(&rule);
+            installed.push('\n');
+        }
+        installed.push_str("COMMIT\n");
+    }
+    let without_row_18 = installed.replace(desired[1].rules.last().unwrap(), "");
+    let twice = installed.replace(
+        "-A PREROUTING -j ISTIO_PRERT\n",
+        "-A PREROUTING -j ISTIO_PRERT\n-A PREROUTING -j ISTIO_PRERT\n",
+    );
+    let with_others = installed.replace("*nat\n", "*nat\n-A PREROUTING -p udp -j ACCEPT\n");
+    #[rustfmt::skip]
+    let cases = [
+        ("a clean install", installed.as_str(), true),
+        ("someone else's rule beside ours", with_others.as_str(), true),
+        ("nothing installed", "", false),
+        ("a rule deleted", without_row_18.as_str(), false),
+        ("a jump doubled", twice.as_str(), false),
+        ("another install's rules", SAVED_WITH_OURS, false),
+    ];
+    for (reason, saved, current) in cases {
+        assert_eq!(is_current(saved, &desired), current, "{reason}");
     }
 }

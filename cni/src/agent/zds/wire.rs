@@ -163,6 +163,7 @@ mod tests {
             namespace: "shop".into(),
             service_account: "web".into(),
             netns: "/run/netns/p".into(),
+            netns_inode: None,
             ips: Vec::new(),
         }
     }
