@@ -153,6 +153,17 @@ pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules>
         ), // row 11
     ];
     let mut nat = vec![jumps[1].clone(), jumps[0].clone()]; // rows 3, 5
+    // Not a WIRE.md row: connections that were open before the rules went
+    // in are left alone. Until a table needs it, a netns tracks no
+    // connections; once our rules are in, the next packet of such a
+    // connection is picked up mid-stream as a new one, and only new ones
+    // reach the nat table. Such a packet is never a SYN, while every
+    // connection the rules should capture starts with one.
+    for chain in [PREROUTING_CHAIN, OUTPUT_CHAIN] {
+        nat.push(format!(
+            "-A {chain} -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -j ACCEPT"
+        ));
+    }
     for interface in &settings.virtual_interfaces {
         // Row 6: traffic entering from a virtual interface is the VM's own
         // outbound traffic.

@@ -37,6 +37,8 @@ fn ipv4_rules_without_dns_follow_the_wire_rows() {
         [
             "-A OUTPUT -j ISTIO_OUTPUT",
             "-A PREROUTING -j ISTIO_PRERT",
+            "-A ISTIO_PRERT -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -j ACCEPT",
+            "-A ISTIO_OUTPUT -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -j ACCEPT",
             "-A ISTIO_PRERT -s 169.254.7.127/32 -p tcp -m tcp -j ACCEPT",
             "-A ISTIO_OUTPUT -d 169.254.7.127/32 -p tcp -m tcp -j ACCEPT",
             "-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m tcp ! --dport 15008 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15006",
@@ -51,13 +53,13 @@ fn ipv4_rules_without_dns_follow_the_wire_rows() {
 fn dns_capture_adds_rows_4_and_12_to_15() {
     let tables = desired_rules(Family::V4, &settings(true));
     let nat = table(&tables, "nat").unwrap();
-    assert_eq!(nat.len(), 10);
+    assert_eq!(nat.len(), 12);
     assert_eq!(
-        nat[5],
+        nat[7],
         "-A ISTIO_OUTPUT ! -o lo -p udp -m mark ! --mark 0x539/0xfff -m udp --dport 53 -j REDIRECT --to-ports 15053"
     );
     assert_eq!(
-        nat[6],
+        nat[8],
         "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m tcp --dport 53 -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15053"
     );
     assert_eq!(
@@ -100,11 +102,11 @@ fn virtual_interfaces_redirect_then_return_before_the_probe_row() {
     let tables = desired_rules(Family::V4, &with_tap);
     let nat = table(&tables, "nat").unwrap();
     assert_eq!(
-        nat[2],
+        nat[4],
         "-A ISTIO_PRERT -i tap0 -p tcp -j REDIRECT --to-ports 15001"
     );
-    assert_eq!(nat[3], "-A ISTIO_PRERT -i tap0 -p tcp -j RETURN");
-    assert!(nat[4].contains("-s 169.254.7.127"));
+    assert_eq!(nat[5], "-A ISTIO_PRERT -i tap0 -p tcp -j RETURN");
+    assert!(nat[6].contains("-s 169.254.7.127"));
 }
 
 /// What iptables-save prints after an install, trimmed to what matters.
