@@ -144,6 +144,56 @@ fn a_namespace_labelled_ambient_while_its_pods_run_is_meshed_and_plain_again_whe
     assert!(still_echoes(&mut open));
 }
 
+#[test]
+fn a_pod_labelled_while_its_node_agent_is_down_is_enrolled_when_the_agent_restarts() {
+    let specs = [
+        PodSpec::new("front", LATE, "front", "node-a"),
+        PodSpec::new("back", LATE, "back", "node-b"),
+    ];
+    let Some(mut cluster) = start("agent_down", &specs, &[]) else {
+        return;
+    };
+    cluster.kill_agent("node-b").unwrap();
+    cluster
+        .set_pod_label(LATE, "back", "istio.io/dataplane-mode", Some("ambient"))
+        .unwrap();
+    assert_eq!(redirection(&cluster, "back"), None, "nobody enrolls it yet");
+    assert!(!captured(&cluster, "back"));
+
+    cluster.start_agent("node-b").unwrap();
+    assert!(
+        eventually(|| redirection(&cluster, "back").as_deref() == Some("enabled")),
+        "the restarted agent enrolls it:\n{}",
+        agent_logs(&cluster)
+    );
+    assert!(captured(&cluster, "back"));
+    assert!(
+        cluster
+            .node("node-b")
+            .unwrap()
+            .agent_log()
+            .contains("repair: enrolling a running pod found through procfs"),
+        "and logs the repair:\n{}",
+        agent_logs(&cluster)
+    );
+    let through_ztunnel = || {
+        cluster
+            .node("node-b")
+            .unwrap()
+            .access_log()
+            .iter()
+            .any(|entry| {
+                entry.direction == "inbound" && entry.dst_workload.as_deref() == Some("back")
+            })
+    };
+    assert!(
+        eventually(|| echoes(&cluster, "front", "back") && through_ztunnel()),
+        "front, outside the mesh, reaches back through back's ztunnel:\n{}",
+        logs(&cluster)
+    );
+    assert!(!captured(&cluster, "front"), "the unlabelled pod stays out");
+}
+
 /// An ALLOW policy of namespace `default`: only the `client` identity may
 /// reach the `server` pods.
 const ALLOW_CLIENT_ONLY: &str = r#"
