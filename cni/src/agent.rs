@@ -108,6 +108,10 @@ pub struct AgentConfig {
     /// Where the kubelet's readiness and liveness probes are answered
     /// (`health`); `None` serves no probes.
     pub readiness_listen: Option<SocketAddr>,
+    /// Where the host's root filesystem is seen: `/` on the host, the
+    /// mount point of the host's paths in a container (istio-cni's is
+    /// `/host`). The netns paths the plugin reports are the host's.
+    pub host_root: PathBuf,
     /// The host's procfs, where running pods' netns are found (`/proc` on
     /// the host, the host's `/proc` mounted elsewhere in a container).
     pub procfs: PathBuf,
@@ -151,6 +155,7 @@ impl AgentConfig {
             install: None,
             keep_cni_on_exit: false,
             readiness_listen: None,
+            host_root: PathBuf::from("/"),
             procfs: PathBuf::from(procfs::DEFAULT_PROCFS),
             host_probe_rules: false,
         }
@@ -265,13 +270,10 @@ pub async fn run(
     } else {
         None
     };
-    let mesh = Arc::new(Mesh::new(
-        source,
-        config.rules.clone(),
-        host_rules,
-        store,
-        pods,
-    )?);
+    let mesh = Arc::new(
+        Mesh::new(source, config.rules.clone(), host_rules, store, pods)?
+            .with_host_root(config.host_root.clone()),
+    );
     let reconciler = Reconciler::new(Arc::clone(&mesh), config.procfs.clone());
 
     let bind_error = |path: &PathBuf| {

@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::control_plane::ControlPlaneError;
 
@@ -32,6 +34,21 @@ pub enum ProxyMode {
     /// network namespace.
     Dedicated(WorkloadInfo),
 }
+
+/// The first argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Command {
+    /// Run the proxy.
+    Proxy,
+    /// Print the version and exit.
+    Version,
+    /// Print this help and exit.
+    Help,
+}
+
+/// The environment variable Istio's chart sets the cluster id in; it wins
+/// over `CLUSTER_ID`, as it does for istio/ztunnel.
+const ISTIO_CLUSTER_ID: &str = "ISTIO_META_CLUSTER_ID";
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -180,6 +197,15 @@ pub enum ConfigError {
     about = "Node-level zero-trust tunnel proxy (HBONE)"
 )]
 struct Args {
+    /// What to do, as istio/ztunnel reads its first argument: `proxy` (the
+    /// default) runs the proxy, `version` prints the version, `help` this
+    /// text. Istio's chart passes `proxy ztunnel`.
+    #[arg(value_enum, default_value = "proxy", hide_default_value = true)]
+    command: Command,
+    /// The proxy type Istio's chart passes after `proxy` (`ztunnel`); the
+    /// only one there is, so it is not looked at.
+    #[arg(hide = true)]
+    proxy_type: Option<String>,
     /// `shared` (in-pod, one proxy per node) or `dedicated` (one workload).
     #[arg(long, env = "PROXY_MODE", default_value = "shared")]
     proxy_mode: String,
@@ -228,7 +254,8 @@ struct Args {
     /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
     #[arg(long, env = "AUTH_TOKEN")]
     auth_token: Option<String>,
-    /// Cluster ID sent to the CA and used for workloads without one.
+    /// Cluster ID sent to the CA and used for workloads without one
+    /// (`ISTIO_META_CLUSTER_ID` wins over `CLUSTER_ID`).
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster_id: String,
     /// Trust domain.
@@ -349,7 +376,31 @@ impl Config {
         T: Into<std::ffi::OsString> + Clone,
     {
         let env: Vec<(String, String)> = env.into_iter().collect();
-        Args::try_parse_from(args)?.into_config(&env)
+        let mut command = Args::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut parsed = Args::from_arg_matches(&matches)?;
+        match parsed.command {
+            Command::Proxy => {}
+            // clap prints these and exits 0 when the caller calls `exit`.
+            Command::Version => {
+                let version = command.render_version();
+                return Err(clap::Error::raw(ErrorKind::DisplayVersion, version).into());
+            }
+            Command::Help => {
+                let help = command.render_help().to_string();
+                return Err(clap::Error::raw(ErrorKind::DisplayHelp, help).into());
+            }
+        }
+        let cluster_id_on_command_line =
+            matches.value_source("cluster_id") == Some(ValueSource::CommandLine);
+        if !cluster_id_on_command_line
+            && let Some((_, id)) = env
+                .iter()
+                .find(|(name, id)| name == ISTIO_CLUSTER_ID && !id.is_empty())
+        {
+            parsed.cluster_id.clone_from(id);
+        }
+        parsed.into_config(&env)
     }
 }
 
@@ -449,98 +500,4 @@ impl Args {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Flags only: tests never touch the process environment, and none of
-    /// these variables is set where tests run.
-    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
-        Config::from_args(std::iter::once("ztunnel").chain(args.iter().copied()))
-    }
-
-    #[test]
-    fn dedicated_mode_needs_its_workload() {
-        let config = parse(&[
-            "--proxy-mode",
-            "dedicated",
-            "--proxy-workload-info",
-            "default/client-0/client",
-        ])
-        .unwrap();
-        let ProxyMode::Dedicated(info) = &config.mode else {
-            panic!("mode {:?}", config.mode);
-        };
-        assert_eq!(
-            (&*info.namespace, &*info.name, &*info.service_account),
-            ("default", "client-0", "client")
-        );
-        assert_eq!(config.packet_mark, None);
-
-        let error = parse(&["--proxy-mode", "dedicated"]).unwrap_err();
-        assert!(
-            error.to_string().starts_with("PROXY_WORKLOAD_INFO"),
-            "{error}"
-        );
-        let error = parse(&[
-            "--proxy-mode",
-            "dedicated",
-            "--proxy-workload-info",
-            "default/client-0",
-        ])
-        .unwrap_err();
-        assert!(
-            error.to_string().contains("namespace/name/service-account"),
-            "{error}"
-        );
-    }
-
-    #[test]
-    fn defaults_follow_istio() {
-        let config = parse(&[]).unwrap();
-        assert_eq!(config.mode, ProxyMode::Shared);
-        assert_eq!(config.packet_mark, Some(1337));
-        let xds = config.xds.as_ref().unwrap();
-        assert_eq!(xds.address.to_string(), DEFAULT_XDS_ADDRESS);
-        assert_eq!(
-            config.auth_token,
-            PathBuf::from("./var/run/secrets/tokens/istio-token")
-        );
-        assert_eq!(config.cluster_id, "Kubernetes");
-        assert_eq!(config.trust_domain, "cluster.local");
-        assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
-        assert_eq!(config.pool.max_streams_per_connection, 100);
-        assert_eq!(config.pool.unused_release_timeout, Duration::from_secs(300));
-        assert_eq!(config.http2.stream_window, 4 << 20);
-        assert_eq!(config.http2.connection_window, 16 << 20);
-        assert_eq!(config.http2.frame_size, 1 << 20);
-        assert_eq!(config.listeners.inbound.port(), 15008);
-        assert_eq!(config.listeners.admin, "127.0.0.1:15000".parse().unwrap());
-        assert_eq!(
-            config.inpod.uds,
-            PathBuf::from("/var/run/ztunnel/ztunnel.sock")
-        );
-        assert!(config.inpod.port_reuse && config.inpod.ipv6_enabled);
-        assert_eq!(config.inpod.original_source, None);
-    }
-
-    #[test]
-    fn bad_values_name_their_variable() {
-        let cases: &[(&[&str], &str)] = &[
-            (&["--proxy-mode", "sidecar"], "PROXY_MODE"),
-            (&["--secret-ttl", "soon"], "SECRET_TTL"),
-            (
-                &["--pool-unused-release-timeout=-1s"],
-                "POOL_UNUSED_RELEASE_TIMEOUT",
-            ),
-            (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
-        ];
-        for (args, name) in cases {
-            let error = parse(args).unwrap_err();
-            assert!(error.to_string().starts_with(name), "{args:?}: {error}");
-        }
-        assert!(matches!(
-            parse(&["--packet-mark", "x"]),
-            Err(ConfigError::Args(_))
-        ));
-    }
-}
+mod tests;

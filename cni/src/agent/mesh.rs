@@ -50,6 +50,10 @@ pub struct Mesh {
     source: PodSource,
     /// How rules are written.
     rules: RuleSettings,
+    /// Where the host's root filesystem is seen (`/` on the host, `/host`
+    /// in a container that mounts it there): the netns paths the plugin
+    /// reports are the host's.
+    host_root: PathBuf,
     /// The node's probe sets, when the agent keeps them (`None`: another
     /// agent or nobody does, e.g. in tests that share the host's netns).
     host_rules: Option<Arc<HostRules>>,
@@ -93,6 +97,7 @@ impl Mesh {
         Ok(Mesh {
             source,
             rules,
+            host_root: PathBuf::from("/"),
             host_rules,
             store,
             operations: tokio::sync::Mutex::new(()),
@@ -102,6 +107,17 @@ impl Mesh {
             }),
             snapshots: tokio::sync::watch::Sender::new(()),
         })
+    }
+
+    /// The mesh with the host's root filesystem seen at `host_root`.
+    pub fn with_host_root(mut self, host_root: PathBuf) -> Mesh {
+        self.host_root = host_root;
+        self
+    }
+
+    /// `path`, a host path the plugin reported, as this agent sees it.
+    fn on_host(&self, path: &str) -> String {
+        seen_from(&self.host_root, path)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -157,7 +173,8 @@ impl Mesh {
     /// mesh ([`Mesh::enroll`]). A pod the Kubernetes source says is not
     /// enrolled in ambient is left alone and the ADD succeeds: with the
     /// plugin reporting every pod, this is how pods outside the mesh start.
-    pub async fn add(&self, event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
+    pub async fn add(&self, mut event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
+        event.netns = self.on_host(&event.netns);
         match self.source.resolve(&event).await {
             Ok(record) => self.enroll(record, deadline).await,
             Err(ResolveError::NotEnrolled { pod, reason }) => {
@@ -329,7 +346,8 @@ impl Mesh {
     /// its netns still exists), its record (when the uid matches), and
     /// ztunnel's proxy.
     /// Unknown pods are fine: DEL is repeated by runtimes.
-    pub async fn del(&self, event: CmdDel) -> Result<(), MeshError> {
+    pub async fn del(&self, mut event: CmdDel) -> Result<(), MeshError> {
+        event.netns = self.on_host(&event.netns);
         let operation = self.operations.lock().await;
         let recorded = self
             .pod(&event.pod_namespace, &event.pod_name)
@@ -506,4 +524,35 @@ pub enum MeshError {
     /// died.
     #[error("an agent task failed")]
     TaskFailed,
+}
+
+/// The host path `path` as seen with the host's root at `host_root`; an
+/// empty path (DEL after the runtime removed the netns) stays empty.
+fn seen_from(host_root: &Path, path: &str) -> String {
+    if path.is_empty() {
+        return String::new();
+    }
+    host_root
+        .join(path.trim_start_matches('/'))
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_paths_are_seen_under_the_host_root() {
+        #[rustfmt::skip]
+        let cases = [
+            ("/", "/var/run/netns/cni-1", "/var/run/netns/cni-1"),
+            ("/host", "/var/run/netns/cni-1", "/host/var/run/netns/cni-1"),
+            ("/host/", "/proc/42/ns/net", "/host/proc/42/ns/net"),
+            ("/host", "", ""),
+        ];
+        for (root, path, seen) in cases {
+            assert_eq!(seen_from(Path::new(root), path), seen, "{root} {path}");
+        }
+    }
 }

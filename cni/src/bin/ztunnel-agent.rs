@@ -111,6 +111,12 @@ struct Cli {
     /// `GET /healthz` (HTTP/1.1).
     #[arg(long, default_value = health::DEFAULT_LISTEN)]
     readiness_listen: SocketAddr,
+    /// Where the host's root filesystem is seen: `/` when the agent runs on
+    /// the host; in a container, where the host's paths are mounted
+    /// (istio-cni mounts the netns directory at `/host/var/run/netns`, so
+    /// `/host`). The netns paths the CNI plugin reports are the host's.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
     /// The host's procfs, where the netns of pods that were running before
     /// they joined the mesh are found: `/proc` when the agent runs on the
     /// host, the host's `/proc` mounted into the container otherwise
@@ -153,6 +159,7 @@ fn main() -> anyhow::Result<()> {
         install,
         keep_cni_on_exit: cli.keep_cni_on_exit,
         readiness_listen: Some(cli.readiness_listen),
+        host_root: cli.host_root,
         procfs: cli.procfs,
         host_probe_rules: cli.host_probe_rules,
     };

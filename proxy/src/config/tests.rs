@@ -1,0 +1,131 @@
+use super::*;
+
+/// Flags only: tests never touch the process environment, and none of
+/// these variables is set where tests run.
+fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    Config::from_args(std::iter::once("ztunnel").chain(args.iter().copied()))
+}
+
+#[test]
+fn dedicated_mode_needs_its_workload() {
+    let config = parse(&[
+        "--proxy-mode",
+        "dedicated",
+        "--proxy-workload-info",
+        "default/client-0/client",
+    ])
+    .unwrap();
+    let ProxyMode::Dedicated(info) = &config.mode else {
+        panic!("mode {:?}", config.mode);
+    };
+    assert_eq!(
+        (&*info.namespace, &*info.name, &*info.service_account),
+        ("default", "client-0", "client")
+    );
+    assert_eq!(config.packet_mark, None);
+
+    let error = parse(&["--proxy-mode", "dedicated"]).unwrap_err();
+    assert!(
+        error.to_string().starts_with("PROXY_WORKLOAD_INFO"),
+        "{error}"
+    );
+    let error = parse(&[
+        "--proxy-mode",
+        "dedicated",
+        "--proxy-workload-info",
+        "default/client-0",
+    ])
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("namespace/name/service-account"),
+        "{error}"
+    );
+}
+
+#[test]
+fn defaults_follow_istio() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(config.mode, ProxyMode::Shared);
+    assert_eq!(config.packet_mark, Some(1337));
+    let xds = config.xds.as_ref().unwrap();
+    assert_eq!(xds.address.to_string(), DEFAULT_XDS_ADDRESS);
+    assert_eq!(
+        config.auth_token,
+        PathBuf::from("./var/run/secrets/tokens/istio-token")
+    );
+    assert_eq!(config.cluster_id, "Kubernetes");
+    assert_eq!(config.trust_domain, "cluster.local");
+    assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
+    assert_eq!(config.pool.max_streams_per_connection, 100);
+    assert_eq!(config.pool.unused_release_timeout, Duration::from_secs(300));
+    assert_eq!(config.http2.stream_window, 4 << 20);
+    assert_eq!(config.http2.connection_window, 16 << 20);
+    assert_eq!(config.http2.frame_size, 1 << 20);
+    assert_eq!(config.listeners.inbound.port(), 15008);
+    assert_eq!(config.listeners.admin, "127.0.0.1:15000".parse().unwrap());
+    assert_eq!(
+        config.inpod.uds,
+        PathBuf::from("/var/run/ztunnel/ztunnel.sock")
+    );
+    assert!(config.inpod.port_reuse && config.inpod.ipv6_enabled);
+    assert_eq!(config.inpod.original_source, None);
+}
+
+#[test]
+fn bad_values_name_their_variable() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--proxy-mode", "sidecar"], "PROXY_MODE"),
+        (&["--secret-ttl", "soon"], "SECRET_TTL"),
+        (
+            &["--pool-unused-release-timeout=-1s"],
+            "POOL_UNUSED_RELEASE_TIMEOUT",
+        ),
+        (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
+    ];
+    for (args, name) in cases {
+        let error = parse(args).unwrap_err();
+        assert!(error.to_string().starts_with(name), "{args:?}: {error}");
+    }
+    assert!(matches!(
+        parse(&["--packet-mark", "x"]),
+        Err(ConfigError::Args(_))
+    ));
+}
+
+#[test]
+fn istios_chart_arguments_run_the_proxy_and_its_words_are_understood() {
+    assert!(
+        parse(&["proxy", "ztunnel"]).is_ok(),
+        "Istio's ztunnel chart args"
+    );
+    assert!(parse(&["proxy"]).is_ok());
+    let kind = |args: &[&str]| match parse(args) {
+        Err(ConfigError::Args(error)) => Some(error.kind()),
+        _ => None,
+    };
+    assert_eq!(
+        kind(&["version"]),
+        Some(clap::error::ErrorKind::DisplayVersion)
+    );
+    assert_eq!(kind(&["help"]), Some(clap::error::ErrorKind::DisplayHelp));
+    assert_eq!(kind(&["serve"]), Some(clap::error::ErrorKind::InvalidValue));
+}
+
+#[test]
+fn istios_cluster_id_variable_wins_over_cluster_id_but_not_over_the_flag() {
+    let with_env = |args: &[&str], env: &[(&str, &str)]| {
+        let env = env
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()));
+        Config::from_args_and_env(std::iter::once("ztunnel").chain(args.iter().copied()), env)
+            .unwrap()
+            .cluster_id
+    };
+    let istio = [("ISTIO_META_CLUSTER_ID", "east")];
+    assert_eq!(with_env(&[], &istio), "east");
+    assert_eq!(with_env(&["--cluster-id", "west"], &istio), "west");
+    assert_eq!(
+        with_env(&[], &[("ISTIO_META_CLUSTER_ID", "")]),
+        "Kubernetes"
+    );
+}
