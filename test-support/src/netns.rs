@@ -1,15 +1,18 @@
 //! Network namespaces that clean up after themselves, veth pairs between
-//! them, running code or processes inside one, and forwarding a port
-//! inside one to a server on this process's own loopback.
+//! them, running code or processes inside one (and HTTP GETs to its
+//! loopback), and forwarding a port inside one to a server on this
+//! process's own loopback.
 //!
 //! Every namespace gets a unique name (`zt-<tag>-<pid>-<n>`) and is deleted
 //! on drop, also when a test fails, so runs never collide or leak.
 
 use std::fs::File;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use nix::sched::{CloneFlags, setns};
@@ -22,19 +25,24 @@ pub fn unavailable() -> Option<String> {
         return Some("not root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN".into());
     }
     for tool in ["ip", "iptables"] {
-        let found = Command::new(tool)
-            .arg("-V")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
+        if !installed(tool) {
             return Some(format!(
                 "`{tool}` is not installed (apt-get install iproute2 iptables)"
             ));
         }
     }
     None
+}
+
+/// Whether `tool` can be run here (it answers `-V`, as iproute2, iptables
+/// and util-linux tools do).
+pub fn installed(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
 }
 
 /// Runs a command and fails with its stderr if it exits non-zero.
@@ -117,6 +125,32 @@ impl NetNs {
                 .join()
                 .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
         })
+    }
+
+    /// An HTTP/1.1 GET to a port on the namespace's loopback, as a kubelet
+    /// probe or an operator's `curl` there would send it: the status code
+    /// and body.
+    pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream =
+            self.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let status = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .context("no HTTP status")?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
     }
 }
 

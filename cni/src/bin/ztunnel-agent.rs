@@ -1,6 +1,7 @@
 //! `ztunnel-agent`: the node agent. Parses flags, sets up logging, and runs
 //! [`ztunnel_cni::agent::run`] until SIGTERM or SIGINT.
 
+use std::io::IsTerminal;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -141,6 +142,9 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or the kubelet's
+        // log would hold them as text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let pods = pod_source(&cli)?;
     let install = install_config(&cli)?;

@@ -3,13 +3,11 @@
 //! them (logs, readiness, ztunnel's admin and metrics endpoints). Starting
 //! and stopping the processes is the cluster's (`cluster.rs`).
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::cluster::{START_TIMEOUT, tail};
 use crate::cni::CniNetwork;
@@ -143,27 +141,7 @@ impl Node {
     /// metrics, 15021 readiness, 15000 admin) or the agent's readiness
     /// port. The status code and body.
     pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream = self
-            .ns
-            .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .context("no HTTP status")?;
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
+        self.ns.http_get(port, path)
     }
 
     /// The PID of the running ztunnel, for reading its CPU time and memory
