@@ -4,7 +4,9 @@
 //!
 //! Decisions are pure functions (`authn`, `authz`); `service` is the gRPC
 //! shell around them and `server` the TLS listener, which also serves the
-//! delta xDS of `crate::xds` from the same registry.
+//! delta xDS of `crate::xds` from the same registry. The signing material
+//! comes from files, from the state directory (`state_dir`), or on
+//! Kubernetes from the Secrets istiod uses (`signing_secret`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ pub mod authz;
 pub mod metrics;
 pub mod server;
 pub mod service;
+pub mod signing_secret;
 pub mod state_dir;
 pub mod token;
 pub mod token_keys;

@@ -6,6 +6,9 @@
 //! Readiness waits for both: every watch listed once, and every permission
 //! granted. A missing verb keeps the control plane unready with a log line
 //! naming it, re-checked until it is granted; it is never a crash.
+//!
+//! The small controllers (`crate::untaint`, `crate::root_configmap`) watch
+//! what they act on with [`watch_waking`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,9 +20,12 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use tokio::sync::Notify;
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_mesh::kube::convert::ObjectProblem;
-use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver};
+use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, watch_into_store};
 
 use crate::ca::metrics::{CaMetrics, Readiness};
 
@@ -192,4 +198,30 @@ pub fn readiness(registry: Arc<KubeRegistry>, permissions: Arc<Permissions>) -> 
             (!registry.is_ready()).then(|| format!("waiting for {}", registry.waiting_for()))
         })
     })
+}
+
+/// Watches `api` into a store for `controller`, waking `changed` on every
+/// event (the first list included); errors are logged and the watch
+/// resumes with backoff. It runs as long as the process.
+pub fn watch_waking<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    (controller, kind): (&'static str, &'static str),
+    changed: &Arc<Notify>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let changed = Arc::clone(changed);
+    let on_event = move |event: Result<(), watcher::Error>| match event {
+        Ok(()) => changed.notify_one(),
+        Err(error) => tracing::warn!(controller, kind, %error, "watch failed; retrying"),
+    };
+    watch_into_store(api, config, on_event, std::future::pending())
 }

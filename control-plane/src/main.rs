@@ -4,8 +4,12 @@
 //! port, as istiod's 15012), plus `/metrics` over plain HTTP;
 //! `token` mints a pod-bound service-account token with the state
 //! directory's local key, which `serve` trusts when `--token-keys` is not
-//! given. This file only parses flags and wires the library together.
+//! given. The CA signs with the root (or intermediate) of the flags; else,
+//! on Kubernetes, with the one in the Secrets of its namespace
+//! (`ca::signing_secret`); else with the state directory's. This file only
+//! parses flags and wires the library together.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -23,11 +27,13 @@ use ztunnel_control_plane::ca::authn::{
 };
 use ztunnel_control_plane::ca::authz::{DEFAULT_TRUSTED_NODE_ACCOUNT, NodeAgentAccount};
 use ztunnel_control_plane::ca::metrics::{self, CaMetrics, Readiness};
+use ztunnel_control_plane::ca::signing_secret;
 use ztunnel_control_plane::ca::state_dir::{StateDir, StateDirError};
 use ztunnel_control_plane::ca::token::PodToken;
 use ztunnel_control_plane::ca::token_keys::TokenKeys;
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
+use ztunnel_control_plane::root_configmap;
 use ztunnel_control_plane::untaint::{self, DEFAULT_TAINT_KEY, UntaintConfig};
 use ztunnel_mesh::kube::convert::ConvertSettings;
 use ztunnel_mesh::kube::source::KubeRegistry;
@@ -65,8 +71,12 @@ struct ServeArgs {
     /// Trust domain of every issued identity.
     #[arg(long, default_value = "cluster.local")]
     trust_domain: String,
-    /// Root certificate (PEM). Without it, a root is generated in --state-dir
-    /// on first start and reused after.
+    /// Root certificate (PEM). Without it, on Kubernetes the CA signs with
+    /// the Secret `cacerts` of --pod-namespace (ca-cert.pem, ca-key.pem,
+    /// root-cert.pem, cert-chain.pem, as istiod) if it exists, else with
+    /// the root in the Secret `istio-ca-secret`, generated and stored there
+    /// by the first replica to start; with a mesh file, a root is generated
+    /// in --state-dir on first start and reused after.
     #[arg(long)]
     root_cert: Option<PathBuf>,
     /// Root private key (PEM). Not needed when an intermediate signs.
@@ -83,7 +93,8 @@ struct ServeArgs {
     /// the previous root during a rotation.
     #[arg(long)]
     extra_roots: Option<PathBuf>,
-    /// Directory for the generated root and the local token key (mode 0700).
+    /// Directory for the generated root and the local token key (mode 0700);
+    /// not used on Kubernetes.
     #[arg(long, default_value = "ztunnel-ca-state")]
     state_dir: PathBuf,
     /// Mesh file (YAML), the source of truth for impersonation and xDS:
@@ -136,9 +147,19 @@ struct ServeArgs {
     /// The taint the untaint controller removes.
     #[arg(long, env = "PILOT_NODE_UNTAINT_CONTROLLERS_TAINT_NAME", default_value = DEFAULT_TAINT_KEY)]
     taint_name: String,
-    /// The namespace this control plane runs in (the downward API's).
+    /// The namespace this control plane runs in (the downward API's): where
+    /// the signing Secrets are, and the first namespace the root is
+    /// published in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
     pod_namespace: String,
+    /// Another namespace to publish the root in, as the ConfigMap
+    /// istio-ca-root-cert that ztunnel mounts (Kubernetes only; always in
+    /// --pod-namespace). Repeatable. istiod publishes it in every
+    /// namespace; publishing only where ztunnel (or another reader) runs
+    /// keeps the role to ConfigMaps in those namespaces alone, with no
+    /// cluster-wide write (deploy/rbac/control-plane-ca.yaml).
+    #[arg(long = "root-cert-namespace")]
+    root_cert_namespaces: Vec<String>,
     /// How often the mesh file is checked for changes.
     #[arg(long, visible_alias = "pods-poll-interval", default_value = "1s", value_parser = parse_duration)]
     mesh_poll_interval: Duration,
@@ -232,15 +253,20 @@ fn init_logging() {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let now = SystemTime::now();
     // Opened only when something is generated or defaulted there, so that a
-    // CA run with explicit files needs no writable directory.
+    // CA run with explicit files, or on Kubernetes, needs no writable
+    // directory.
     let state = || StateDir::open(&args.state_dir);
-    let issuer = Arc::new(Issuer::new(&signing_material(&args, state, now)?)?);
+    let client = if args.kubeconfig.is_some() || args.in_cluster {
+        Some(kubernetes::client(args.kubeconfig.as_deref()).await?)
+    } else {
+        None
+    };
+    let issuer = Arc::new(issuer(&args, state, client.as_ref(), now).await?);
     let (stop, stopped) = watch::channel(false);
     let metrics = Arc::new(CaMetrics::new());
-    let source = if args.kubeconfig.is_some() || args.in_cluster {
-        kubernetes_source(&args, &metrics, &stopped).await?
-    } else {
-        file_source(&args, state, &metrics, &stopped)?
+    let source = match client {
+        Some(client) => kubernetes_source(&args, client, &issuer, &metrics, &stopped),
+        None => file_source(&args, state, &metrics, &stopped)?,
     };
     let config = CaConfig {
         trust_domain: args.trust_domain.clone(),
@@ -337,13 +363,25 @@ fn file_source(
 }
 
 /// The Kubernetes API: watched objects, TokenReview, readiness once the
-/// permissions are in place and every watch has listed.
-async fn kubernetes_source(
+/// permissions are in place and every watch has listed; the root
+/// published to the namespaces ztunnel reads it in.
+fn kubernetes_source(
     args: &ServeArgs,
+    client: kube::Client,
+    issuer: &Issuer,
     metrics: &Arc<CaMetrics>,
     stopped: &watch::Receiver<bool>,
-) -> anyhow::Result<Source> {
-    let client = kubernetes::client(args.kubeconfig.as_deref()).await?;
+) -> Source {
+    let root_namespaces: BTreeSet<String> = std::iter::once(&args.pod_namespace)
+        .chain(&args.root_cert_namespaces)
+        .cloned()
+        .collect();
+    tokio::spawn(root_configmap::run(
+        client.clone(),
+        root_namespaces,
+        issuer.root_bundle_pem().to_owned(),
+        wait(stopped.clone()),
+    ));
     let permissions = Arc::new(Permissions::default());
     let mut required = kubernetes::REQUIRED_ACCESS.to_vec();
     if args.taint_enabled {
@@ -382,37 +420,60 @@ async fn kubernetes_source(
         wait(stopped.clone()),
     );
     tracing::info!("mesh source: the Kubernetes API");
-    Ok(Source {
+    Source {
         registry: Arc::clone(&registry) as Arc<dyn PodRegistry>,
         authenticator: Arc::new(Authenticator::TokenReview(TokenReviewer::new(
             client,
             &args.audience,
         ))),
         readiness: kubernetes::readiness(registry, permissions),
-    })
+    }
 }
 
-fn signing_material(
+/// The issuer, from the flags' files, else the Kubernetes Secrets (with a
+/// client), else the state directory; errors name where the material came
+/// from.
+async fn issuer(
     args: &ServeArgs,
     state: impl FnOnce() -> Result<StateDir, StateDirError>,
+    client: Option<&kube::Client>,
     now: SystemTime,
-) -> anyhow::Result<SigningMaterial> {
+) -> anyhow::Result<Issuer> {
     let read = |path: &PathBuf| {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
     };
-    let mut material = match &args.root_cert {
-        Some(cert) => SigningMaterial {
-            root_cert_pem: read(cert)?,
-            root_key_pem: args.root_key.as_ref().map(read).transpose()?,
-            ..SigningMaterial::default()
-        },
-        None => {
-            let root = state()?.root(&args.trust_domain, now)?;
+    let (mut material, origin) = match (&args.root_cert, client) {
+        (Some(cert), _) => (
             SigningMaterial {
+                root_cert_pem: read(cert)?,
+                root_key_pem: args.root_key.as_ref().map(read).transpose()?,
+                ..SigningMaterial::default()
+            },
+            "the files of --root-cert and the flags beside it".to_owned(),
+        ),
+        (None, Some(client)) => {
+            let namespace = &args.pod_namespace;
+            let loaded = signing_secret::load(client, namespace, &args.trust_domain, now)
+                .await
+                .with_context(|| {
+                    format!("reading the CA's signing material in namespace {namespace}")
+                })?;
+            (
+                loaded.material,
+                format!("Secret {namespace}/{}", loaded.secret),
+            )
+        }
+        (None, None) => {
+            let root = state()?.root(&args.trust_domain, now)?;
+            let material = SigningMaterial {
                 root_cert_pem: root.cert_pem,
                 root_key_pem: Some(root.key_pem),
                 ..SigningMaterial::default()
-            }
+            };
+            (
+                material,
+                format!("--state-dir {}", args.state_dir.display()),
+            )
         }
     };
     if let (Some(cert), Some(key)) = (&args.intermediate_cert, &args.intermediate_key) {
@@ -421,8 +482,11 @@ fn signing_material(
             key_pem: read(key)?,
         });
     }
-    material.extra_roots_pem = args.extra_roots.as_ref().map(read).transpose()?;
-    Ok(material)
+    if let Some(path) = &args.extra_roots {
+        let extra = material.extra_roots_pem.take().unwrap_or_default();
+        material.extra_roots_pem = Some(extra + &read(path)?);
+    }
+    Issuer::new(&material).with_context(|| format!("the signing material of {origin}"))
 }
 
 fn token(args: &TokenArgs) -> anyhow::Result<()> {

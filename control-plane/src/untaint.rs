@@ -22,13 +22,17 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
-use ztunnel_mesh::kube::source::watch_into_store;
+
+use crate::kubernetes::watch_waking;
 
 /// The taint key istiod's controller removes by default.
 pub const DEFAULT_TAINT_KEY: &str = "cni.istio.io/not-ready";
 
 /// The label of node agent pods (istio-cni's, and ours).
 pub const AGENT_POD_LABEL: &str = "k8s-app=istio-cni-node";
+
+/// The controller's name in logs.
+const CONTROLLER: &str = "node untaint";
 
 /// How many times one node's patch is tried before the next event, as
 /// istiod's controller does.
@@ -97,9 +101,14 @@ pub async fn run(
     let pod_config = watcher::Config::default()
         .labels(AGENT_POD_LABEL)
         .fields("status.phase!=Failed");
-    let pod_store = watch(pods, pod_config, "node agent Pod", &changed);
+    let pod_store = watch_waking(pods, pod_config, (CONTROLLER, "node agent Pod"), &changed);
     let nodes: Api<Node> = Api::all(client.clone());
-    let node_store = watch(nodes.clone(), watcher::Config::default(), "Node", &changed);
+    let node_store = watch_waking(
+        nodes.clone(),
+        watcher::Config::default(),
+        (CONTROLLER, "Node"),
+        &changed,
+    );
     tokio::pin!(shutdown);
     tracing::info!(
         namespace = %config.agent_namespace,
@@ -120,31 +129,6 @@ pub async fn run(
             untaint(&nodes, &node_store, &name, &config.taint_key).await;
         }
     }
-}
-
-/// Watches `api` into a store, waking `changed` on every event; errors
-/// are logged and the watch resumes. It runs as long as the process.
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    kind: &'static str,
-    changed: &Arc<Notify>,
-) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let changed = Arc::clone(changed);
-    let on_event = move |event: Result<(), watcher::Error>| match event {
-        Ok(()) => changed.notify_one(),
-        Err(error) => tracing::warn!(kind, %error, "untaint controller watch failed; retrying"),
-    };
-    watch_into_store(api, config, on_event, std::future::pending())
 }
 
 /// Removes `key` from node `name`'s taints if it has it, on the version

@@ -119,6 +119,7 @@ fn help_documents_every_flag() {
         "--root-cert",
         "--root-key",
         "--state-dir",
+        "--root-cert-namespace",
         "--mesh",
         "--token-keys",
         "--audience",

@@ -1,39 +1,34 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 //! `ztunnel-ca serve --kubeconfig` against a real API server (etcd and
 //! kube-apiserver from `scripts/k8s-test-env.sh`), running as a service
-//! account bound to exactly the ClusterRole in `deploy/rbac/`. Callers hold
+//! account bound to exactly the roles in `deploy/rbac/`. Callers hold
 //! real tokens from the TokenRequest API; pods are created and deleted
-//! through the API, with their status written as a kubelet would.
+//! through the API, with their status written as a kubelet would. Where
+//! the CA's root comes from is `kubernetes_ca.rs`'s.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use api::{ROLE, api_with_control_plane_account, stored_roots, wait_ready};
 use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use tonic::Code;
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
 use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::kube::objects::{
-    PodSpecForTest, create_pod, delete_pod, ensure_namespace, request_token,
-    service_account_with_role, set_pod_running,
+    PodSpecForTest, create_pod, delete_pod, ensure_namespace, request_token, set_pod_running,
 };
 
+#[path = "support/api.rs"]
+mod api;
 #[path = "support/ca_client.rs"]
 mod ca_client;
 #[path = "support/serve.rs"]
 mod serve;
 
-/// The role the control plane ships with.
-const ROLE: &str = include_str!("../../deploy/rbac/control-plane.yaml");
-
-/// What the untaint controller adds to it.
+/// What the untaint controller adds to the control plane's role.
 const UNTAINT_ROLE: &str = include_str!("../../deploy/rbac/control-plane-untaint.yaml");
-
-/// The AuthorizationPolicy CRD it watches.
-const CRD: &str = include_str!("../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
 
 /// A policy whose action ztunnel does not support: not sent, and counted.
 const AUDIT_POLICY: &str = r#"
@@ -49,53 +44,6 @@ spec:
 /// these tests: the target is under a second; the bound is generous so a
 /// busy machine does not fail the test, and the time taken is printed.
 const CONVERGE: Duration = Duration::from_secs(10);
-
-/// The API server with the CRD installed, and the control plane's service
-/// account bound to `role` (the shipped role, or a test's variant).
-async fn api_with_control_plane_account(role: &str) -> Option<(KubeApi, String)> {
-    let api = KubeApi::start().unwrap()?;
-    eprintln!("API server ready in {:?}", api.started_in());
-    api.kubectl(&["apply", "-f", "-"], Some(CRD)).unwrap();
-    api.kubectl(&["apply", "-f", "-"], Some(role)).unwrap();
-    let client = api.admin_client().await.unwrap();
-    ensure_namespace(&client, "istio-system", &[])
-        .await
-        .unwrap();
-    let token = service_account_with_role(
-        &client,
-        "istio-system",
-        "ztunnel-control-plane",
-        "ztunnel-control-plane",
-    )
-    .await
-    .unwrap();
-    let kubeconfig = api
-        .kubeconfig_for_token("control-plane", &token)
-        .unwrap()
-        .display()
-        .to_string();
-    Some((api, kubeconfig))
-}
-
-/// Waits until `/ready` answers 200, or panics with its last answer.
-async fn wait_ready(http: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = ca_client::get(http, "/ready").await;
-        if response.starts_with("HTTP/1.1 200") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never ready: {response}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn roots(state: &Path) -> Vec<CertificateDer<'static>> {
-    let pem = std::fs::read(state.join("root-cert.pem")).unwrap();
-    CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .unwrap()
-}
 
 /// Asks for `identity` (impersonating when it is not the caller's own)
 /// with `token`: the identity in the issued certificate, or the code.
@@ -172,7 +120,6 @@ async fn running_pod(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_agents_get_certificates_only_for_pods_on_their_node() {
-    ztunnel_certs::tls::install_provider();
     let Some((api, kubeconfig)) = api_with_control_plane_account(ROLE).await else {
         return;
     };
@@ -193,7 +140,7 @@ async fn node_agents_get_certificates_only_for_pods_on_their_node() {
     let state = api.dir().join("ca-state");
     let (_server, grpc, http) = serve::start(&state, &["--kubeconfig", &kubeconfig], "info");
     wait_ready(http).await;
-    let roots = roots(&state);
+    let roots = stored_roots(&client).await;
     let node_token = request_token(
         &client,
         "istio-system",
