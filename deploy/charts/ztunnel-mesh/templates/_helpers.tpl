@@ -72,13 +72,6 @@ The cluster id: multiCluster.clusterName, else istiod's default.
 {{- end }}
 
 {{/*
-The Secret holding the CA's signing material.
-*/}}
-{{- define "ztunnel-mesh.caSecretName" -}}
-{{ .Values.ca.existingSecret | default "ztunnel-ca-root" }}
-{{- end }}
-
-{{/*
 Names of cluster-scoped objects carry the release namespace, as Istio's do,
 so that installs in two namespaces do not overwrite each other's roles.
 Called with (list $ <base name>).
