@@ -43,6 +43,9 @@ const AGENT_READINESS_PORT: u16 = 8000;
 /// the xDS client's reconnect backoff after the control plane comes up.
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Where the image holds ztunnel, relative to its root.
+const IMAGE_BINARY: &str = "usr/local/bin/ztunnel";
+
 /// What the container runtime does before it starts the entrypoint, in a
 /// mount namespace of ztunnel's own so the host's mounts are untouched:
 /// `/var/run` becomes an empty tmpfs holding only the hostPath
@@ -232,6 +235,14 @@ impl ChartNode {
     /// binary with [`CHART_ARGS`] and [`chart_env`], in the root. The shell
     /// and `env` exec, so the process started is ztunnel itself.
     fn start_ztunnel(&self, ztunnel: &Path) -> Started {
+        // In the root, where an image has it: the build's own path may lie
+        // under /tmp (a checkout there), which the emptyDir hides. Run by
+        // its path relative to the root, the working directory.
+        let in_image = self.root.join(IMAGE_BINARY);
+        std::fs::create_dir_all(in_image.parent().unwrap()).unwrap();
+        if std::fs::hard_link(ztunnel, &in_image).is_err() {
+            std::fs::copy(ztunnel, &in_image).unwrap();
+        }
         let mut command = self.ns.command("unshare");
         command
             .args(["--mount", "--propagation", "private"])
@@ -243,7 +254,7 @@ impl ChartNode {
                     .iter()
                     .map(|(name, value)| format!("{name}={value}")),
             )
-            .arg(ztunnel)
+            .arg(Path::new(".").join(IMAGE_BINARY))
             .args(CHART_ARGS)
             .current_dir(&self.root);
         Started::spawn(&mut command, self.host.join("ztunnel.log"))
@@ -341,7 +352,12 @@ fn assert_started_as_the_chart_starts_it(ztunnel: &Started) {
             .first()
             .is_some_and(|program| program.ends_with("/ztunnel"))
     });
-    assert!(execed, "ztunnel not started: {:?}", fields("cmdline"));
+    assert!(
+        execed,
+        "ztunnel not started: {:?}; its output:\n{}",
+        fields("cmdline"),
+        ztunnel.log_tail()
+    );
     assert_eq!(fields("cmdline")[1..], CHART_ARGS);
     let mut environment = fields("environ");
     environment.sort();
