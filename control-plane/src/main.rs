@@ -10,7 +10,7 @@
 //! parses flags and wires the library together.
 
 use std::collections::BTreeSet;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -247,6 +247,9 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or the kubelet's
+        // log would hold them as text.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
