@@ -301,10 +301,7 @@ impl Mesh {
         let operation = self.operations.lock().await;
         self.probe_set(record, ProbeSetChange::Remove).await;
         if removal == Removal::OptedOut && record.netns_alive() {
-            let netns = record.netns.clone();
-            tokio::task::spawn_blocking(move || rules::remove(&netns))
-                .await
-                .map_err(|_| MeshError::TaskFailed)??;
+            remove_blocking(record.netns.clone()).await?;
         }
         let removed = self
             .forget(&record.namespace, &record.name, &record.uid)
@@ -356,10 +353,7 @@ impl Mesh {
             self.probe_set(pod, ProbeSetChange::Remove).await;
         }
         if !event.netns.is_empty() && Path::new(&event.netns).exists() {
-            let netns = PathBuf::from(&event.netns);
-            tokio::task::spawn_blocking(move || rules::remove(&netns))
-                .await
-                .map_err(|_| MeshError::TaskFailed)??;
+            remove_blocking(PathBuf::from(&event.netns)).await?;
         }
         let removed = self
             .forget(&event.pod_namespace, &event.pod_name, &event.pod_uid)
@@ -460,6 +454,14 @@ async fn install_blocking(
     })
     .await
     .map_err(|_| MeshError::TaskFailed)?
+}
+
+/// Removes the rules in the netns at `netns` on a blocking thread.
+async fn remove_blocking(netns: PathBuf) -> Result<(), MeshError> {
+    tokio::task::spawn_blocking(move || rules::remove(&netns))
+        .await
+        .map_err(|_| MeshError::TaskFailed)??;
+    Ok(())
 }
 
 /// Which way a pod's addresses move in the probe sets.

@@ -81,8 +81,11 @@ impl Reconciler {
             () = self.watch.wait_ready() => {}
         }
         changes.mark_unchanged();
-        let mut next = Instant::now() + self.pass(true).await;
+        let mut next = Instant::now() + self.pass(true, true).await;
         loop {
+            // Event passes leave the probe sets to the enrollments and
+            // removals that change them; timed ones read the sets back.
+            let mut timed = false;
             tokio::select! {
                 () = stopped(&mut shutdown) => return,
                 changed = changes.changed() => {
@@ -98,16 +101,17 @@ impl Reconciler {
                         return;
                     }
                 }
-                () = tokio::time::sleep_until(next) => {}
+                () = tokio::time::sleep_until(next) => timed = true,
             }
-            next = Instant::now() + self.pass(false).await;
+            next = Instant::now() + self.pass(false, timed).await;
         }
     }
 
     /// One pass; returns how long until the next one without events.
     /// `startup` also re-applies the rules of every held pod and logs what
-    /// it repairs.
-    async fn pass(&self, startup: bool) -> Duration {
+    /// it repairs; `sync_probe_sets` reads the node's probe sets back and
+    /// repairs them (on start and on the timer, not on every event).
+    async fn pass(&self, startup: bool, sync_probe_sets: bool) -> Duration {
         let api = self.api_pods();
         let held = self.mesh.pods();
         let steps = plan(&api, &held, PodRecord::netns_alive);
@@ -128,6 +132,9 @@ impl Reconciler {
         }
         if !to_find.is_empty() {
             unsettled |= !self.find_and_enroll(to_find, startup).await;
+        }
+        if !sync_probe_sets {
+            return if unsettled { RETRY } else { RESYNC };
         }
         match self.mesh.sync_probe_sets().await {
             Ok((0, 0)) => {}
@@ -225,9 +232,13 @@ impl Reconciler {
     /// Finds the netns of each pod through procfs and enrolls those found;
     /// false when some were not found or not enrolled (retried soon).
     async fn find_and_enroll(&self, pods: Vec<ApiPod>, startup: bool) -> bool {
+        let pods: Vec<(Option<PodUid>, ApiPod)> = pods
+            .into_iter()
+            .map(|pod| (pod.uid.parse::<PodUid>().ok(), pod))
+            .collect();
         let wanted: HashMap<PodUid, Vec<IpAddr>> = pods
             .iter()
-            .filter_map(|pod| Some((pod.uid.parse::<PodUid>().ok()?, pod.ips.clone())))
+            .filter_map(|(uid, pod)| Some((uid.clone()?, pod.ips.clone())))
             .collect();
         let procfs = self.procfs.clone();
         let found = match tokio::task::spawn_blocking(move || procfs::scan(&procfs, &wanted)).await
@@ -243,12 +254,8 @@ impl Reconciler {
             }
         };
         let mut settled = true;
-        for pod in pods {
-            let netns = pod
-                .uid
-                .parse::<PodUid>()
-                .ok()
-                .and_then(|uid| found.get(&uid));
+        for (uid, pod) in pods {
+            let netns = uid.and_then(|uid| found.get(&uid));
             let Some(netns) = netns else {
                 tracing::debug!(pod = %pod.label(), "no process of the pod found yet");
                 settled = false;

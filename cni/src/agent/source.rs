@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use tokio::time::Instant;
+use ztunnel_mesh::kube::convert::service_account;
 use ztunnel_mesh::{FileRegistry, Pod, PodRegistry};
 
 use crate::event::CmdAdd;
@@ -26,9 +27,6 @@ use super::pods::PodRecord;
 /// plugin may post before the watch event arrives. Well inside the
 /// plugin's 5 s, leaving time for the rules and ztunnel's ack.
 const POD_WAIT: Duration = Duration::from_secs(3);
-
-/// The service account Kubernetes gives a pod that names none.
-const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
 /// Where pods are looked up.
 pub enum PodSource {
@@ -213,11 +211,7 @@ pub fn admit(
             reason: enrollment,
         });
     }
-    let service_account = spec
-        .and_then(|spec| spec.service_account_name.as_deref())
-        .filter(|name| !name.is_empty())
-        .unwrap_or(DEFAULT_SERVICE_ACCOUNT);
-    Ok(record(event, uid, service_account))
+    Ok(record(event, uid, service_account(pod)))
 }
 
 /// The record of an added pod: identity from the source, netns and

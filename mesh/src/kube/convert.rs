@@ -25,6 +25,8 @@ mod pod;
 mod policy;
 mod service;
 
+pub use pod::{pod_addresses, service_account};
+
 /// What the watches currently hold. Order does not matter: the output is
 /// sorted by namespace and name.
 #[derive(Debug, Clone, Default)]

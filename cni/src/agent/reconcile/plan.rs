@@ -8,14 +8,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
+use ztunnel_mesh::kube::convert::{pod_addresses, service_account};
 
 use crate::agent::enablement::{EnablementSettings, Enrollment, should_enroll};
 use crate::agent::kube::{REDIRECTION_ANNOTATION, Redirection};
 use crate::agent::mesh::Removal;
 use crate::agent::pods::PodRecord;
-
-/// The service account Kubernetes gives a pod that names none.
-const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
 /// A pod of this node as the API shows it, reduced to what the pass needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +26,8 @@ pub struct ApiPod {
     pub namespace: String,
     /// `spec.serviceAccountName`, `default` when empty.
     pub service_account: String,
-    /// `status.podIPs`, else `status.podIP`; IPv4-mapped addresses unmapped.
+    /// `status.podIPs`, else `status.podIP`; IPv4-mapped addresses
+    /// unmapped, each once.
     pub ips: Vec<IpAddr>,
     /// Whether it belongs in the mesh, and why not.
     pub enrollment: Enrollment,
@@ -47,23 +46,11 @@ impl ApiPod {
     ) -> Option<ApiPod> {
         let metadata = &pod.metadata;
         let non_empty = |value: &Option<String>| value.clone().filter(|value| !value.is_empty());
-        let status = pod.status.as_ref();
-        let listed = status
-            .and_then(|status| status.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|address| address.ip.as_str());
-        let single = status.and_then(|status| status.pod_ip.as_deref());
-        let mut ips: Vec<IpAddr> = listed
-            .filter_map(|text| text.parse::<IpAddr>().ok())
-            .map(|ip| ip.to_canonical())
-            .collect();
-        if ips.is_empty() {
-            ips.extend(
-                single
-                    .and_then(|text| text.parse::<IpAddr>().ok())
-                    .map(|ip| ip.to_canonical()),
-            );
+        let mut ips = Vec::new();
+        for ip in pod_addresses(pod).into_iter().map(|ip| ip.to_canonical()) {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
         }
         let redirection = metadata
             .annotations
@@ -78,11 +65,7 @@ impl ApiPod {
             uid: non_empty(&metadata.uid)?,
             name: non_empty(&metadata.name)?,
             namespace: non_empty(&metadata.namespace)?,
-            service_account: pod
-                .spec
-                .as_ref()
-                .and_then(|spec| non_empty(&spec.service_account_name))
-                .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_owned()),
+            service_account: service_account(pod).to_owned(),
             ips,
             enrollment: should_enroll(pod, namespace_labels, settings),
             redirection,

@@ -83,11 +83,7 @@ pub(super) fn pod(
     let node_name = spec
         .and_then(|spec| spec.node_name.clone())
         .filter(|node| !node.is_empty());
-    let service_account = spec
-        .and_then(|spec| spec.service_account_name.as_deref())
-        .filter(|account| !account.is_empty())
-        .unwrap_or(DEFAULT_SERVICE_ACCOUNT)
-        .to_owned();
+    let service_account = service_account(object).to_owned();
     let native_tunnel = value(&metadata.labels, TUNNEL_LABEL)
         .is_some_and(|tunnels| tunnels.split(',').any(|tunnel| tunnel.trim() == "http"));
     let redirected = value(&metadata.annotations, REDIRECTION_ANNOTATION) == Some("enabled");
@@ -169,6 +165,24 @@ fn phase(phase: Option<&str>) -> PodPhase {
 }
 
 /// `status.podIPs`, else `status.podIP`; unparsable ones are reported.
+/// The pod's service account: `spec.serviceAccountName`, or the one
+/// Kubernetes gives a pod that names none.
+pub fn service_account(object: &KubePod) -> &str {
+    object
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.service_account_name.as_deref())
+        .filter(|account| !account.is_empty())
+        .unwrap_or(DEFAULT_SERVICE_ACCOUNT)
+}
+
+/// The pod's addresses (`status.podIPs`, else `status.podIP`), each once;
+/// text that is no address is left out.
+pub fn pod_addresses(object: &KubePod) -> Vec<IpAddr> {
+    addresses(object).0
+}
+
+/// The pod's addresses, and a problem for each text that is no address.
 fn addresses(object: &KubePod) -> (Vec<IpAddr>, Vec<ProblemReason>) {
     let Some(status) = &object.status else {
         return (Vec::new(), Vec::new());
