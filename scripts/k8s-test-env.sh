@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes parts the tests run against: kube-apiserver and
-# kubectl (test-support/kube-env, k8s.io/kubernetes) and etcd
-# (test-support/kube-env/etcd, go.etcd.io/etcd/server). Every version is
-# pinned in those modules' go.mod and go.sum.
+# kubectl (test-support/kube-env, k8s.io/kubernetes), etcd
+# (test-support/kube-env/etcd, go.etcd.io/etcd/server), helm
+# (test-support/kube-env/helm, helm.sh/helm/v4) and umoci
+# (test-support/kube-env/umoci, the daemonless OCI image tool that
+# scripts/build-images.sh uses). Every version is pinned in those modules'
+# go.mod and go.sum.
 #
 # The binaries go to a cache outside target/ (default
 # ~/.cache/ztunnel-kube-env), in a directory named after the hash of the
@@ -26,9 +29,30 @@ fi
 
 key="$(cat "$0" "$modules"/go.mod "$modules"/go.sum "$modules"/tools.go \
   "$modules"/etcd/go.mod "$modules"/etcd/go.sum "$modules"/etcd/main.go \
+  "$modules"/helm/go.mod "$modules"/helm/go.sum "$modules"/helm/tools.go \
+  "$modules"/umoci/go.mod "$modules"/umoci/go.sum "$modules"/umoci/tools.go \
   | sha256sum | cut -c1-16)"
 out="$cache/$key"
-if [ -x "$out/bin/kube-apiserver" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kubectl" ]; then
+built() {
+  for tool in kube-apiserver etcd kubectl helm umoci; do
+    [ -x "$out/bin/$tool" ] || return 1
+  done
+}
+if built; then
+  ln -sfn "$key" "$cache/current"
+  echo "$out/bin"
+  exit 0
+fi
+
+# One build at a time: two concurrent runs would share (and delete) each
+# other's build directory. The second waits, then finds the binaries built.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+if ! flock -n 9; then
+  echo "k8s-test-env: another build is running; waiting for it" >&2
+  flock 9
+fi
+if built; then
   ln -sfn "$key" "$cache/current"
   echo "$out/bin"
   exit 0
@@ -47,7 +71,7 @@ export GOFLAGS="-mod=readonly -buildvcs=false"
 export CGO_ENABLED=0
 
 started=$(date +%s)
-echo "k8s-test-env: building kube-apiserver, kubectl $version and etcd into $out (cold: 10-15 minutes on 2 cores)" >&2
+echo "k8s-test-env: building kube-apiserver, kubectl $version, etcd, helm and umoci into $out (cold: 10-15 minutes on 2 cores)" >&2
 # The version the binaries report (/version, kubectl version) is stamped at
 # link time, as Kubernetes' own build does.
 stamp="-X k8s.io/component-base/version.gitVersion=$version"
@@ -65,6 +89,16 @@ stamp+=" -X k8s.io/client-go/pkg/version.gitMinor=37"
 (
   cd "$modules/etcd"
   go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/etcd" .
+)
+(
+  cd "$modules/helm"
+  go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2 -X helm.sh/helm/v4/internal/version.metadata=" \
+    -o "$out/bin.tmp/helm" helm.sh/helm/v4/cmd/helm
+)
+(
+  cd "$modules/umoci"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/umoci" github.com/opencontainers/umoci/cmd/umoci
 )
 rm -rf "$out/bin"
 mv "$out/bin.tmp" "$out/bin"

@@ -11,18 +11,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 use std::time::Instant;
 
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni;
-use ztunnel_test_support::kube::objects::{delete_pod, ensure_namespace, set_pod_running};
-use ztunnel_test_support::netns::NetNs;
-use ztunnel_test_support::pause::{PauseError, PauseProcess};
+use ztunnel_test_support::kube::objects::{PodSpecForTest, delete_pod, ensure_namespace};
+use ztunnel_test_support::pause::PauseError;
 
 use api::{Cluster, NODE, Node};
 use rules::our_rules;
 use running_agent::Agent;
+use running_pod::RunningPod;
 use ztunnel::FakeZtunnel;
 
 #[path = "support/api.rs"]
@@ -31,6 +30,8 @@ mod api;
 mod rules;
 #[path = "support/running_agent.rs"]
 mod running_agent;
+#[path = "support/running_pod.rs"]
+mod running_pod;
 #[path = "e2e/ztunnel.rs"]
 mod ztunnel;
 
@@ -39,54 +40,17 @@ const LATE: &str = "late";
 /// The label that enrolls a namespace or a pod (KUBERNETES.md A1).
 const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
 
-/// A pod that runs before the test labels anything: its API object with
-/// status Running and its address, its netns with that address, and its
-/// pause process.
-struct RunningPod {
-    name: String,
-    uid: String,
-    /// Dropped before the netns.
-    _pause: PauseProcess,
-    netns: NetNs,
-}
-
-impl RunningPod {
-    /// Starts the pod `name` in `LATE` with address `ip`; `Err` with the
-    /// reason when cgroup v2 cannot be used here.
-    fn start(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, PauseError> {
-        let uid = cluster.create_pod(LATE, name, NODE);
-        let netns = NetNs::create("run").unwrap();
-        netns.exec(&["ip", "link", "set", "lo", "up"]).unwrap();
-        // A veth pair inside the netns stands in for the pod's interface
-        // (the kernel here has no dummy devices); only the address matters.
-        netns
-            .exec(&[
-                "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
-            ])
-            .unwrap();
-        netns
-            .exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])
-            .unwrap();
-        netns.exec(&["ip", "link", "set", "eth0", "up"]).unwrap();
-        let pause = PauseProcess::start(&netns, &uid)?;
-        let address: IpAddr = ip.parse().unwrap();
-        cluster
-            .runtime
-            .block_on(set_pod_running(
-                &cluster.admin,
-                LATE,
-                name,
-                &[address],
-                true,
-            ))
-            .unwrap();
-        Ok(RunningPod {
-            name: name.to_owned(),
-            uid,
-            _pause: pause,
-            netns,
-        })
-    }
+/// A pod of `LATE` named `name` with address `ip`, on the agent's node,
+/// running before the test labels anything.
+fn start_pod(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, PauseError> {
+    let spec = PodSpecForTest {
+        namespace: LATE.to_owned(),
+        name: name.to_owned(),
+        service_account: format!("{name}-account"),
+        node: NODE.to_owned(),
+        ..PodSpecForTest::default()
+    };
+    RunningPod::start(&cluster.runtime, &cluster.admin, &spec, ip)
 }
 
 #[test]
@@ -105,7 +69,7 @@ fn running_pods_join_and_leave_the_mesh_without_a_restart() {
     let pods = match ["api-0", "api-1"]
         .iter()
         .zip(["198.18.40.2", "198.18.41.2"])
-        .map(|(name, ip)| RunningPod::start(&cluster, name, ip))
+        .map(|(name, ip)| start_pod(&cluster, name, ip))
         .collect::<Result<Vec<_>, _>>()
     {
         Ok(pods) => pods,

@@ -267,9 +267,15 @@ struct Args {
     /// SO_MARK for the proxy's own sockets [default: 1337 in shared mode, none in dedicated].
     #[arg(long, env = "PACKET_MARK")]
     packet_mark: Option<u32>,
-    /// Data-plane worker threads.
-    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2)]
-    worker_threads: usize,
+    /// Data-plane worker threads [default: ZTUNNEL_CPU_LIMIT when set, else 2].
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
+    worker_threads: Option<usize>,
+    /// The container's CPU limit in whole cores, as Istio's ztunnel chart
+    /// sets it from the downward API (limits.cpu, divisor 1, rounded up; the
+    /// node's cores when no limit is set): the default number of worker
+    /// threads, so a proxy never runs more workers than it may use cores.
+    #[arg(long, env = "ZTUNNEL_CPU_LIMIT")]
+    cpu_limit: Option<usize>,
     /// Most streams on one pooled HBONE connection.
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams_per_connection: u32,
@@ -343,6 +349,8 @@ struct Args {
 
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
+/// Data-plane workers without ZTUNNEL_WORKER_THREADS or ZTUNNEL_CPU_LIMIT.
+const DEFAULT_WORKER_THREADS: usize = 2;
 
 impl Config {
     /// Parses the process's flags and environment.
@@ -430,9 +438,14 @@ impl Args {
             (ProxyMode::Shared, None) => Some(SHARED_MODE_PACKET_MARK),
             (ProxyMode::Dedicated(_), None) => None,
         };
-        if self.worker_threads == 0 {
+        let (worker_threads, worker_threads_from) = match (self.worker_threads, self.cpu_limit) {
+            (Some(threads), _) => (threads, "ZTUNNEL_WORKER_THREADS"),
+            (None, Some(cores)) => (cores, "ZTUNNEL_CPU_LIMIT"),
+            (None, None) => (DEFAULT_WORKER_THREADS, "ZTUNNEL_WORKER_THREADS"),
+        };
+        if worker_threads == 0 {
             return Err(ConfigError::Value {
-                name: "ZTUNNEL_WORKER_THREADS",
+                name: worker_threads_from,
                 source: ValueError::Zero,
             });
         }
@@ -464,7 +477,7 @@ impl Args {
             trust_domain: self.trust_domain,
             node_name: self.node_name.filter(|name| !name.is_empty()),
             packet_mark,
-            worker_threads: self.worker_threads,
+            worker_threads,
             pool: PoolSettings {
                 max_streams_per_connection: self.pool_max_streams_per_connection.max(1),
                 unused_release_timeout: parse_duration(&self.pool_unused_release_timeout)

@@ -313,6 +313,22 @@ impl KubeApi {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// Server-side applies `yaml` as the admin; kubectl's report, one
+    /// `<kind>/<name> serverside-applied` line per object, or an error
+    /// naming every object the API server refused.
+    pub fn apply_server_side(&self, yaml: &str) -> anyhow::Result<String> {
+        self.kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=ztunnel-tests",
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+    }
+
     fn log_tail(&self, name: &str) -> String {
         let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

@@ -10,6 +10,7 @@
 pub mod ca;
 pub mod cluster;
 pub mod cni;
+pub mod helm;
 pub mod kube;
 pub mod netns;
 pub mod pause;

@@ -27,6 +27,16 @@ pub async fn connect(
 /// A gRPC channel to the CA's port at `addr` over TLS 1.3, verifying its
 /// serving certificate for `localhost` against `roots`.
 pub async fn channel(addr: SocketAddr, roots: &[CertificateDer<'static>]) -> Channel {
+    channel_for(addr, roots, "localhost").await
+}
+
+/// As [`channel`], verifying the serving certificate for `name` (e.g. the
+/// Service name ztunnel dials).
+pub async fn channel_for(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+    name: &'static str,
+) -> Channel {
     let mut store = rustls::RootCertStore::empty();
     for root in roots {
         store.add(root.clone()).unwrap();
@@ -44,7 +54,7 @@ pub async fn channel(addr: SocketAddr, roots: &[CertificateDer<'static>]) -> Cha
             let connector = connector.clone();
             async move {
                 let tcp = TcpStream::connect(addr).await?;
-                let name = ServerName::try_from("localhost").unwrap();
+                let name = ServerName::try_from(name).unwrap();
                 let tls = connector.connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
             }

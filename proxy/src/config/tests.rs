@@ -72,6 +72,15 @@ fn defaults_follow_istio() {
 }
 
 #[test]
+fn the_cpu_limit_sets_the_workers_unless_they_are_set() {
+    assert_eq!(parse(&[]).unwrap().worker_threads, 2);
+    assert_eq!(parse(&["--cpu-limit", "1"]).unwrap().worker_threads, 1);
+    assert_eq!(parse(&["--cpu-limit", "8"]).unwrap().worker_threads, 8);
+    let both = parse(&["--cpu-limit", "8", "--worker-threads", "3"]).unwrap();
+    assert_eq!(both.worker_threads, 3);
+}
+
+#[test]
 fn bad_values_name_their_variable() {
     let cases: &[(&[&str], &str)] = &[
         (&["--proxy-mode", "sidecar"], "PROXY_MODE"),
@@ -81,6 +90,7 @@ fn bad_values_name_their_variable() {
             "POOL_UNUSED_RELEASE_TIMEOUT",
         ),
         (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
+        (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
     ];
     for (args, name) in cases {
         let error = parse(args).unwrap_err();

@@ -79,3 +79,18 @@ Called with (list $ <base name>).
 {{- define "ztunnel-mesh.clusterScopedName" -}}
 {{ index . 1 }}-{{ (index . 0).Release.Namespace }}
 {{- end }}
+
+{{/*
+A DaemonSet's updateStrategy from values: rollingUpdate only with type
+RollingUpdate. Helm merges a values file's updateStrategy into the
+default's, so `type: OnDelete` alone would keep the default's
+rollingUpdate, which the API server refuses beside OnDelete.
+*/}}
+{{- define "ztunnel-mesh.updateStrategy" -}}
+{{- $type := .type | default "RollingUpdate" -}}
+type: {{ $type }}
+{{- if and (eq $type "RollingUpdate") .rollingUpdate }}
+rollingUpdate:
+  {{- toYaml .rollingUpdate | nindent 2 }}
+{{- end }}
+{{- end }}

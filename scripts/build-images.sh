@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds the three container images without a container daemon, as OCI
+# image layout archives:
+#
+#   <out>/ztunnel.oci.tar         ztunnel (entrypoint), from scratch
+#   <out>/ztunnel-agent.oci.tar   ztunnel-agent (entrypoint) and ztunnel-cni,
+#                                 with iptables, ipset and iproute2 and the
+#                                 libraries they load, from Debian's packages
+#   <out>/ztunnel-ca.oci.tar      ztunnel-ca (entrypoint), from scratch
+#
+# Each archive holds one image tagged <tag> (org.opencontainers.image.ref.name).
+# The binaries are static (glibc, -C target-feature=+crt-static), so the
+# ztunnel and control plane images hold nothing else; the node agent's image
+# carries the tools it runs in pods' network namespaces. umoci (built by
+# scripts/k8s-test-env.sh from a pinned Go module) assembles the layouts.
+#
+#   scripts/build-images.sh [--out DIR] [--tag TAG]
+#
+# Defaults: --out target/images, --tag the workspace version. Needs apt-get
+# and dpkg (a Debian or Ubuntu host) for the agent's tools; they are taken
+# from the host's package sources, at the versions apt would install.
+# scripts/check-images.sh unpacks the archives and runs every binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=target/images
+tag="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --tag) tag="$2"; shift 2 ;;
+    *) echo "build-images: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+started=$(date +%s)
+umoci="$(scripts/k8s-test-env.sh)/umoci"
+target="$(rustc -vV | sed -n 's/^host: //p')"
+case "$target" in
+  x86_64-*) arch=amd64 ;;
+  aarch64-*) arch=arm64 ;;
+  *) echo "build-images: no image architecture for $target" >&2; exit 1 ;;
+esac
+
+# 1. Static binaries. --target keeps crt-static off build scripts and proc
+#    macros, which must stay dynamic.
+echo "build-images: building static binaries for $target" >&2
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --profile image \
+  --target "$target" \
+  -p ztunnel-proxy --bin ztunnel \
+  -p ztunnel-cni --bin ztunnel-agent --bin ztunnel-cni \
+  -p ztunnel-control-plane --bin ztunnel-ca
+bins="target/$target/image"
+for bin in ztunnel ztunnel-agent ztunnel-cni ztunnel-ca; do
+  if ldd "$bins/$bin" >/dev/null 2>&1 && ! ldd "$bins/$bin" 2>&1 | grep -q "statically linked"; then
+    echo "build-images: $bins/$bin is not static:" >&2
+    ldd "$bins/$bin" >&2
+    exit 1
+  fi
+done
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+
+# 2. The node agent's tools, unpacked from Debian's packages.
+tools_root="$work/agent-tools"
+scripts/agent-tools-root.sh "$tools_root"
+
+# 3. The images.
+build() {
+  local name="$1" entrypoint="$2"
+  shift 2
+  local layout="$work/$name"
+  "$umoci" init --layout "$layout"
+  "$umoci" new --image "$layout:$tag"
+  "$umoci" config --image "$layout:$tag" --os linux --architecture "$arch" \
+    --config.entrypoint "$entrypoint" --config.workingdir / \
+    --config.env PATH=/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin \
+    --config.label "org.opencontainers.image.title=$name" \
+    --config.label "org.opencontainers.image.version=$tag" \
+    --config.label "org.opencontainers.image.licenses=Apache-2.0"
+  # Each further argument is SOURCE=DESTINATION: one layer.
+  local pair
+  for pair in "$@"; do
+    "$umoci" insert --image "$layout:$tag" "${pair%%=*}" "${pair#*=}"
+  done
+  "$umoci" gc --layout "$layout"
+  tar -C "$layout" -cf "$out/$name.oci.tar.tmp" .
+  mv "$out/$name.oci.tar.tmp" "$out/$name.oci.tar"
+}
+stage() {
+  local dir="$work/stage-$1"
+  shift
+  mkdir -p "$dir/usr/local/bin"
+  install -m 0755 "$@" "$dir/usr/local/bin/"
+  echo "$dir"
+}
+build ztunnel /usr/local/bin/ztunnel "$(stage ztunnel "$bins/ztunnel")=/"
+build ztunnel-ca /usr/local/bin/ztunnel-ca "$(stage ca "$bins/ztunnel-ca")=/"
+build ztunnel-agent /usr/local/bin/ztunnel-agent \
+  "$tools_root=/" "$(stage agent "$bins/ztunnel-agent" "$bins/ztunnel-cni")=/"
+
+echo "build-images: built in $(( $(date +%s) - started )) s" >&2
+for name in ztunnel ztunnel-agent ztunnel-ca; do
+  printf 'build-images: %s:%s %s\n' "$name" "$tag" "$(du -h "$out/$name.oci.tar" | cut -f1)" >&2
+done
+echo "$out"
