@@ -98,8 +98,11 @@ stage() {
 }
 build ztunnel /usr/local/bin/ztunnel "$(stage ztunnel "$bins/ztunnel")=/"
 build ztunnel-ca /usr/local/bin/ztunnel-ca "$(stage ca "$bins/ztunnel-ca")=/"
-build ztunnel-agent /usr/local/bin/ztunnel-agent \
-  "$tools_root=/" "$(stage agent "$bins/ztunnel-agent" "$bins/ztunnel-cni")=/"
+agent_stage="$(stage agent "$bins/ztunnel-agent" "$bins/ztunnel-cni")"
+# istio-cni's chart runs `install-cni`: the agent takes that chart's
+# defaults when started under that name.
+ln -s ztunnel-agent "$agent_stage/usr/local/bin/install-cni"
+build ztunnel-agent /usr/local/bin/ztunnel-agent "$tools_root=/" "$agent_stage=/"
 
 echo "build-images: built in $(( $(date +%s) - started )) s" >&2
 for name in ztunnel ztunnel-agent ztunnel-ca; do

@@ -51,7 +51,7 @@ unpack() {
 # entrypoint NAME PATH: the image starts PATH.
 entrypoint() {
   local args
-  args="$(grep -o '"args":\[[^]]*\]' "$work/$1/config.json" || true)"
+  args="$(tr -d ' \t\n' <"$work/$1/config.json" | grep -o '"args":\[[^]]*\]' || true)"
   case "$args" in
     "\"args\":[\"$2\""*) ;;
     *) fail "$1's entrypoint is $args, not $2" ;;
@@ -106,6 +106,8 @@ expect ztunnel-ca "version" "$tag" 'img /usr/local/bin/ztunnel-ca --version'
 unpack ztunnel-agent
 entrypoint ztunnel-agent /usr/local/bin/ztunnel-agent
 expect ztunnel-agent "help" "install-cni" 'img /usr/local/bin/ztunnel-agent --help'
+expect ztunnel-agent "install-cni (istio-cni's command) is the agent" "^ztunnel-agent " \
+  'img install-cni --version'
 expect ztunnel-agent "the CNI plugin answers VERSION" '"supportedVersions"' \
   'CNI_COMMAND=VERSION img /usr/local/bin/ztunnel-cni </dev/null'
 expect ztunnel-agent "iptables is nf_tables" "nf_tables" 'img iptables --version'

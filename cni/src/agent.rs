@@ -120,6 +120,11 @@ pub struct AgentConfig {
     /// constructors: an agent run inside a test process would change the
     /// test machine's own netns.
     pub host_probe_rules: bool,
+    /// The node's netns for `host_probe_rules`, entered for each change,
+    /// when the agent runs in a netns of its own (istio-cni's chart without
+    /// host networking: the host's `/proc/1/ns/net`); `None` means the
+    /// agent's own.
+    pub host_netns: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -158,6 +163,7 @@ impl AgentConfig {
             host_root: PathBuf::from("/"),
             procfs: PathBuf::from(procfs::DEFAULT_PROCFS),
             host_probe_rules: false,
+            host_netns: None,
         }
     }
 }
@@ -266,7 +272,7 @@ pub async fn run(
     let store = PodStore::open(&config.state_dir)?;
     let pods = load_pods(&store)?;
     let host_rules = if config.host_probe_rules {
-        Some(install_host_rules(&config.rules).await)
+        Some(install_host_rules(&config.rules, config.host_netns.clone()).await)
     } else {
         None
     };
@@ -350,8 +356,13 @@ async fn pod_source(
 /// `ipset` and `iptables`). A failure is logged and the agent goes on:
 /// pods are still redirected, only their kubelet probes are captured, and
 /// every enrollment tries the probe sets again.
-async fn install_host_rules(rules: &RuleSettings) -> Arc<HostRules> {
-    let host_rules = Arc::new(HostRules::new(rules.probe_snat_ipv4, rules.probe_snat_ipv6));
+async fn install_host_rules(rules: &RuleSettings, netns: Option<PathBuf>) -> Arc<HostRules> {
+    let mut host_rules = HostRules::new(rules.probe_snat_ipv4, rules.probe_snat_ipv6);
+    if let Some(path) = netns {
+        tracing::info!(netns = %path.display(), "host probe rules go in the node's netns");
+        host_rules = host_rules.in_netns(path);
+    }
+    let host_rules = Arc::new(host_rules);
     let installing = Arc::clone(&host_rules);
     match tokio::task::spawn_blocking(move || installing.install()).await {
         Ok(Ok(())) => tracing::info!("host probe rules in place"),

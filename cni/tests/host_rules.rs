@@ -247,3 +247,29 @@ fn host_rules_let_a_connection_from_the_node_reach_an_enrolled_pod_from_the_prob
     in_node(&node, || rules.remove_pod(&pod_ips)).unwrap();
     assert!(refused(connect()), "a removed pod is no longer SNATed");
 }
+
+/// An agent outside the node's netns (istio-cni's chart without host
+/// networking) keeps the rules in the netns it is given, from its own
+/// thread: the node gets them, the agent's netns does not.
+#[test]
+fn host_rules_given_the_nodes_netns_act_there_from_anywhere() {
+    let Some(node) = node_or_skip("hostnode") else {
+        return;
+    };
+    let agent = NetNs::create("hostagent").unwrap();
+    let rules = host_rules().in_netns(node.path());
+    in_node(&agent, || -> Result<(), _> {
+        rules.install()?;
+        rules.add_pod(&ips(&["198.18.70.2"]))
+    })
+    .unwrap();
+    assert_eq!(nat_rules(&node, "iptables-save").unwrap(), [JUMP, SNAT_V4]);
+    assert_eq!(members(&node, SET_V4), ips(&["198.18.70.2"]));
+    assert_eq!(
+        nat_rules(&agent, "iptables-save").unwrap(),
+        Vec::<String>::new()
+    );
+    assert!(sets(&agent).is_empty(), "{:?}", sets(&agent));
+    in_node(&agent, || rules.uninstall()).unwrap();
+    assert!(sets(&node).is_empty());
+}

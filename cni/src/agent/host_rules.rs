@@ -14,6 +14,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::netns::{self, NetnsError};
@@ -39,13 +40,16 @@ const DESTROY_PAUSE: Duration = Duration::from_millis(50);
 
 /// The host-netns probe SNAT of this node. Every method is blocking (it
 /// runs `ipset` and the iptables tools) and acts on the calling thread's
-/// netns.
+/// netns, or on the node's netns given to [`HostRules::in_netns`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRules {
     /// The source IPv4 probes get, which the in-pod rules let through.
     probe_snat_ipv4: Ipv4Addr,
     /// The IPv6 form of [`HostRules::probe_snat_ipv4`].
     probe_snat_ipv6: Ipv6Addr,
+    /// The node's netns, entered for every change, when the agent runs in
+    /// a netns of its own.
+    netns: Option<PathBuf>,
 }
 
 impl HostRules {
@@ -55,6 +59,26 @@ impl HostRules {
         HostRules {
             probe_snat_ipv4,
             probe_snat_ipv6,
+            netns: None,
+        }
+    }
+
+    /// The same rules, kept in the netns at `path` (e.g. the host's
+    /// `/proc/1/ns/net`, as istio-cni does when it is not on the host's
+    /// network) instead of the calling thread's.
+    pub fn in_netns(mut self, path: PathBuf) -> HostRules {
+        self.netns = Some(path);
+        self
+    }
+
+    /// Runs `f` in the node's netns.
+    fn in_node<R: Send>(
+        &self,
+        f: impl FnOnce() -> Result<R, HostRulesError> + Send,
+    ) -> Result<R, HostRulesError> {
+        match &self.netns {
+            None => f(),
+            Some(path) => netns::run_in(path, f)?,
         }
     }
 
@@ -64,82 +88,88 @@ impl HostRules {
     /// another SNAT address is replaced. IPv6 rules are skipped, with a
     /// warning, where ip6tables does not work.
     pub fn install(&self) -> Result<(), HostRulesError> {
-        let existing = families_with_set()?;
-        for family in FAMILIES {
-            if !existing.contains(&family) {
-                // `-exist`: another agent may create it at the same time.
-                netns::command(
-                    "ipset",
-                    &[
-                        "create",
-                        set_name(family),
-                        "hash:ip",
-                        "family",
-                        set_family(family),
-                        "-exist",
-                    ],
-                    None,
-                )?;
+        self.in_node(|| {
+            let existing = families_with_set()?;
+            for family in FAMILIES {
+                if !existing.contains(&family) {
+                    // `-exist`: another agent may create it at the same time.
+                    netns::command(
+                        "ipset",
+                        &[
+                            "create",
+                            set_name(family),
+                            "hash:ip",
+                            "family",
+                            set_family(family),
+                            "-exist",
+                        ],
+                        None,
+                    )?;
+                }
             }
-        }
-        apply_nat(
-            Family::V4,
-            &nat_saved(Family::V4)?,
-            Some(&snat_rule(Family::V4, self.probe_snat_ipv4.into())),
-        )?;
-        // Reading the current rules is also the test that ip6tables works.
-        match nat_saved(Family::V6) {
-            Ok(saved) => apply_nat(
-                Family::V6,
-                &saved,
-                Some(&snat_rule(Family::V6, self.probe_snat_ipv6.into())),
-            )?,
-            Err(error) => tracing::warn!(
-                %error,
-                "ip6tables does not work in the node's netns; probes of IPv6 pods are not SNATed"
-            ),
-        }
-        Ok(())
+            apply_nat(
+                Family::V4,
+                &nat_saved(Family::V4)?,
+                Some(&snat_rule(Family::V4, self.probe_snat_ipv4.into())),
+            )?;
+            // Reading the current rules is also the test that ip6tables works.
+            match nat_saved(Family::V6) {
+                Ok(saved) => apply_nat(
+                    Family::V6,
+                    &saved,
+                    Some(&snat_rule(Family::V6, self.probe_snat_ipv6.into())),
+                )?,
+                Err(error) => tracing::warn!(
+                    %error,
+                    "ip6tables does not work in the node's netns; probes of IPv6 pods are not SNATed"
+                ),
+            }
+            Ok(())
+        })
     }
 
     /// Adds a pod's IPs to the set of their family; IPs already there are
     /// fine. The sets must exist ([`HostRules::install`]).
     pub fn add_pod(&self, ips: &[IpAddr]) -> Result<(), HostRulesError> {
-        change_members(&ipset_input(ips, &[]))
+        self.in_node(|| change_members(&ipset_input(ips, &[])))
     }
 
     /// Removes a pod's IPs from the sets; IPs not there are fine.
     pub fn remove_pod(&self, ips: &[IpAddr]) -> Result<(), HostRulesError> {
-        change_members(&ipset_input(&[], ips))
+        self.in_node(|| change_members(&ipset_input(&[], ips)))
     }
 
     /// Makes the two sets hold exactly `ips`, as at start-up: members not
     /// listed are removed and missing ones added. Returns what changed, so
     /// the caller can log repairs.
     pub fn sync(&self, ips: &[IpAddr]) -> Result<SyncReport, HostRulesError> {
-        let mut current = Vec::new();
-        for family in FAMILIES {
-            let set = set_name(family);
-            let saved = netns::command("ipset", &["save", set], None)?;
-            current.extend(parse_members(&saved, set)?);
-        }
-        let report = sync_changes(&current, ips);
-        change_members(&ipset_input(&report.added, &report.removed))?;
-        Ok(report)
+        self.in_node(|| {
+            let mut current = Vec::new();
+            for family in FAMILIES {
+                let set = set_name(family);
+                let saved = netns::command("ipset", &["save", set], None)?;
+                current.extend(parse_members(&saved, set)?);
+            }
+            let report = sync_changes(&current, ips);
+            change_members(&ipset_input(&report.added, &report.removed))?;
+            Ok(report)
+        })
     }
 
     /// Removes the jumps, the chains and both sets; whatever is already
     /// gone is fine.
     pub fn uninstall(&self) -> Result<(), HostRulesError> {
-        apply_nat(Family::V4, &nat_saved(Family::V4)?, None)?;
-        // Where ip6tables does not work, nothing of ours can be there.
-        if let Ok(saved) = nat_saved(Family::V6) {
-            apply_nat(Family::V6, &saved, None)?;
-        }
-        for family in families_with_set()? {
-            destroy_set(set_name(family))?;
-        }
-        Ok(())
+        self.in_node(|| {
+            apply_nat(Family::V4, &nat_saved(Family::V4)?, None)?;
+            // Where ip6tables does not work, nothing of ours can be there.
+            if let Ok(saved) = nat_saved(Family::V6) {
+                apply_nat(Family::V6, &saved, None)?;
+            }
+            for family in families_with_set()? {
+                destroy_set(set_name(family))?;
+            }
+            Ok(())
+        })
     }
 }
 

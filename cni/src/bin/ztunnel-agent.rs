@@ -1,9 +1,10 @@
 //! `ztunnel-agent`: the node agent. Parses flags, sets up logging, and runs
 //! [`ztunnel_cni::agent::run`] until SIGTERM or SIGINT.
 
+use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
@@ -19,7 +20,7 @@ use ztunnel_cni::event;
 /// The ztunnel node agent: installs in-pod redirection for ambient pods the
 /// CNI plugin reports, and hands those pods to ztunnel over ZDS.
 #[derive(Debug, Parser)]
-#[command(name = "ztunnel-agent", version)]
+#[command(name = "ztunnel-agent", version, args_override_self = true)]
 #[command(group = clap::ArgGroup::new("pod_source").required(true).args(["pods", "kubeconfig", "in_cluster"]))]
 struct Cli {
     /// Unix socket where the CNI plugin posts pod events (HTTP/1.1).
@@ -130,22 +131,114 @@ struct Cli {
     /// to them. `--host-probe-rules=false` leaves the node's rules alone.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     host_probe_rules: bool,
+    /// The node's netns for the probe rules, when the agent runs in a
+    /// netns of its own; the agent's own netns when absent.
+    #[arg(long)]
+    host_netns: Option<PathBuf>,
+    /// istio-cni's switch for the same: with `true`, the probe rules go in
+    /// `<procfs>/1/ns/net`, the host's netns (unless --host-netns says
+    /// otherwise).
+    #[arg(long, env = "ALLOW_SWITCH_TO_HOST_NS", default_value_t = false, action = clap::ArgAction::Set)]
+    allow_switch_to_host_ns: bool,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or
     /// `ztunnel_cni=debug`.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     log: String,
+    /// istio-cni's log level flag (`info`, or scopes such as
+    /// `default:debug,cni:info`): its `default` scope, or the bare level,
+    /// replaces --log.
+    #[arg(long = "log_output_level")]
+    log_output_level: Option<String>,
+    /// Log lines as JSON objects (istio-cni's flag).
+    #[arg(long = "log-as-json", visible_alias = "log_as_json")]
+    log_as_json: bool,
+    /// istio-cni's DNS capture setting, read from its ConfigMap. This
+    /// agent's ztunnel has no DNS proxy, so `true` is logged and DNS stays
+    /// uncaptured (--dns-capture is the explicit switch).
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value_t = false, action = clap::ArgAction::Set, hide = true)]
+    ambient_dns_capture: bool,
+}
+
+/// The command name istio-cni's chart runs (`command: [install-cni]`);
+/// the image has it as a link to this binary.
+const ISTIO_CNI_COMMAND: &str = "install-cni";
+
+/// What istio-cni's container gets without asking: the pod's own
+/// credentials, the plugin installed, and the host's paths where its chart
+/// mounts them. Flags given after these win.
+const ISTIO_CNI_DEFAULTS: [&str; 6] = [
+    "--in-cluster",
+    "--install-cni",
+    "--cni-bin-dir=/host/opt/cni/bin",
+    "--cni-conf-dir=/host/etc/cni/net.d",
+    "--procfs=/host/proc",
+    "--host-root=/host",
+];
+
+/// The arguments, with istio-cni's defaults first when this runs as
+/// `install-cni`.
+fn arguments(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    let invoked_as = args
+        .first()
+        .and_then(|first| Path::new(first).file_name())
+        .is_some_and(|name| name == ISTIO_CNI_COMMAND);
+    if invoked_as {
+        let rest = args.split_off(1);
+        args.extend(ISTIO_CNI_DEFAULTS.iter().map(OsString::from));
+        args.extend(rest);
+    }
+    args
+}
+
+/// The tracing filter of istio-cni's `--log_output_level`: the level of
+/// its `default` scope, or the bare level; `none` is `off`. `None` when
+/// it names neither.
+fn istio_log_level(value: &str) -> Option<String> {
+    let level = value
+        .split(',')
+        .find_map(|part| match part.split_once(':') {
+            Some((scope, level)) if scope.trim() == "default" => Some(level.trim()),
+            Some(_) => None,
+            None => Some(part.trim()),
+        })?;
+    match level {
+        "none" => Some("off".to_owned()),
+        "debug" | "info" | "warn" | "error" => Some(level.to_owned()),
+        _ => None,
+    }
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log")?;
-    tracing_subscriber::fmt()
+    let cli = Cli::parse_from(arguments(std::env::args_os()));
+    let log = match &cli.log_output_level {
+        Some(value) => istio_log_level(value).with_context(|| {
+            format!("--log_output_level {value:?}: no level for the default scope")
+        })?,
+        None => cli.log.clone(),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&log).context("--log")?;
+    let logging = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: a log file or the kubelet's
         // log would hold them as text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    if cli.log_as_json {
+        logging.json().init();
+    } else {
+        logging.init();
+    }
+    if cli.ambient_dns_capture && !cli.dns_capture {
+        tracing::warn!(
+            "AMBIENT_DNS_CAPTURE is true, but this ztunnel has no DNS proxy on 15053: pods' DNS is not captured"
+        );
+    }
+    let host_netns = match (&cli.host_netns, cli.allow_switch_to_host_ns) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => Some(cli.procfs.join("1/ns/net")),
+        (None, false) => None,
+    };
     let pods = pod_source(&cli)?;
     let install = install_config(&cli)?;
     let config = AgentConfig {
@@ -166,6 +259,7 @@ fn main() -> anyhow::Result<()> {
         host_root: cli.host_root,
         procfs: cli.procfs,
         host_probe_rules: cli.host_probe_rules,
+        host_netns,
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -254,6 +348,53 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    /// Run as istio-cni's chart runs it (`command: [install-cni]`, its
+    /// args, NODE_NAME from the downward API), the agent takes the pod's
+    /// credentials, installs the plugin and finds the host's paths where
+    /// that chart mounts them; flags still win, and its log flags work.
+    #[test]
+    fn as_install_cni_it_takes_istio_cnis_defaults_and_flags() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let args = super::arguments(args.iter().map(std::ffi::OsString::from));
+            super::Cli::try_parse_from(args)
+        };
+        let cli = parse(&[
+            "/usr/local/bin/install-cni",
+            "--log_output_level=default:debug,cni:info",
+            "--log_as_json",
+            "--node-name=node-a",
+        ])
+        .unwrap();
+        assert!(cli.in_cluster && cli.install_cni && cli.log_as_json);
+        assert_eq!(cli.cni_bin_dir, std::path::Path::new("/host/opt/cni/bin"));
+        assert_eq!(
+            cli.cni_conf_dir,
+            std::path::Path::new("/host/etc/cni/net.d")
+        );
+        assert_eq!(cli.procfs, std::path::Path::new("/host/proc"));
+        assert_eq!(cli.host_root, std::path::Path::new("/host"));
+        assert_eq!(
+            super::istio_log_level(cli.log_output_level.as_deref().unwrap()).as_deref(),
+            Some("debug")
+        );
+        let cli = parse(&["install-cni", "--node-name=n", "--procfs=/elsewhere"]).unwrap();
+        assert_eq!(
+            cli.procfs,
+            std::path::Path::new("/elsewhere"),
+            "a flag wins"
+        );
+        // Under its own name nothing is implied.
+        assert!(
+            parse(&["ztunnel-agent", "--node-name=n"]).is_err(),
+            "no pod source"
+        );
+        assert_eq!(super::istio_log_level("warn").as_deref(), Some("warn"));
+        assert_eq!(super::istio_log_level("none").as_deref(), Some("off"));
+        assert_eq!(super::istio_log_level("cni:debug"), None);
+        assert_eq!(super::istio_log_level("loud"), None);
     }
 
     #[test]
