@@ -4,13 +4,16 @@
 //! `deploy/charts/ztunnel-mesh` is applied to a real API server, and the
 //! `ztunnel-agent` binary runs as a process with the rendered DaemonSet's
 //! args and environment, authenticated by a TokenRequest token of the
-//! chart's `istio-cni` account, in a node network namespace; only the host
-//! paths become the test's directories and the readiness port a free one.
+//! chart's `istio-cni` account, in a network namespace of its own (the
+//! chart's pod is not on the host network); only the host paths become the
+//! test's directories, and the host's netns, which the chart has it enter
+//! for the probe rules (`ALLOW_SWITCH_TO_HOST_NS`), a test "node" netns.
 //!
 //! Its job: chain its plugin into the node's CNI configuration, become
 //! ready, find a pod that was already running in an ambient namespace
 //! (procfs), install its rules, hand it to ztunnel (a fake one on the ZDS
-//! socket), annotate it `enabled`, and log nothing forbidden. The same run
+//! socket), annotate it `enabled`, put its address in the node's probe
+//! ipset, and log nothing forbidden. The same run
 //! with `patch` on `pods/status` taken out of the chart's ClusterRole must
 //! fail the check.
 //!
@@ -32,7 +35,7 @@ use ztunnel_test_support::cni;
 use ztunnel_test_support::helm::{Helm, Rendered, permission_problems};
 use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::kube::objects::{PodSpecForTest, ensure_namespace, request_token};
-use ztunnel_test_support::netns::{NetNs, PortForward};
+use ztunnel_test_support::netns::{self, NetNs, PortForward};
 
 use rules::our_rules;
 use running_pod::RunningPod;
@@ -54,7 +57,7 @@ const NODE: &str = "node-a";
 const APPS: &str = "apps";
 /// The annotation the agent writes.
 const REDIRECTION: &str = "ambient.istio.io/redirection";
-/// The readiness port inside the node namespace.
+/// The readiness port inside the agent's namespace.
 const READINESS_PORT: u16 = 8000;
 /// How long each step of the agent's job may take; passing runs take well
 /// under a second per step.
@@ -75,7 +78,7 @@ fn start_pod(runtime: &Runtime, client: &kube::Client, name: &str, ip: &str) -> 
         .ok()
 }
 
-/// The agent as the chart's DaemonSet runs it, as a process in the node
+/// The agent as the chart's DaemonSet runs it, as a process in its pod's
 /// namespace; stopped with SIGTERM (as the kubelet stops it) when dropped.
 struct AgentProcess {
     child: Child,
@@ -89,7 +92,7 @@ impl AgentProcess {
         api: &KubeApi,
         rendered: &Rendered,
         token: &str,
-        node: &NetNs,
+        (pod, node): (&NetNs, &NetNs),
         run: &str,
     ) -> AgentProcess {
         let container = rendered
@@ -133,9 +136,19 @@ impl AgentProcess {
             .unwrap();
         let log = dir.join("agent.log");
         let sockets = dir.join("run");
-        let mut command = node.command(env!("CARGO_BIN_EXE_ztunnel-agent"));
+        assert!(
+            container
+                .env
+                .contains(&("ALLOW_SWITCH_TO_HOST_NS".to_owned(), "true".to_owned())),
+            "the chart has the agent enter the host's netns: {:?}",
+            container.env
+        );
+        let mut command = pod.command(env!("CARGO_BIN_EXE_ztunnel-agent"));
         command
             .args(&args)
+            // The host's netns (`/host/proc/1/ns/net` in the pod) is the
+            // test's node.
+            .arg(format!("--host-netns={}", node.path().display()))
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(container.env.iter().map(|(name, value)| (name, value)))
@@ -166,7 +179,11 @@ impl AgentProcess {
                 if started.elapsed() > PATIENCE * 3 {
                     break;
                 }
-                let received = ztunnel.receive_and_ack();
+                // Until the agent stops.
+                let Some(received) = ztunnel.receive_until_closed() else {
+                    break;
+                };
+                ztunnel.answer("");
                 if let Payload::Add(add) = received.payload
                     && added_tx.send(add.uid).is_err()
                 {
@@ -218,7 +235,7 @@ fn within(what: &str, mut check: impl FnMut() -> bool) -> Result<(), String> {
 /// The agent's job, each step bounded; the first failure.
 fn does_its_job(
     agent: &AgentProcess,
-    node: &NetNs,
+    (agent_pod, node): (&NetNs, &NetNs),
     runtime: &Runtime,
     client: &kube::Client,
     pod: &RunningPod,
@@ -228,7 +245,8 @@ fn does_its_job(
             .is_ok_and(|text| text.contains("ztunnel-cni"))
     })?;
     within("ready", || {
-        node.http_get(READINESS_PORT, "/readyz")
+        agent_pod
+            .http_get(READINESS_PORT, "/readyz")
             .is_ok_and(|(status, _)| status == 200)
     })?;
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), APPS);
@@ -250,6 +268,12 @@ fn does_its_job(
     }
     if our_rules(&pod.netns).is_empty() {
         return Err("no redirection rules in the pod".to_owned());
+    }
+    if netns::installed("ipset") {
+        within("the pod's address in the node's probe set", || {
+            node.exec(&["ipset", "list", "istio-inpod-probes-v4"])
+                .is_ok_and(|listed| String::from_utf8_lossy(&listed.stdout).contains(&pod.ip))
+        })?;
     }
     let problems = permission_problems(&agent.log());
     if !problems.is_empty() {
@@ -291,11 +315,14 @@ fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
         return;
     };
     let node = NetNs::create("chart-node").unwrap();
-    node.exec(&["ip", "link", "set", "lo", "up"]).unwrap();
-    // The API server, at the address its certificate names, from the node.
-    let _api_route = PortForward::to_host(&node, api.address().unwrap()).unwrap();
-    let agent = AgentProcess::start(&api, &rendered, &token, &node, "chart-rbac");
-    let result = does_its_job(&agent, &node, &runtime, &client, &pod);
+    let agent_pod = NetNs::create("chart-agent").unwrap();
+    agent_pod.exec(&["ip", "link", "set", "lo", "up"]).unwrap();
+    // The API server, at the address its certificate names, from the
+    // agent's pod.
+    let _api_route = PortForward::to_host(&agent_pod, api.address().unwrap()).unwrap();
+    let namespaces = (&agent_pod, &node);
+    let agent = AgentProcess::start(&api, &rendered, &token, namespaces, "chart-rbac");
+    let result = does_its_job(&agent, namespaces, &runtime, &client, &pod);
     assert_eq!(
         result,
         Ok(()),
@@ -318,8 +345,8 @@ fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
     let Some(second) = start_pod(&runtime, &client, "web-1", "198.18.61.2") else {
         return;
     };
-    let agent = AgentProcess::start(&api, &rendered, &token, &node, "broken-rbac");
-    let error = does_its_job(&agent, &node, &runtime, &client, &second)
+    let agent = AgentProcess::start(&api, &rendered, &token, namespaces, "broken-rbac");
+    let error = does_its_job(&agent, namespaces, &runtime, &client, &second)
         .expect_err("an agent that may not patch pods/status must fail the check");
     eprintln!("with a verb removed: {error}");
     assert!(

@@ -2,6 +2,8 @@
 //! Running and its address, its netns with that address, and its pause
 //! process in a cgroup named after its uid, as a runtime leaves them.
 
+#![allow(dead_code)] // each test crate that includes this uses part of it
+
 use std::net::IpAddr;
 
 use tokio::runtime::Runtime;
@@ -12,6 +14,8 @@ use ztunnel_test_support::pause::{PauseError, PauseProcess};
 pub struct RunningPod {
     pub name: String,
     pub uid: String,
+    /// Its address, as given.
+    pub ip: String,
     /// Dropped before the netns.
     _pause: PauseProcess,
     pub netns: NetNs,
@@ -54,6 +58,7 @@ impl RunningPod {
         Ok(RunningPod {
             name: spec.name.clone(),
             uid,
+            ip: ip.to_owned(),
             _pause: pause,
             netns,
         })
