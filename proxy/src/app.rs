@@ -76,6 +76,45 @@ impl Proxy {
         find_node_workload(state, &self.workload, self.config.node_name.as_deref())
     }
 
+    /// The served workload, waiting up to `local_workload_wait` for the
+    /// control plane to describe it: a new pod sends (and is sent to) as
+    /// soon as its network is up, which can be before the push that names
+    /// it arrives. `None` after the wait, logged and counted.
+    pub async fn wait_for_local_workload(&self, reporter: Reporter) -> Option<Arc<Workload>> {
+        if let Some(workload) = self.local_workload() {
+            return Some(workload);
+        }
+        // Subscribed before looking again, so a push in between is seen.
+        let mut changes = self.state.subscribe();
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.local_workload_wait;
+        loop {
+            if let Some(workload) = self.local_workload() {
+                self.metrics.record_workload_wait(reporter, true);
+                tracing::debug!(
+                    namespace = %self.workload.namespace,
+                    name = %self.workload.name,
+                    waited = ?started.elapsed(),
+                    "the local workload arrived"
+                );
+                return Some(workload);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                // The deadline, or the state's sender gone (shutting down).
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        self.metrics.record_workload_wait(reporter, false);
+        tracing::warn!(
+            namespace = %self.workload.namespace,
+            name = %self.workload.name,
+            waited = ?self.config.local_workload_wait,
+            "the control plane has not described this pod's workload yet; connection refused"
+        );
+        None
+    }
+
     /// Whether `workload` is the one this proxy serves.
     pub fn is_local(&self, workload: &Workload) -> bool {
         *workload.namespace == *self.workload.namespace && *workload.name == *self.workload.name

@@ -100,6 +100,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// How long a drain waits for connections to finish before closing them.
     pub drain_deadline: Duration,
+    /// How long a connection of a pod whose workload the control plane has
+    /// not described yet waits for it.
+    pub local_workload_wait: Duration,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
 }
@@ -328,6 +331,11 @@ struct Args {
     /// Drain deadline on SIGTERM: connections still open then are closed.
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value = "5s")]
     drain_deadline: String,
+    /// How long a connection from or to a pod this proxy serves waits for
+    /// the control plane to describe the pod's workload, when it arrives
+    /// first (a pod sends as soon as its network is up).
+    #[arg(long, env = "LOCAL_WORKLOAD_WAIT", default_value = "5s")]
+    local_workload_wait: String,
     /// Shared mode: the node agent's ZDS socket.
     #[arg(
         long,
@@ -502,6 +510,8 @@ impl Args {
             log_format: self.log_format,
             drain_deadline: parse_duration(&self.drain_deadline)
                 .map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
+            local_workload_wait: parse_duration(&self.local_workload_wait)
+                .map_err(value("LOCAL_WORKLOAD_WAIT"))?,
             inpod: InpodSettings {
                 uds: self.inpod_uds,
                 port_reuse: self.inpod_port_reuse,

@@ -79,6 +79,24 @@ pub struct ReporterLabels {
     pub reporter: Reporter,
 }
 
+/// Labels of `ztunnel_workload_waits`: who waited for its own workload,
+/// and whether it came.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// Outbound (source) or inbound (destination).
+    pub reporter: Reporter,
+    /// `arrived` or `timeout`.
+    pub outcome: &'static str,
+}
+
+/// Labels of the ZDS metrics: why a request was NACKed, or why a
+/// connection with the node agent ended.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ZdsLabels {
+    /// A short, fixed word (`read`, `start`, `protocol`, `closed`, `io`).
+    pub reason: &'static str,
+}
+
 /// Labels of `istio_build`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
@@ -96,6 +114,9 @@ pub struct Metrics {
     failed: Family<TrafficLabels, Counter>,
     sockets_open: Family<ReporterLabels, Gauge>,
     policy_closed: Family<ReporterLabels, Counter>,
+    workload_waits: Family<WaitLabels, Counter>,
+    zds_nacks: Family<ZdsLabels, Counter>,
+    zds_errors: Family<ZdsLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -120,6 +141,9 @@ impl Metrics {
             failed: Family::default(),
             sockets_open: Family::default(),
             policy_closed: Family::default(),
+            workload_waits: Family::default(),
+            zds_nacks: Family::default(),
+            zds_errors: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -173,6 +197,21 @@ impl Metrics {
             "Open connections closed because a policy change no longer allows them",
             metrics.policy_closed.clone(),
         );
+        registry.register(
+            "ztunnel_workload_waits",
+            "Connections that arrived before the proxy knew its own workload, by whether it came in time",
+            metrics.workload_waits.clone(),
+        );
+        registry.register(
+            "ztunnel_zds_nacks",
+            "ZDS requests of the node agent answered with a NACK, by reason",
+            metrics.zds_nacks.clone(),
+        );
+        registry.register(
+            "ztunnel_zds_connection_errors",
+            "Connections with the node agent ended by an error, by reason",
+            metrics.zds_errors.clone(),
+        );
         metrics
     }
 
@@ -210,6 +249,25 @@ impl Metrics {
     pub fn record_policy_close(&self, reporter: Reporter) {
         self.policy_closed
             .get_or_create(&ReporterLabels { reporter })
+            .inc();
+    }
+
+    /// Counts a NACK sent to the node agent.
+    pub fn record_zds_nack(&self, reason: &'static str) {
+        self.zds_nacks.get_or_create(&ZdsLabels { reason }).inc();
+    }
+
+    /// Counts a connection with the node agent that ended with an error.
+    pub fn record_zds_error(&self, reason: &'static str) {
+        self.zds_errors.get_or_create(&ZdsLabels { reason }).inc();
+    }
+
+    /// Counts a connection that waited for the proxy's own workload;
+    /// `arrived` says whether it came within the wait.
+    pub fn record_workload_wait(&self, reporter: Reporter, arrived: bool) {
+        let outcome = if arrived { "arrived" } else { "timeout" };
+        self.workload_waits
+            .get_or_create(&WaitLabels { reporter, outcome })
             .inc();
     }
 }

@@ -110,10 +110,13 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             return None;
         }
     };
-    let (route, source) = {
+    // A new pod may send before the control plane's push describing it
+    // arrives: its first connections wait for it (and the route is taken
+    // after, from the state that has it).
+    let source = Some(proxy.wait_for_local_workload(Reporter::Source).await?);
+    let route = {
         let state = proxy.state.read();
-        let route = route::route(&state, "", target, proxy.pick());
-        (route, proxy.local_workload_in(&state))
+        route::route(&state, "", target, proxy.pick())
     };
     let (report, connected) = match route {
         Route::Refuse(refusal) => {

@@ -10,6 +10,8 @@
 //! down. Needs root, `ip`, `iptables` and containernetworking-plugins;
 //! skips with the reason otherwise.
 
+use std::io::{Read, Write};
+use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{
@@ -48,7 +50,7 @@ fn start(tag: &str) -> Option<Cluster> {
         PodSpec::new("server-b", "default", "server", "node-b"),
     ];
     let mut registry = specs.to_vec();
-    registry.push(late());
+    registry.extend([late(), never_pushed()]);
     let binaries = Binaries::from_target_dir().unwrap();
     let mut cluster =
         Cluster::start(&["node-a", "node-b"], &registry, &["default"], binaries).unwrap();
@@ -63,6 +65,25 @@ fn start(tag: &str) -> Option<Cluster> {
 /// The pod a test adds at run time.
 fn late() -> PodSpec {
     PodSpec::new("late", "default", "late", "node-b")
+}
+
+/// A pod the control plane is never told about.
+fn never_pushed() -> PodSpec {
+    PodSpec::new("never-pushed", "default", "never", "node-b")
+}
+
+/// `name`'s value in `node`'s ztunnel's `/metrics` (summed over the lines
+/// that carry every label in `labels`), 0 when absent.
+fn metric(cluster: &Cluster, node: &str, name: &str, labels: &[&str]) -> f64 {
+    let (_, body) = cluster
+        .node(node)
+        .unwrap()
+        .http_get(15020, "/metrics")
+        .unwrap();
+    body.lines()
+        .filter(|line| line.starts_with(name) && labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Whether `node`'s ztunnel has `pod`'s workload (`/config_dump`).
@@ -257,4 +278,83 @@ fn ztunnels_serve_through_a_control_plane_restart_and_converge_on_changes_made_m
         "the policy added meanwhile applies:\n{}",
         logs(&cluster)
     );
+}
+
+/// A pod sends as soon as its network is up, which can be before the
+/// control plane's push that describes it reaches ztunnel. Its first
+/// connection, started at once, waits for its workload and goes through
+/// over HBONE once it is pushed a second later; a pod never pushed has
+/// its connection refused after the wait (`LOCAL_WORKLOAD_WAIT`, 5 s),
+/// with a log line, and both are counted in `ztunnel_workload_waits`.
+#[test]
+fn a_new_pods_first_connection_waits_for_its_workload_and_fails_only_without_it() {
+    let Some(mut cluster) = start("workload_wait") else {
+        return;
+    };
+    let target = app(&cluster, "client");
+    let late = late();
+    cluster.add_pod_unpublished(&late).unwrap();
+    let started = Instant::now();
+    let mut first = cluster.pod("late").unwrap().connect(target).unwrap();
+    first.write_all(b"ping").unwrap();
+    first.shutdown(Shutdown::Write).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.publish_pod("late").unwrap();
+    let mut reply = Vec::new();
+    first.read_to_end(&mut reply).unwrap();
+    eprintln!(
+        "first connection answered {:?} after it started",
+        started.elapsed()
+    );
+    assert_eq!(
+        reply,
+        b"ping",
+        "the first connection went through:\n{}",
+        logs(&cluster)
+    );
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(
+        eventually(|| delivered_over_mtls(&cluster, "node-a", "client", "late") > 0),
+        "over HBONE, with the new pod's identity:\n{}",
+        logs(&cluster)
+    );
+    // The server's side logs the client's address with its port.
+    let inbound = cluster.node("node-a").unwrap().access_log();
+    let from_late: Vec<_> = inbound
+        .iter()
+        .filter(|entry| {
+            entry.direction == "inbound" && entry.dst_workload.as_deref() == Some("client")
+        })
+        .collect();
+    assert!(!from_late.is_empty());
+    for entry in from_late {
+        let src: std::net::SocketAddr = entry.src_addr.parse().unwrap();
+        assert_ne!(src.port(), 0, "{entry:?}");
+    }
+    let arrived = ["reporter=\"source\"", "outcome=\"arrived\""];
+    assert!(metric(&cluster, "node-b", "ztunnel_workload_waits_total", &arrived) >= 1.0);
+
+    cluster.add_pod_unpublished(&never_pushed()).unwrap();
+    let started = Instant::now();
+    let reply = cluster
+        .pod("never-pushed")
+        .unwrap()
+        .exchange(target, b"ping");
+    let waited = started.elapsed();
+    eprintln!("connection of a pod never pushed ended after {waited:?}: {reply:?}");
+    assert!(
+        !matches!(&reply, Ok(bytes) if bytes == b"ping"),
+        "a pod the control plane never described gets nowhere"
+    );
+    assert!(
+        waited >= Duration::from_millis(4500),
+        "only after the wait: {waited:?}"
+    );
+    let log = cluster.node("node-b").unwrap().ztunnel_log();
+    assert!(
+        log.contains("has not described this pod's workload yet"),
+        "a clear log line:\n{log}"
+    );
+    let timeout = ["reporter=\"source\"", "outcome=\"timeout\""];
+    assert!(metric(&cluster, "node-b", "ztunnel_workload_waits_total", &timeout) >= 1.0);
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
+use prometheus_client::registry::Registry;
 use prost::Message;
 use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::task::JoinHandle;
@@ -28,6 +29,7 @@ use ztunnel_proxy::inpod::zds::{
     Client, Error, ProtocolError, ReadError, Settings, Timing, ZdsSocket,
 };
 use ztunnel_proxy::inpod::{PodInfo, PodProxies, StartError};
+use ztunnel_proxy::metrics::Metrics;
 use ztunnel_proxy::readiness::Ready;
 
 /// Long enough for a loaded CI machine, short enough to fail a hung test.
@@ -263,6 +265,8 @@ type Session = JoinHandle<(Client, Result<(), Error>)>;
 
 struct Harness {
     agent: Agent,
+    /// The client's metrics, as `/metrics` shows them.
+    registry: Registry,
     proxies: Arc<FakeProxies>,
     ready: Ready,
     session: Session,
@@ -273,18 +277,12 @@ impl Harness {
     fn start(proxies: Arc<FakeProxies>) -> Self {
         let (trigger, watcher) = drain::channel();
         let ready = Ready::new();
-        let client = Client::new(
-            Settings {
-                path: "/nonexistent".into(),
-                timing: timing(),
-            },
-            proxies.clone(),
-            ready.clone(),
-            watcher,
-        );
+        let (settings, registry) = settings(Path::new("/nonexistent"));
+        let client = Client::new(settings, proxies.clone(), ready.clone(), watcher);
         let (agent, session) = connect(client);
         Harness {
             agent,
+            registry,
             proxies,
             ready,
             session,
@@ -301,6 +299,16 @@ impl Harness {
         self.agent = agent;
         self.session = session;
         ended.unwrap_err()
+    }
+
+    /// The value of the line of `/metrics` that starts with `series`, 0
+    /// when it is absent.
+    fn metric(&self, series: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     async fn ended(self) -> Error {
@@ -516,6 +524,15 @@ async fn bad_bytes_are_read_errors() {
         assert_eq!(harness.proxies.served_uids(), ["ok"]);
     }
     assert_eq!(harness.agent.add("after", netns.as_fd()), "");
+    // Counted, not only logged.
+    assert_eq!(
+        harness.metric("ztunnel_zds_nacks_total{reason=\"read\"}"),
+        3.0
+    );
+    assert_eq!(
+        harness.metric("ztunnel_zds_connection_errors_total{reason=\"read\"}"),
+        3.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -623,7 +640,7 @@ async fn protocol_errors_are_nacked_then_fatal() {
         let (_trigger, watcher) = drain::channel();
         let proxies = FakeProxies::serving(&[]);
         let run = tokio::spawn(ztunnel_proxy::inpod::zds::run(
-            settings(&path),
+            settings(&path).0,
             proxies.clone(),
             Ready::new(),
             watcher,
@@ -660,7 +677,7 @@ async fn run_waits_for_the_agent_and_reconnects_after_a_read_error() {
     let proxies = FakeProxies::serving(&[]);
     let ready = Ready::new();
     let run = tokio::spawn(ztunnel_proxy::inpod::zds::run(
-        settings(&path),
+        settings(&path).0,
         proxies.clone(),
         ready.clone(),
         watcher,
@@ -705,15 +722,20 @@ async fn run_waits_for_the_agent_and_reconnects_after_a_read_error() {
 // ---------------------------------------------------------------------------
 // Plumbing.
 
-fn settings(path: &Path) -> Settings {
-    Settings {
+/// Settings with the tests' timing, and the registry of their metrics.
+fn settings(path: &Path) -> (Settings, Registry) {
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry, "test"));
+    let settings = Settings {
         path: path.to_owned(),
         timing: timing(),
-    }
+        metrics,
+    };
+    (settings, registry)
 }
 
 fn client(proxies: Arc<FakeProxies>, ready: Ready, drain: DrainWatcher) -> Client {
-    Client::new(settings(Path::new("/nonexistent")), proxies, ready, drain)
+    Client::new(settings(Path::new("/nonexistent")).0, proxies, ready, drain)
 }
 
 fn listen(path: &Path) -> Socket {

@@ -34,7 +34,7 @@ pub fn start(node: &Node) -> anyhow::Result<Started> {
     ));
     // Readiness is held from here until the first snapshot is served.
     let session = zds::run(
-        zds::Settings::new(config.inpod.uds.clone()),
+        zds::Settings::new(config.inpod.uds.clone(), Arc::clone(&node.metrics)),
         Arc::clone(&pods) as Arc<dyn crate::inpod::PodProxies>,
         node.ready.clone(),
         node.drain.clone(),

@@ -21,6 +21,8 @@ pub struct Arrival {
     /// The client's IP (the TCP peer of the tunnel or of the plaintext
     /// connection).
     pub source_ip: IpAddr,
+    /// That peer's port, for the access log and the metrics' address.
+    pub source_port: u16,
     /// The local address the connection arrived on.
     pub local_ip: IpAddr,
     /// Where the client wants to go: the CONNECT `:authority`, or the
@@ -166,6 +168,7 @@ policies:
         Arrival {
             peer_identity: identity.map(|id| id.parse().unwrap()),
             source_ip: "198.18.0.10".parse().unwrap(),
+            source_port: 40000,
             local_ip: "198.18.1.10".parse().unwrap(),
             target: target.parse().unwrap(),
         }

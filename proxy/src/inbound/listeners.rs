@@ -78,6 +78,9 @@ async fn open_upstream(
     arrival: &Arrival,
     direction_peer: Option<&Identity>,
 ) -> Result<Upstream, OpenError> {
+    // A connection to a new pod may come before the push describing it:
+    // wait for it, then admit (an unknown destination is refused there).
+    proxy.wait_for_local_workload(Reporter::Destination).await;
     let admitted = {
         let state = proxy.state.read();
         admit(&state, "", |workload| proxy.is_local(workload), arrival)
@@ -85,7 +88,7 @@ async fn open_upstream(
     let admitted = match admitted {
         Ok(admitted) => admitted,
         Err(refusal) => {
-            let src = SocketAddr::new(arrival.source_ip, 0);
+            let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
             let flags = match refusal {
                 Refusal::Denied(_) => ResponseFlags::Deny,
@@ -163,7 +166,7 @@ fn open_report(
             reporter: Reporter::Destination,
             direction: Direction::Inbound,
             source: End {
-                addr: SocketAddr::new(arrival.source_ip, 0),
+                addr: SocketAddr::new(arrival.source_ip, arrival.source_port),
                 workload: source.as_deref(),
                 identity: peer,
             },
@@ -209,6 +212,7 @@ impl InboundHandler for HboneInbound {
         let arrival = Arrival {
             peer_identity: Some(request.peer_identity.clone()),
             source_ip: canonical(request.peer_addr).ip(),
+            source_port: request.peer_addr.port(),
             local_ip: canonical(request.local_addr).ip(),
             target: canonical(*target),
         };
@@ -256,7 +260,7 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
                 Ok(local) => local,
                 Err(_) => return,
             };
-            let Some(workload) = proxy.local_workload() else {
+            let Some(workload) = proxy.wait_for_local_workload(Reporter::Destination).await else {
                 tracing::warn!(%peer, "HBONE connection before the local workload is known");
                 return;
             };
@@ -321,6 +325,7 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
             let arrival = Arrival {
                 peer_identity: None,
                 source_ip: canonical(peer).ip(),
+                source_port: peer.port(),
                 local_ip: target.ip(),
                 target,
             };

@@ -19,6 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::drain::DrainWatcher;
 use crate::inpod::PodProxies;
+use crate::metrics::Metrics;
 use crate::readiness::{BlockReady, Ready};
 
 mod backoff;
@@ -41,20 +42,23 @@ use socket::Received;
 const READY_TASK: &str = "zds snapshot";
 
 /// Where the agent is and how patiently to reach it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// The agent's socket (`INPOD_UDS`).
     pub path: PathBuf,
     /// The waits; [`Timing::default`] has WIRE.md's, tests shorten them.
     pub timing: Timing,
+    /// Where NACKs and connection errors are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Settings {
     /// The agent's socket at `path`, with WIRE.md's timing.
-    pub fn new(path: PathBuf) -> Self {
+    pub fn new(path: PathBuf, metrics: Arc<Metrics>) -> Self {
         Settings {
             path,
             timing: Timing::default(),
+            metrics,
         }
     }
 }
@@ -111,6 +115,18 @@ pub enum Error {
     /// The socket failed.
     #[error("ZDS socket: {0}")]
     Io(#[from] io::Error),
+}
+
+impl Error {
+    /// The metric label of this end.
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Protocol(_) => "protocol",
+            Error::Read(_) => "read",
+            Error::Closed => "closed",
+            Error::Io(_) => "io",
+        }
+    }
 }
 
 /// ztunnel's ZDS client: runs sessions with the agent one after another
@@ -189,6 +205,9 @@ impl Client {
     pub async fn serve(&mut self, socket: ZdsSocket) -> Result<(), Error> {
         let served = self.serve_session(&socket).await;
         self.set_ready(false);
+        if let Err(error) = &served {
+            self.settings.metrics.record_zds_error(error.reason());
+        }
         served
     }
 
@@ -235,6 +254,7 @@ impl Client {
         let error = match &answer {
             Ok(()) => String::new(),
             Err(nack) => {
+                self.settings.metrics.record_zds_nack(nack.reason());
                 tracing::warn!(uid = uid.as_deref().unwrap_or("-"), reason = %nack, "NACK to the node agent");
                 nack.to_string()
             }

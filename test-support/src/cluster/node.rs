@@ -204,6 +204,8 @@ impl Node {
 pub struct AccessEntry {
     /// `inbound` or `outbound`.
     pub direction: String,
+    /// The client's address (`src.addr`).
+    pub src_addr: String,
     /// The client's verified SPIFFE identity: set only when it came over
     /// mTLS.
     pub src_identity: Option<String>,
@@ -239,6 +241,7 @@ impl AccessEntry {
         }
         Some(AccessEntry {
             direction: field("direction")?,
+            src_addr: field("src.addr").unwrap_or_default(),
             src_identity: field("src.identity"),
             dst_workload: field("dst.workload"),
             dst_addr: field("dst.addr").unwrap_or_default(),

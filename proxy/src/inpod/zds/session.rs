@@ -60,6 +60,17 @@ pub enum RequestError {
     Protocol(ProtocolError),
 }
 
+impl RequestError {
+    /// The metric label of this NACK.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RequestError::Read(_) => "read",
+            RequestError::Start(_) => "start",
+            RequestError::Protocol(_) => "protocol",
+        }
+    }
+}
+
 /// A pod whose proxy failed to start, kept with its handle for the next
 /// retry round.
 #[derive(Debug)]
