@@ -147,6 +147,24 @@ fn a_deny_policy_added_at_run_time_closes_matching_connections_until_removed() {
         "the open connection is closed on the policy re-check:\n{}",
         logs(&cluster)
     );
+    // The server's ztunnel reports the policy's reason, not the copy's.
+    assert!(
+        eventually(|| {
+            cluster
+                .node("node-b")
+                .unwrap()
+                .access_log()
+                .iter()
+                .any(|entry| {
+                    entry.direction == "inbound"
+                        && entry.error.as_deref().is_some_and(|error| {
+                            error.starts_with("closed on a policy re-check: explicitly denied by")
+                        })
+                })
+        }),
+        "the close names the policy:\n{}",
+        logs(&cluster)
+    );
     assert!(
         eventually(|| !echoes(&cluster, "client", "server-b")),
         "new connections from the client are refused"

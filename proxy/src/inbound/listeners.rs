@@ -23,6 +23,7 @@ use crate::hbone::{
 use crate::inbound::decision::{Admitted, Arrival, Refusal, admit};
 use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
+use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
 use crate::socket::{canonical, original_destination};
 
@@ -33,7 +34,7 @@ pub struct Upstream {
     /// Cancelled when the copy must stop now: the drain is forced, or a
     /// policy re-check no longer allows the connection.
     stop: CancellationToken,
-    _tracked: TrackedGuard,
+    tracked: TrackedGuard,
 }
 
 impl AsyncRead for Upstream {
@@ -138,7 +139,7 @@ async fn open_upstream(
         stream,
         report: Some(report),
         stop,
-        _tracked: tracked,
+        tracked,
     })
 }
 
@@ -186,6 +187,22 @@ fn close_report(upstream: &mut Upstream, result: &Result<Transferred, CopyError>
     let Some(report) = upstream.report.take() else {
         return;
     };
+    // Closed by a policy re-check: the policy's reason, not the broken
+    // copy it caused.
+    if let Some(reason) = upstream.tracked.closed_by_policy() {
+        let moved = match result {
+            Ok(moved) => *moved,
+            Err(error) => error.transferred(),
+        };
+        let error = PolicyClosed(reason.clone());
+        report.close(
+            moved.b_to_a,
+            moved.a_to_b,
+            ResponseFlags::Deny,
+            Some(&error),
+        );
+        return;
+    }
     match result {
         Ok(moved) => report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, None),
         Err(error) => {
@@ -194,6 +211,11 @@ fn close_report(upstream: &mut Upstream, result: &Result<Transferred, CopyError>
         }
     }
 }
+
+/// An open connection a policy re-check no longer allows.
+#[derive(Debug, thiserror::Error)]
+#[error("closed on a policy re-check: {0}")]
+struct PolicyClosed(DenyReason);
 
 /// The HBONE server's handler.
 pub struct HboneInbound {

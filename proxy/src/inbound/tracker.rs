@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,8 @@ struct Tracked {
     connection: Connection,
     /// What the connection's copy waits on.
     stop: CancellationToken,
+    /// Why a re-check closed it, set before `stop` is cancelled.
+    closed_by: Arc<OnceLock<DenyReason>>,
 }
 
 /// Keeps a connection tracked; dropping it forgets the connection.
@@ -34,6 +36,15 @@ struct Tracked {
 pub struct TrackedGuard {
     tracker: Tracker,
     id: u64,
+    closed_by: Arc<OnceLock<DenyReason>>,
+}
+
+impl TrackedGuard {
+    /// Why a policy re-check closed the connection, if one did: what its
+    /// close reports instead of the copy's broken pipe.
+    pub fn closed_by_policy(&self) -> Option<&DenyReason> {
+        self.closed_by.get()
+    }
 }
 
 /// A connection closed by a re-check.
@@ -49,11 +60,19 @@ impl Tracker {
     /// Tracks `connection`, whose copy stops when `stop` is cancelled.
     pub fn track(&self, connection: Connection, stop: CancellationToken) -> TrackedGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock()
-            .insert(id, Box::new(Tracked { connection, stop }));
+        let closed_by = Arc::new(OnceLock::new());
+        self.lock().insert(
+            id,
+            Box::new(Tracked {
+                connection,
+                stop,
+                closed_by: Arc::clone(&closed_by),
+            }),
+        );
         TrackedGuard {
             tracker: self.clone(),
             id,
+            closed_by,
         }
     }
 
@@ -66,6 +85,7 @@ impl Tracker {
             |_, tracked| match still_allowed(state, &tracked.connection) {
                 Ok(()) => true,
                 Err(reason) => {
+                    let _ = tracked.closed_by.set(reason.clone());
                     tracked.stop.cancel();
                     closed.push(Closed {
                         connection: tracked.connection.clone(),
