@@ -17,11 +17,9 @@
 //! Skips, with the reason, when the API server or helm was not built.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use api::{certificates, published_roots, secret};
@@ -40,6 +38,9 @@ mod api;
 #[path = "support/ca_client.rs"]
 #[allow(dead_code)] // its metrics helper is not used here
 mod ca_client;
+#[path = "support/serve.rs"]
+#[allow(dead_code)] // only its address reader is used here
+mod serve;
 
 /// The namespace of the default install, Istio's.
 const NAMESPACE: &str = "istio-system";
@@ -203,28 +204,13 @@ impl ControlPlane {
             .stderr(File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (line_tx, line_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = line_tx.send(line);
-        });
-        let line = line_rx.recv_timeout(PATIENCE).unwrap_or_default();
-        // "ztunnel-ca listening on <grpc> metrics <http>"
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let address = |at: usize| -> SocketAddr {
-            words
-                .get(at)
-                .and_then(|word| word.parse().ok())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "ztunnel-ca printed {line:?}; its log:\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    )
-                })
+        let Some((grpc, http)) = serve::addresses(&mut child) else {
+            let _ = child.kill();
+            panic!(
+                "ztunnel-ca printed no addresses; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         };
-        let (grpc, http) = (address(3), address(5));
         ControlPlane {
             child,
             grpc,

@@ -110,14 +110,18 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             return None;
         }
     };
-    // A new pod may send before the control plane's push describing it
-    // arrives: its first connections wait for it (and the route is taken
-    // after, from the state that has it).
-    let source = Some(proxy.wait_for_local_workload(Reporter::Source).await?);
-    let route = {
+    let (mut route, mut source) = {
         let state = proxy.state.read();
-        route::route(&state, "", target, proxy.pick())
+        let route = route::route(&state, "", target, proxy.pick());
+        (route, proxy.local_workload_in(&state))
     };
+    // A new pod may send before the control plane's push describing it
+    // arrives: its first connections wait for it, and are routed again on
+    // the state that has it. A known pod pays nothing more.
+    if source.is_none() {
+        source = Some(proxy.wait_for_local_workload(Reporter::Source).await?);
+        route = route::route(&proxy.state.read(), "", target, proxy.pick());
+    }
     let (report, connected) = match route {
         Route::Refuse(refusal) => {
             access_log::failed(peer, target, Direction::Outbound, &refusal);

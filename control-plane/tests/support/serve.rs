@@ -42,25 +42,25 @@ pub fn start<S: AsRef<OsStr>>(
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    let addresses = addresses(&mut child);
     let server = Server(child);
+    let (grpc, http) = addresses.expect("serve printed its addresses");
+    (server, grpc, http)
+}
+
+/// The gRPC and metrics addresses from the first line `serve` prints on
+/// its (piped) stdout, "ztunnel-ca listening on <grpc> metrics <http>";
+/// `None` when no such line comes within 60 s.
+pub fn addresses(child: &mut Child) -> Option<(SocketAddr, SocketAddr)> {
+    let stdout = child.stdout.take()?;
     let (line_tx, line_rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = line_tx.send(line);
     });
-    let line = line_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("serve printed its addresses");
-    // "ztunnel-ca listening on <grpc> metrics <http>"
+    let line = line_rx.recv_timeout(Duration::from_secs(60)).ok()?;
     let words: Vec<&str> = line.split_whitespace().collect();
-    let address = |at: usize| -> SocketAddr {
-        words
-            .get(at)
-            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
-            .parse()
-            .unwrap()
-    };
-    (server, address(3), address(5))
+    let address = |at: usize| words.get(at)?.parse().ok();
+    Some((address(3)?, address(5)?))
 }

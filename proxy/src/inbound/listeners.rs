@@ -79,13 +79,17 @@ async fn open_upstream(
     arrival: &Arrival,
     direction_peer: Option<&Identity>,
 ) -> Result<Upstream, OpenError> {
-    // A connection to a new pod may come before the push describing it:
-    // wait for it, then admit (an unknown destination is refused there).
-    proxy.wait_for_local_workload(Reporter::Destination).await;
-    let admitted = {
+    let admit_now = || {
         let state = proxy.state.read();
         admit(&state, "", |workload| proxy.is_local(workload), arrival)
     };
+    let mut admitted = admit_now();
+    // A connection to a new pod may come before the push describing it:
+    // only then it waits for the pod's workload and is admitted again.
+    if matches!(admitted, Err(Refusal::UnknownWorkload(_))) && proxy.local_workload().is_none() {
+        proxy.wait_for_local_workload(Reporter::Destination).await;
+        admitted = admit_now();
+    }
     let admitted = match admitted {
         Ok(admitted) => admitted,
         Err(refusal) => {
