@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -380,12 +380,9 @@ fn a_bad_header_closes_only_its_connection() {
 #[test]
 fn a_run_where_everything_fails_exits_non_zero_after_its_report() {
     // A port that was just free: connecting is refused.
-    let port = TcpListener::bind("127.0.0.1:0")
+    let target = ztunnel_test_support::ports::unused_loopback_port()
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let target = format!("127.0.0.1:{port}");
+        .to_string();
     let output = run(&["rr", "--target", &target, "--duration", "0.3"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();

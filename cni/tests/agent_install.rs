@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -51,10 +51,7 @@ impl Node {
         std::fs::write(dir.path().join("pods.yaml"), "[]\n").unwrap();
         std::fs::create_dir_all(dir.path().join("net.d")).unwrap();
         std::fs::write(dir.path().join("net.d").join(CONF_NAME), BRIDGE).unwrap();
-        let readiness = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let readiness = ztunnel_test_support::ports::unused_loopback_port().unwrap();
         Node { dir, readiness }
     }
 

@@ -272,10 +272,8 @@ impl Drop for Ztunnel {
     }
 }
 
-/// A free port on 127.0.0.1 (bound and released; nothing else here races for it).
 fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    ztunnel_test_support::ports::unused_loopback_port().unwrap()
 }
 
 fn spawn_ztunnel(dir: &Path, env: &[(&str, String)]) -> Ztunnel {

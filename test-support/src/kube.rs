@@ -12,7 +12,7 @@
 //! for any other identity, such as a service account bound to exactly the
 //! role a component ships with.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -455,11 +455,8 @@ fn kubeconfig(server: &str, ca_pem: &str, user: User<'_>) -> String {
     .to_string()
 }
 
-/// A loopback port nobody listens on now. Another process could take it
-/// before the server binds it; on a test machine that is rare, and the
-/// server's start then fails with a clear error.
 fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    Ok(crate::ports::unused_loopback_port()?)
 }
 
 fn spawn(command: &mut Command, log: &Path) -> anyhow::Result<Child> {

@@ -14,4 +14,5 @@ pub mod helm;
 pub mod kube;
 pub mod netns;
 pub mod pause;
+pub mod ports;
 pub mod wait;
