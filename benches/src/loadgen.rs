@@ -37,7 +37,7 @@ use progress::Counters;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The async runtime could not be started.
-    #[error("starting the runtime: {0}")]
+    #[error("starting the runtime")]
     Runtime(#[source] io::Error),
     /// The server could not run.
     #[error(transparent)]
@@ -49,7 +49,7 @@ pub enum Error {
     #[error(transparent)]
     Latency(#[from] latency::LatencyError),
     /// The result could not be written to stdout.
-    #[error("writing the result to stdout: {0}")]
+    #[error("writing the result to stdout")]
     Output(#[source] io::Error),
     /// The run finished but nothing succeeded; its report was printed.
     #[error("nothing succeeded: {errors} errors; first: {first}")]

@@ -46,7 +46,7 @@ pub struct Certificate {
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     /// The PEM text is malformed.
-    #[error("certificate PEM is malformed: {0}")]
+    #[error("certificate PEM is malformed")]
     Pem(#[from] pem::Error),
     /// A PEM that must hold exactly one certificate holds some other number.
     #[error("expected exactly one certificate in the PEM, found {found}")]
@@ -55,14 +55,14 @@ pub enum CertError {
         found: usize,
     },
     /// The DER is not an X.509 certificate.
-    #[error("certificate DER does not parse: {0}")]
+    #[error("certificate DER does not parse")]
     Der(#[source] X509Error),
     /// Bytes follow the certificate inside its DER.
     #[error("certificate DER has trailing bytes")]
     TrailingData,
     /// An extension this module reads (SAN, basicConstraints) is malformed or
     /// repeated.
-    #[error("certificate extension is malformed: {0}")]
+    #[error("certificate extension is malformed")]
     Extension(#[source] X509Error),
     /// A SAN has an embedded NUL, the classic trick to make one name read as
     /// another; the whole certificate is refused rather than the SAN skipped.
@@ -78,7 +78,7 @@ pub enum CertError {
     #[error("no root certificate present")]
     NoRoot,
     /// The root bundle (the response's last element) is unusable.
-    #[error("CA response root bundle: {0}")]
+    #[error("CA response root bundle")]
     Roots(#[from] RootsError),
     /// The leaf is not for the identity that was requested.
     #[error("CA issued a certificate for {found:?}, requested {requested}")]
@@ -90,7 +90,7 @@ pub enum CertError {
         found: Option<Box<Identity>>,
     },
     /// The private key does not load, or is not the leaf's key.
-    #[error("private key does not fit the leaf certificate: {0}")]
+    #[error("private key does not fit the leaf certificate")]
     Key(#[source] rustls::Error),
 }
 

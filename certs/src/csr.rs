@@ -27,13 +27,13 @@ pub struct CertRequest {
 #[derive(Debug, thiserror::Error)]
 pub enum CsrError {
     /// The crypto library failed to generate a P-256 key pair.
-    #[error("generating the ECDSA P-256 key failed: {0}")]
+    #[error("generating the ECDSA P-256 key failed")]
     KeyGeneration(#[source] rcgen::Error),
     /// The identity cannot be written as an IA5String URI SAN.
-    #[error("identity cannot be encoded as a URI SAN: {0}")]
+    #[error("identity cannot be encoded as a URI SAN")]
     SanEncoding(#[source] rcgen::Error),
     /// Encoding or signing the CSR failed.
-    #[error("encoding the CSR failed: {0}")]
+    #[error("encoding the CSR failed")]
     Encoding(#[source] rcgen::Error),
 }
 

@@ -340,7 +340,7 @@ pub enum IssuerError {
     #[error("the signing certificate has expired")]
     SignerExpired,
     /// rcgen refused to build or sign the certificate.
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[from] rcgen::Error),
 }
 

@@ -2,11 +2,16 @@
 //! certificate parsing, rustls configurations with SPIFFE peer verification,
 //! and the certificate issuer. The CA service that decides who gets which
 //! certificate is the control plane's (`control-plane/`).
+//!
+//! It also holds [`error_chain::ErrorChain`], how every crate of the
+//! workspace prints an error with its causes: this is the lowest crate the
+//! others share.
 
 #![forbid(unsafe_code)]
 
 pub mod cert;
 pub mod csr;
+pub mod error_chain;
 pub mod identity;
 pub mod issuer;
 pub mod tls;

@@ -26,7 +26,7 @@ pub const ALPN_H2: &[u8] = b"h2";
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// rustls refused the protocol versions or the provider.
-    #[error("building the rustls configuration failed: {0}")]
+    #[error("building the rustls configuration failed")]
     Config(#[from] rustls::Error),
     /// A client config was asked for with no identity to accept: every
     /// handshake would fail.

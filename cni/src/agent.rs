@@ -31,6 +31,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::{FileRegistry, RegistryError};
 
 use crate::event::DEFAULT_SOCKET;
@@ -203,16 +204,15 @@ impl KubeCredentials {
         let config = match self {
             KubeCredentials::Kubeconfig(path) => {
                 let file = ::kube::config::Kubeconfig::read_from(path)
-                    .map_err(|error| failed(error.to_string()))?;
+                    .map_err(|error| failed(ErrorChain(&error).to_string()))?;
                 ::kube::Config::from_custom_kubeconfig(file, &Default::default())
                     .await
-                    .map_err(|error| failed(error.to_string()))?
+                    .map_err(|error| failed(ErrorChain(&error).to_string()))?
             }
-            KubeCredentials::InCluster => {
-                ::kube::Config::incluster().map_err(|error| failed(error.to_string()))?
-            }
+            KubeCredentials::InCluster => ::kube::Config::incluster()
+                .map_err(|error| failed(ErrorChain(&error).to_string()))?,
         };
-        ::kube::Client::try_from(config).map_err(|error| failed(error.to_string()))
+        ::kube::Client::try_from(config).map_err(|error| failed(ErrorChain(&error).to_string()))
     }
 }
 
@@ -367,7 +367,7 @@ async fn install_host_rules(rules: &RuleSettings, netns: Option<PathBuf>) -> Arc
     match tokio::task::spawn_blocking(move || installing.install()).await {
         Ok(Ok(())) => tracing::info!("host probe rules in place"),
         Ok(Err(error)) => {
-            tracing::error!(%error, "host probe rules not installed: kubelet probes of meshed pods will be captured")
+            tracing::error!(error = %ErrorChain(&error), "host probe rules not installed: kubelet probes of meshed pods will be captured")
         }
         Err(_) => tracing::error!("the host probe rules task failed"),
     }
@@ -398,7 +398,7 @@ fn start_installation(
     mut shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<Result<(), InstallError>> {
     if let Err(error) = installer.install() {
-        tracing::error!(%error, "installing the CNI plugin; the watcher retries");
+        tracing::error!(error = %ErrorChain(&error), "installing the CNI plugin; the watcher retries");
     }
     tokio::spawn(installer.watch(async move { stopped(&mut shutdown).await }))
 }
@@ -413,11 +413,15 @@ async fn finish_installation(
 ) {
     match watcher.await {
         Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%error, "the CNI installation watch failed"),
-        Err(error) => tracing::error!(%error, "the CNI installation watch panicked"),
+        Ok(Err(error)) => {
+            tracing::error!(error = %ErrorChain(&error), "the CNI installation watch failed")
+        }
+        Err(error) => {
+            tracing::error!(error = %ErrorChain(&error), "the CNI installation watch panicked")
+        }
     }
     if let Err(error) = uninstaller.uninstall(upgrading) {
-        tracing::error!(%error, "uninstalling the CNI plugin");
+        tracing::error!(error = %ErrorChain(&error), "uninstalling the CNI plugin");
     }
 }
 
@@ -455,7 +459,7 @@ pub enum AgentError {
     #[error(transparent)]
     Install(#[from] InstallError),
     /// The health endpoint could not be bound.
-    #[error("cannot listen on {address}: {source}")]
+    #[error("cannot listen on {address}")]
     Listen {
         /// The address.
         address: SocketAddr,
@@ -463,7 +467,7 @@ pub enum AgentError {
         source: std::io::Error,
     },
     /// A socket could not be bound.
-    #[error("cannot listen on {path}: {source}")]
+    #[error("cannot listen on {path}")]
     Bind {
         /// The socket path.
         path: PathBuf,

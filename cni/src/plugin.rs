@@ -15,6 +15,7 @@
 use std::io::Read;
 
 use http::StatusCode;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 
@@ -156,8 +157,10 @@ fn del(
         Ok(reply) => Err(refused("DEL", pod, reply.status, reply.body)),
         Err(error) => {
             warnings.push(format!(
-                "ztunnel-cni: DEL of pod {}/{}: {error}; the agent prunes it when it starts",
-                pod.namespace, pod.name
+                "ztunnel-cni: DEL of pod {}/{}: {}; the agent prunes it when it starts",
+                pod.namespace,
+                pod.name,
+                ErrorChain(&error)
             ));
             Ok(())
         }

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Request;
 use tonic::transport::{Channel, Endpoint, Uri};
+use ztunnel_certs::error_chain;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
 use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
@@ -73,7 +74,11 @@ struct ClientPlan {
     token_key_pem: String,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    error_chain::exit_code("xds_scale", run())
+}
+
+fn run() -> anyhow::Result<()> {
     ztunnel_certs::tls::install_provider();
     let args: Vec<String> = std::env::args().collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()

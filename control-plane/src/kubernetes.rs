@@ -23,6 +23,7 @@ use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_mesh::kube::convert::ObjectProblem;
 use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, watch_into_store};
@@ -140,7 +141,7 @@ pub async fn watch_permissions(
     loop {
         let missing = match missing_access(&client, &required).await {
             Ok(missing) => missing,
-            Err(error) => vec![format!("(access review failed: {error})")],
+            Err(error) => vec![format!("(access review failed: {})", ErrorChain(&*error))],
         };
         if last.as_ref() != Some(&missing) {
             if missing.is_empty() {
@@ -221,7 +222,9 @@ where
     let changed = Arc::clone(changed);
     let on_event = move |event: Result<(), watcher::Error>| match event {
         Ok(()) => changed.notify_one(),
-        Err(error) => tracing::warn!(controller, kind, %error, "watch failed; retrying"),
+        Err(error) => {
+            tracing::warn!(controller, kind, error = %ErrorChain(&error), "watch failed; retrying")
+        }
     };
     watch_into_store(api, config, on_event, std::future::pending())
 }

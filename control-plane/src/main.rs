@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +21,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use ztunnel_certs::error_chain::{self, ErrorChain};
 use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SigningMaterial, TtlPolicy};
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{
@@ -225,7 +227,11 @@ struct TokenArgs {
     issuer: String,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    error_chain::exit_code("ztunnel-ca", run())
+}
+
+fn run() -> anyhow::Result<()> {
     ztunnel_certs::tls::install_provider();
     let cli = Cli::parse();
     match cli.command {
@@ -522,7 +528,7 @@ async fn shutdown_signal() {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(signal) => signal,
             Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
+                tracing::warn!(error = %ErrorChain(&error), "cannot listen for SIGTERM");
                 let _ = tokio::signal::ctrl_c().await;
                 return;
             }

@@ -27,6 +27,7 @@ use kube::api::PostParams;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::Notify;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::ca::signing_secret::ROOT_CERT_KEY;
 use crate::kubernetes::watch_waking;
@@ -176,7 +177,7 @@ impl Target {
             Err(error) => {
                 tracing::warn!(
                     namespace,
-                    %error,
+                    error = %ErrorChain(&error),
                     "cannot publish the root ConfigMap {NAME}; retrying (role: deploy/rbac/control-plane-ca.yaml)"
                 );
                 false

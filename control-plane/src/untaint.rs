@@ -22,6 +22,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::kubernetes::watch_waking;
 
@@ -170,7 +171,7 @@ async fn untaint(nodes: &Api<Node>, store: &Store<Node>, name: &str, key: &str) 
                 current = nodes.get(name).await.ok().map(Arc::new);
             }
             Err(error) => {
-                tracing::warn!(node = name, attempt, %error, "untainting the node failed");
+                tracing::warn!(node = name, attempt, error = %ErrorChain(&error), "untainting the node failed");
                 tokio::time::sleep(RETRY_PAUSE * u32::try_from(attempt).unwrap_or(1)).await;
                 current = nodes.get(name).await.ok().map(Arc::new);
             }

@@ -314,8 +314,9 @@ async fn a_malformed_cacerts_stops_start_up_with_the_reason() {
         put_cacerts(&client, entries).await;
         let (status, stderr) = serve_until_exit(&api.dir().join("ca-state"), &kubeconfig).await;
         assert_eq!(status.code(), Some(1), "an error, not a panic: {stderr}");
-        let message = stderr.replace("\n\nCaused by:\n    ", ": ");
-        eprintln!("start-up refused: {}", message.trim());
+        // `ztunnel-ca: ` and the error with its causes, joined by `: `.
+        let message = stderr.trim();
+        eprintln!("start-up refused: {message}");
         assert!(message.contains(reason), "{reason}:\n{stderr}");
         assert!(
             message.contains("signing material in namespace istio-system")

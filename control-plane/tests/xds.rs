@@ -62,6 +62,26 @@ async fn start(mesh: &str) -> Plane {
 
 impl Plane {
     fn token(&self, namespace: &str, service_account: &str, pod: &str, uid: &str) -> String {
+        self.token_issued(
+            namespace,
+            service_account,
+            pod,
+            uid,
+            SystemTime::now(),
+            HOUR,
+        )
+    }
+
+    /// A token of `pod` issued at `issued`, valid for `ttl` from then.
+    fn token_issued(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        pod: &str,
+        uid: &str,
+        issued: SystemTime,
+        ttl: Duration,
+    ) -> String {
         let token = PodToken {
             issuer: DEFAULT_ISSUER.into(),
             audiences: vec![DEFAULT_AUDIENCE.into()],
@@ -70,9 +90,9 @@ impl Plane {
             pod_name: pod.into(),
             pod_uid: uid.into(),
             node_name: None,
-            ttl: HOUR,
+            ttl,
         };
-        self.signer.mint(&token, SystemTime::now()).unwrap()
+        self.signer.mint(&token, issued).unwrap()
     }
 
     fn ztunnel(&self, node: &str) -> String {
@@ -523,6 +543,84 @@ async fn callers_that_are_not_node_agents_are_refused() {
         assert!(text.contains(&line), "{case}: no {line} in\n{text}");
     }
     assert!(text.contains("ca_xds_clients 0"), "{text}");
+}
+
+impl Plane {
+    /// A stream opened with `token` that has had its initial responses.
+    async fn subscribed(&self, token: &str) -> Subscriber {
+        let mut stream = self.subscribe(Some(token), &HashMap::new()).await.unwrap();
+        stream.initial().await;
+        stream
+    }
+}
+
+impl Subscriber {
+    /// Waits for the stream's end and returns the status it ended with.
+    async fn ended(&mut self) -> Status {
+        loop {
+            match tokio::time::timeout(PATIENCE, self.inbound.message()).await {
+                Err(_) => panic!("the stream is still open after {PATIENCE:?}"),
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) => panic!("the stream ended without a status"),
+                Ok(Err(status)) => return status,
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_open_stream_ends_when_the_token_it_was_admitted_on_expires() {
+    let plane = start(MESH).await;
+    // Accepted within the 60 s leeway, and out of it 3 s from now.
+    let issued = SystemTime::now() - Duration::from_secs(60);
+    let token = plane.token_issued(
+        "istio-system",
+        "ztunnel",
+        "ztunnel-a",
+        "uid-za",
+        issued,
+        Duration::from_secs(3),
+    );
+    let started = std::time::Instant::now();
+    let mut stream = plane
+        .subscribe(Some(&token), &HashMap::new())
+        .await
+        .unwrap();
+    stream.initial().await;
+    let status = stream.ended().await;
+    let lasted = started.elapsed();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert_eq!(status.message(), "request authenticate failure");
+    assert!(lasted >= Duration::from_secs(2), "ended after {lasted:?}");
+    plane
+        .wait_for_metric("ca_xds_streams_revoked_total{reason=\"expired_token\"} 1")
+        .await;
+    plane.wait_for_metric("ca_xds_clients 0").await;
+    // A fresh token is admitted again, as a restarted client's would be.
+    plane.subscribed(&plane.ztunnel("a")).await;
+}
+
+#[tokio::test]
+async fn an_open_stream_ends_when_its_callers_pod_is_deleted_and_others_stay() {
+    let plane = start(MESH).await;
+    let mut a = plane.subscribed(&plane.ztunnel("a")).await;
+    let mut b = plane.subscribed(&plane.ztunnel("b")).await;
+    let without_a: String = MESH
+        .lines()
+        .filter(|line| !line.contains("name: ztunnel-a,"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_ne!(without_a, MESH);
+    plane.write_mesh(&without_a);
+    let status = a.ended().await;
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(status.message(), "xDS subscription not authorized");
+    plane
+        .wait_for_metric("ca_xds_streams_revoked_total{reason=\"caller_pod_not_found\"} 1")
+        .await;
+    plane.wait_for_metric("ca_xds_clients 1").await;
+    // b's pod is still there: its stream stays open.
+    b.assert_quiet().await;
 }
 
 #[tokio::test]

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
 use ztunnel_test_support::wait;
 
@@ -87,7 +88,7 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("\nztunnel-demo: {error:#}");
+            eprintln!("\nztunnel-demo: {}", ErrorChain(&*error));
             std::process::ExitCode::FAILURE
         }
     }

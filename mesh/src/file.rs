@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::{MeshError, MeshFile, MeshSnapshot, PodRegistry};
 
@@ -103,7 +104,7 @@ impl FileRegistry {
                     on_refused(&error);
                     tracing::error!(
                         path = %self.path.display(),
-                        %error,
+                        error = %ErrorChain(&error),
                         "mesh file not reloaded; keeping the last good one"
                     );
                 }
@@ -126,7 +127,7 @@ impl PodRegistry for FileRegistry {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The file could not be read.
-    #[error("cannot read mesh file {path}: {source}")]
+    #[error("cannot read mesh file {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -152,7 +153,7 @@ pub enum RegistryError {
         message: String,
     },
     /// The entries parse but contradict each other.
-    #[error("mesh file {path}: {source}")]
+    #[error("mesh file {path}")]
     Invalid {
         /// The file.
         path: PathBuf,

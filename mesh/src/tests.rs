@@ -4,6 +4,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::*;
 
 const PODS: &str = "\
@@ -442,7 +444,7 @@ fn contradictory_entries_are_refused() {
     for (name, content, want) in cases {
         match FileRegistry::load(&write(&dir, &content)) {
             Err(error @ RegistryError::Invalid { .. }) => {
-                let message = error.to_string();
+                let message = ErrorChain(&error).to_string();
                 assert!(message.contains(want), "{name}: {message}");
             }
             other => panic!("{name}: {other:?}\n{content}"),

@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 /// Which way the connection goes, from the reporting proxy's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -143,7 +145,7 @@ pub fn complete(log: &ConnectionLog, outcome: &Outcome<'_>) {
             bytes_sent = outcome.bytes_sent,
             bytes_recv = outcome.bytes_recv,
             duration = %duration,
-            error = %error,
+            error = %ErrorChain(error),
         ),
     }
 }
@@ -162,7 +164,7 @@ pub fn failed(
         src.addr = %src_addr,
         dst.addr = %dst_addr,
         direction = direction.as_str(),
-        error = %error,
+        error = %ErrorChain(error),
         "connection failed"
     );
 }

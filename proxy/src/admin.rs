@@ -20,6 +20,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use ztunnel_certs::cert::{Certificate, WorkloadCertificate};
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::drain::DrainWatcher;
 use crate::metrics;
@@ -173,9 +174,12 @@ impl Admin {
             }
             Err(crate::telemetry::TelemetryError::InvalidFilter { filter, source }) => text(
                 StatusCode::BAD_REQUEST,
-                format!("invalid level {filter:?}: {source}\n"),
+                format!("invalid level {filter:?}: {}\n", ErrorChain(&source)),
             ),
-            Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+            Err(error) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{}\n", ErrorChain(&error)),
+            ),
         }
     }
 }
@@ -275,7 +279,7 @@ where
         let stream = match accepted {
             Ok((stream, _peer)) => stream,
             Err(error) => {
-                tracing::warn!(%error, "admin accept failed");
+                tracing::warn!(error = %ErrorChain(&error), "admin accept failed");
                 tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
                 continue;
             }
@@ -304,7 +308,7 @@ where
                 }
             };
             if let Err(error) = finished {
-                tracing::debug!(%error, "admin connection ended with an error");
+                tracing::debug!(error = %ErrorChain(&error), "admin connection ended with an error");
             }
         });
     }

@@ -103,6 +103,9 @@ pub struct Config {
     /// How long a connection of a pod whose workload the control plane has
     /// not described yet waits for it.
     pub local_workload_wait: Duration,
+    /// The most HBONE connections one inbound listener holds between
+    /// accept and the end of their TLS handshake; more are closed at once.
+    pub max_pending_handshakes: usize,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
 }
@@ -171,7 +174,7 @@ pub enum ConfigError {
     #[error(transparent)]
     Args(#[from] clap::Error),
     /// A value parsed by type but is not acceptable.
-    #[error("{name}: {source}")]
+    #[error("{name}")]
     Value {
         /// The environment variable (and flag) at fault.
         name: &'static str,
@@ -179,7 +182,7 @@ pub enum ConfigError {
         source: ValueError,
     },
     /// A control-plane address or header is unusable.
-    #[error("{name}: {source}")]
+    #[error("{name}")]
     ControlPlane {
         /// The environment variable at fault.
         name: &'static str,
@@ -336,6 +339,11 @@ struct Args {
     /// first (a pod sends as soon as its network is up).
     #[arg(long, env = "LOCAL_WORKLOAD_WAIT", default_value = "5s")]
     local_workload_wait: String,
+    /// The most connections each inbound HBONE listener (15008) holds
+    /// before their TLS handshake ends. Beyond it new connections are
+    /// closed at once and counted in `ztunnel_handshakes_refused_total`.
+    #[arg(long, env = "MAX_PENDING_HANDSHAKES", default_value_t = 4096)]
+    max_pending_handshakes: usize,
     /// Shared mode: the node agent's ZDS socket.
     #[arg(
         long,
@@ -512,6 +520,15 @@ impl Args {
                 .map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
             local_workload_wait: parse_duration(&self.local_workload_wait)
                 .map_err(value("LOCAL_WORKLOAD_WAIT"))?,
+            max_pending_handshakes: match self.max_pending_handshakes {
+                0 => {
+                    return Err(ConfigError::Value {
+                        name: "MAX_PENDING_HANDSHAKES",
+                        source: ValueError::Zero,
+                    });
+                }
+                limit => limit,
+            },
             inpod: InpodSettings {
                 uds: self.inpod_uds,
                 port_reuse: self.inpod_port_reuse,

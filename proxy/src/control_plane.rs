@@ -68,7 +68,7 @@ pub enum ControlPlaneError {
     #[error("server name {0:?} is not a valid DNS name or IP address")]
     InvalidServerName(String),
     /// A root file could not be read.
-    #[error("reading root file {path}: {source}")]
+    #[error("reading root file {path}")]
     RootRead {
         /// The configured root file.
         path: PathBuf,
@@ -87,13 +87,13 @@ pub enum ControlPlaneError {
     #[error("no system root bundle found (looked in {0})")]
     NoSystemRoots(String),
     /// The TLS configuration could not be built.
-    #[error("building the TLS configuration: {0}")]
+    #[error("building the TLS configuration")]
     Tls(#[source] rustls::Error),
     /// A header name or value cannot be sent.
     #[error("{0} is not a valid header")]
     InvalidHeader(String),
     /// The token file could not be read.
-    #[error("reading token file {path}: {source}")]
+    #[error("reading token file {path}")]
     TokenRead {
         /// The configured token file.
         path: PathBuf,
@@ -104,26 +104,10 @@ pub enum ControlPlaneError {
     /// never part of the message.
     #[error("the token from {0} is not a valid header value")]
     InvalidToken(String),
-    /// TCP, TLS or the HTTP/2 handshake failed. The message carries the
-    /// causes, since tonic's own says only "transport error".
-    #[error("connecting: {}", with_causes(.0))]
-    Connect(tonic::transport::Error),
-}
-
-/// `error` and each of its sources, joined with `: `.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        let next = error.to_string();
-        // Some layers repeat their source's message; once is enough.
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = error.source();
-    }
-    text
+    /// TCP, TLS or the HTTP/2 handshake failed. tonic's own message says
+    /// only "transport error"; what failed is further down its chain.
+    #[error("connecting")]
+    Connect(#[source] tonic::transport::Error),
 }
 
 /// Whether an address asks for TLS.
@@ -324,41 +308,6 @@ fn set_keepalive(tcp: &TcpStream) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An error with a message and an optional cause.
-    #[derive(Debug)]
-    struct Layer(&'static str, Option<Box<Layer>>);
-
-    impl std::fmt::Display for Layer {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)
-        }
-    }
-
-    impl std::error::Error for Layer {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            self.1
-                .as_deref()
-                .map(|cause| cause as &(dyn std::error::Error + 'static))
-        }
-    }
-
-    #[test]
-    fn a_connect_error_names_its_causes_once_each() {
-        let refused = Layer("Connection refused (os error 111)", None);
-        let tcp = Layer("tcp connect error", Some(Box::new(refused)));
-        let repeated = Layer("tcp connect error", None);
-        #[rustfmt::skip]
-        let cases = [
-            (Layer("transport error", Some(Box::new(tcp))),
-                "transport error: tcp connect error: Connection refused (os error 111)"),
-            (Layer("tcp connect error", Some(Box::new(repeated))), "tcp connect error"),
-            (Layer("transport error", None), "transport error"),
-        ];
-        for (error, text) in cases {
-            assert_eq!(with_causes(&error), text);
-        }
-    }
 
     #[test]
     fn addresses_default_to_https_and_keep_http_to_refuse_it() {

@@ -51,7 +51,7 @@ pub enum Direction {
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
     /// Reading from the source side failed with something other than a reset.
-    #[error("reading ({direction:?}) failed after {transferred:?}: {source}")]
+    #[error("reading ({direction:?}) failed after {transferred:?}")]
     Read {
         /// The direction whose source failed.
         direction: Direction,
@@ -61,7 +61,7 @@ pub enum CopyError {
         source: io::Error,
     },
     /// Writing to the destination side failed: the bytes read could not be delivered.
-    #[error("writing ({direction:?}) failed after {transferred:?}: {source}")]
+    #[error("writing ({direction:?}) failed after {transferred:?}")]
     Write {
         /// The direction whose destination failed.
         direction: Direction,

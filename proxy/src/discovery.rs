@@ -12,6 +12,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::config::local::{self, LocalConfigError};
 use crate::state::State;
@@ -117,7 +118,7 @@ pub async fn watch_local_file(
         let text = match tokio::fs::read_to_string(&path).await {
             Ok(text) => text,
             Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "cannot read the local config file; keeping the last good state");
+                tracing::warn!(path = %path.display(), error = %ErrorChain(&error), "cannot read the local config file; keeping the last good state");
                 continue;
             }
         };
@@ -130,7 +131,7 @@ pub async fn watch_local_file(
                 tracing::info!(path = %path.display(), "local config file reloaded");
             }
             Err(error) => {
-                tracing::error!(%error, "invalid local config file; keeping the last good state");
+                tracing::error!(error = %ErrorChain(&error), "invalid local config file; keeping the last good state");
             }
         }
         last_text = text;

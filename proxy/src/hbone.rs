@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use h2::{Ping, PingPong};
+use ztunnel_certs::error_chain::ErrorChain;
 
 mod client;
 mod headers;
@@ -165,7 +166,7 @@ async fn keepalive(mut ping_pong: PingPong, interval: Duration, timeout: Duratio
         match tokio::time::timeout(timeout, ping_pong.ping(Ping::opaque())).await {
             Ok(Ok(_pong)) => {}
             Ok(Err(error)) => {
-                tracing::debug!(%error, "keepalive stopped: connection closed");
+                tracing::debug!(error = %ErrorChain(&error), "keepalive stopped: connection closed");
                 return;
             }
             Err(_elapsed) => {

@@ -36,10 +36,10 @@ pub struct PodInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The handle is not a network namespace, or entering it failed.
-    #[error("entering the pod's network namespace: {0}")]
+    #[error("entering the pod's network namespace")]
     Netns(#[source] std::io::Error),
     /// A listener could not be bound inside the pod.
-    #[error("binding the {what} listener in the pod: {source}")]
+    #[error("binding the {what} listener in the pod")]
     Bind {
         /// Which listener.
         what: &'static str,

@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proxy::config::Config;
 
 /// mimalloc keeps freed memory for reuse, where glibc malloc unmaps large
@@ -18,15 +19,16 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(ztunnel_proxy::config::ConfigError::Args(error)) => error.exit(),
         Err(error) => {
-            eprintln!("ztunnel: {error}");
+            eprintln!("ztunnel: {}", ErrorChain(&error));
             return ExitCode::from(2);
         }
     };
     match ztunnel_proxy::app::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("ztunnel: {error:#}");
-            tracing::error!("stopped: {error:#}");
+            let error = ErrorChain(&*error);
+            eprintln!("ztunnel: {error}");
+            tracing::error!("stopped: {error}");
             ExitCode::FAILURE
         }
     }

@@ -97,6 +97,15 @@ pub struct ZdsLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `ztunnel_handshakes_refused`: why an HBONE connection was
+/// closed before its handshake began.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// `pending_limit`: the listener already had its most handshakes
+    /// waiting.
+    pub reason: &'static str,
+}
+
 /// Labels of `istio_build`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
@@ -117,6 +126,8 @@ pub struct Metrics {
     workload_waits: Family<WaitLabels, Counter>,
     zds_nacks: Family<ZdsLabels, Counter>,
     zds_errors: Family<ZdsLabels, Counter>,
+    pending_handshakes: Gauge,
+    handshakes_refused: Family<HandshakeLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -144,6 +155,8 @@ impl Metrics {
             workload_waits: Family::default(),
             zds_nacks: Family::default(),
             zds_errors: Family::default(),
+            pending_handshakes: Gauge::default(),
+            handshakes_refused: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -212,7 +225,29 @@ impl Metrics {
             "Connections with the node agent ended by an error, by reason",
             metrics.zds_errors.clone(),
         );
+        registry.register(
+            "ztunnel_pending_handshakes",
+            "HBONE connections accepted whose TLS handshake has not finished, over all listeners",
+            metrics.pending_handshakes.clone(),
+        );
+        registry.register(
+            "ztunnel_handshakes_refused",
+            "HBONE connections closed at once, before any handshake, by reason",
+            metrics.handshakes_refused.clone(),
+        );
         metrics
+    }
+
+    /// `ztunnel_pending_handshakes`, for the listeners to count up and down.
+    pub fn pending_handshakes(&self) -> Gauge {
+        self.pending_handshakes.clone()
+    }
+
+    /// Counts an HBONE connection closed before its handshake.
+    pub fn record_handshake_refused(&self, reason: &'static str) {
+        self.handshakes_refused
+            .get_or_create(&HandshakeLabels { reason })
+            .inc();
     }
 
     /// Counts a connection as opened and returns the handle that counts its

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy};
@@ -33,19 +34,19 @@ pub enum OutboundError {
     #[error("no certificate for the source workload: {0}")]
     Certificate(String),
     /// Connecting to the peer or the destination failed.
-    #[error("connect: {0}")]
+    #[error("connect")]
     Connect(#[from] std::io::Error),
     /// The connect did not finish in time.
     #[error("connect timed out")]
     Timeout,
     /// The HBONE connection or CONNECT failed.
-    #[error("HBONE: {0}")]
+    #[error("HBONE")]
     Hbone(#[from] HboneError),
     /// The pool could not provide a stream.
-    #[error("{0}")]
+    #[error(transparent)]
     Pool(#[from] PoolError),
     /// The CONNECT headers could not be built.
-    #[error("headers: {0}")]
+    #[error("headers")]
     Headers(#[from] hbone::HeaderError),
 }
 
@@ -78,7 +79,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    tracing::warn!(%error, "outbound accept failed");
+                    tracing::warn!(error = %ErrorChain(&error), "outbound accept failed");
                     continue;
                 }
             },
@@ -106,7 +107,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
     let target = match original_destination(tcp) {
         Ok(target) => target,
         Err(error) => {
-            tracing::warn!(%peer, %error, "no original destination on 15001");
+            tracing::warn!(%peer, error = %ErrorChain(&error), "no original destination on 15001");
             return None;
         }
     };
@@ -242,12 +243,12 @@ async fn tunnel(
     let source = source.ok_or(OutboundError::UnknownSource)?;
     let identity = source
         .identity()
-        .map_err(|error| OutboundError::Certificate(error.to_string()))?;
+        .map_err(|error| OutboundError::Certificate(ErrorChain(&error).to_string()))?;
     let certificate = proxy
         .identities
         .fetch_certificate(&identity)
         .await
-        .map_err(|error| OutboundError::Certificate(error.to_string()))?;
+        .map_err(|error| OutboundError::Certificate(ErrorChain(&error).to_string()))?;
     let source_ip = source.addresses.first().copied().unwrap_or(client.ip());
     let key = PoolKey::new(identity, route.expected.clone(), route.dial, source_ip);
     // Only a new pooled connection needs a TLS configuration; most

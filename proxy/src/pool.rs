@@ -207,8 +207,8 @@ pub fn idle_since(active: usize, previous: Option<Instant>, now: Instant) -> Opt
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     /// Dialing failed, for this caller or for the dial it waited for.
-    #[error("dialing the HBONE connection failed: {0}")]
-    Dial(Arc<HboneError>),
+    #[error("dialing the HBONE connection failed")]
+    Dial(#[source] Arc<HboneError>),
     /// Other callers' dials kept filling up before this caller got a slot.
     #[error("no pooled connection had room after {MAX_WAIT_ROUNDS} dials")]
     Contended,

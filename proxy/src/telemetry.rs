@@ -15,7 +15,7 @@ use crate::config::LogFormat;
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// The filter is not a valid `RUST_LOG` directive list.
-    #[error("invalid log filter {filter:?}: {source}")]
+    #[error("invalid log filter {filter:?}")]
     InvalidFilter {
         /// The filter as given.
         filter: String,
@@ -23,10 +23,10 @@ pub enum TelemetryError {
         source: tracing_subscriber::filter::ParseError,
     },
     /// A global subscriber was already installed (a second `init`).
-    #[error("a log subscriber is already installed: {0}")]
+    #[error("a log subscriber is already installed")]
     AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
     /// The subscriber holding the filter is gone.
-    #[error("the log filter can no longer be changed: {0}")]
+    #[error("the log filter can no longer be changed")]
     Reload(#[from] reload::Error),
 }
 

@@ -72,7 +72,7 @@ impl ResourceKind {
 #[derive(Debug, thiserror::Error)]
 pub enum XdsError {
     /// The credentials or the alternative server name are unusable.
-    #[error("xDS settings: {0}")]
+    #[error("xDS settings")]
     Settings(#[from] ControlPlaneError),
 }
 

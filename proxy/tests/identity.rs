@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tonic::Code;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
 use ztunnel_control_plane::ca::authenticator::Authenticator;
@@ -257,7 +258,8 @@ async fn own_identity_is_fetched_without_impersonation() {
         .fetch_certificate(&identity(ZTUNNEL))
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("impersonation"), "{error}");
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("impersonation"), "{shown}");
 }
 
 #[tokio::test]
@@ -426,10 +428,8 @@ async fn the_ca_is_trusted_only_through_the_configured_root_and_name() {
         .await
         .unwrap_err();
     assert_eq!(status_code(&error), Some(Code::Unavailable), "{error:?}");
-    assert!(
-        error.to_string().contains("invalid peer certificate"),
-        "{error}"
-    );
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("invalid peer certificate"), "{shown}");
 
     // The name checked is the address's host unless configured otherwise.
     let mut config = ca.client_config(Some(ca.ztunnel_token_file()), HOUR);
@@ -439,7 +439,8 @@ async fn the_ca_is_trusted_only_through_the_configured_root_and_name() {
         .fetch_certificate(&identity(ZTUNNEL))
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("not valid for name"), "{error}");
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("not valid for name"), "{shown}");
 
     config.server_name = Some("localhost".into());
     let (manager, _stop) = start_manager(&config);

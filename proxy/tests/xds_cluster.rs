@@ -19,7 +19,7 @@ use ztunnel_test_support::cluster::{
 };
 
 use support::{
-    APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, tunnelled_to,
+    APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, metric, tunnelled_to,
 };
 
 #[path = "support/cluster.rs"]
@@ -70,20 +70,6 @@ fn late() -> PodSpec {
 /// A pod the control plane is never told about.
 fn never_pushed() -> PodSpec {
     PodSpec::new("never-pushed", "default", "never", "node-b")
-}
-
-/// `name`'s value in `node`'s ztunnel's `/metrics` (summed over the lines
-/// that carry every label in `labels`), 0 when absent.
-fn metric(cluster: &Cluster, node: &str, name: &str, labels: &[&str]) -> f64 {
-    let (_, body) = cluster
-        .node(node)
-        .unwrap()
-        .http_get(15020, "/metrics")
-        .unwrap();
-    body.lines()
-        .filter(|line| line.starts_with(name) && labels.iter().all(|label| line.contains(label)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Whether `node`'s ztunnel has `pod`'s workload (`/config_dump`).

@@ -18,6 +18,7 @@ use anyhow::Context;
 use tokio::sync::{oneshot, watch};
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root};
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
@@ -329,7 +330,7 @@ fn serve(
                 let client = match kubernetes::client(Some(&kubeconfig)).await {
                     Ok(client) => client,
                     Err(error) => {
-                        eprintln!("test control plane: {error:#}");
+                        eprintln!("test control plane: {}", ErrorChain(&*error));
                         return;
                     }
                 };
@@ -367,7 +368,7 @@ fn serve(
             let _ = stopped.await;
         };
         if let Err(error) = server::serve(config, listener, shutdown).await {
-            eprintln!("test CA stopped: {error}");
+            eprintln!("test CA stopped: {}", ErrorChain(&error));
         }
         let _ = source_stop.send(true);
     });

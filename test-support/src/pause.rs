@@ -115,7 +115,7 @@ pub enum PauseError {
     #[error("cgroup v2 cannot be used here: {0}")]
     CgroupUnavailable(String),
     /// The process could not be started.
-    #[error("starting the pause process: {0}")]
+    #[error("starting the pause process")]
     Spawn(#[source] std::io::Error),
     /// The process did not enter the pod's namespace in time.
     #[error("process {pid} did not enter network namespace {netns}")]

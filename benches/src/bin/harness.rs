@@ -3,10 +3,12 @@
 //! `iptables` and the CNI plugins, like the end-to-end tests.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use ztunnel_benches::harness::{self, Options, Path3, Scenario, Sizing};
+use ztunnel_certs::error_chain;
 
 /// Benchmarks ztunnel on three paths (direct, plain TCP through both
 /// proxies, HBONE) in a two-node in-pod mesh on this machine.
@@ -59,7 +61,11 @@ struct Args {
     name: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    error_chain::exit_code("ztunnel-bench", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     raise_open_files_limit();
     let here = std::env::current_exe()?;

@@ -6,13 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ztunnel_benches::loadgen::{self, Cli};
+use ztunnel_certs::error_chain;
 
 fn main() -> ExitCode {
-    match loadgen::run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("ztunnel-loadgen: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    error_chain::exit_code("ztunnel-loadgen", loadgen::run(Cli::parse()))
 }

@@ -38,20 +38,20 @@ pub enum Linger {
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
     /// The socket could not be created or configured (e.g. out of file descriptors).
-    #[error("socket: {0}")]
+    #[error("socket")]
     Socket(#[source] io::Error),
     /// connect() failed: refused, unreachable, or reset.
-    #[error("connect: {0}")]
+    #[error("connect")]
     Connect(#[source] io::Error),
     /// connect(), or connect() and the first round trip where a mode proves
     /// the connection with one, did not finish within [`CONNECT_TIMEOUT`].
     #[error("no connection within {CONNECT_TIMEOUT:?}")]
     Timeout,
     /// Writing the header failed after the connection was up.
-    #[error("writing the header: {0}")]
+    #[error("writing the header")]
     Header(#[source] io::Error),
     /// The first request or response on the new connection failed.
-    #[error("first round trip: {0}")]
+    #[error("first round trip")]
     FirstExchange(#[source] io::Error),
 }
 

@@ -37,10 +37,10 @@ pub enum IdleError {
     #[error(transparent)]
     Limit(#[from] LimitError),
     /// The SIGTERM/SIGINT handlers could not be installed.
-    #[error("installing signal handlers: {0}")]
+    #[error("installing signal handlers")]
     Signals(#[source] io::Error),
     /// The holding event could not be written to stdout.
-    #[error("writing to stdout: {0}")]
+    #[error("writing to stdout")]
     Output(#[source] io::Error),
 }
 

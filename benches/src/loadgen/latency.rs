@@ -20,10 +20,10 @@ const SIGNIFICANT_DIGITS: u8 = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum LatencyError {
     /// The histogram's bounds were refused.
-    #[error("creating a latency histogram: {0}")]
+    #[error("creating a latency histogram")]
     Create(#[from] hdrhistogram::CreationError),
     /// Two histograms could not be added together.
-    #[error("merging latency histograms: {0}")]
+    #[error("merging latency histograms")]
     Merge(#[from] hdrhistogram::AdditionError),
 }
 

@@ -2,13 +2,14 @@
 //! line on stderr that reads them. Results for programs go to stdout and
 //! live in `report.rs`.
 
-use std::fmt::Display;
+use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use ztunnel_certs::error_chain::ErrorChain;
 
 /// Runs at most this long print no progress: their result arrives before a
 /// person would miss it, and a silent stderr is easier to read in logs.
@@ -49,12 +50,13 @@ impl Counters {
         self.done.fetch_add(count, Ordering::Relaxed);
     }
 
-    /// Counts one failure, keeping its message if it is the first.
-    pub fn add_error(&self, error: &dyn Display) {
+    /// Counts one failure, keeping its message, with its causes, if it is
+    /// the first.
+    pub fn add_error(&self, error: &dyn Error) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         if self.first_error.get().is_none() {
             // A race between two first failures keeps one of them; either will do.
-            let _ = self.first_error.set(error.to_string());
+            let _ = self.first_error.set(ErrorChain(error).to_string());
         }
     }
 

@@ -100,7 +100,7 @@ pub enum HeaderError {
     #[error("closed after {0} of {HEADER_LEN} header bytes")]
     Truncated(usize),
     /// Reading the header failed.
-    #[error("reading the header: {0}")]
+    #[error("reading the header")]
     Read(#[from] io::Error),
 }
 

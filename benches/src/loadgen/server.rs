@@ -47,7 +47,7 @@ const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The listen address could not be bound.
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         /// The address asked for.
         addr: SocketAddr,
@@ -55,10 +55,10 @@ pub enum ServeError {
         source: io::Error,
     },
     /// The SIGTERM/SIGINT handlers could not be installed.
-    #[error("installing signal handlers: {0}")]
+    #[error("installing signal handlers")]
     Signals(#[source] io::Error),
     /// The listening event could not be written to stdout.
-    #[error("writing to stdout: {0}")]
+    #[error("writing to stdout")]
     Output(#[source] io::Error),
 }
 

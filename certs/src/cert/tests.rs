@@ -9,6 +9,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::OffsetDateTime;
 
 use super::*;
+use crate::error_chain::ErrorChain;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -302,7 +303,8 @@ fn bad_ca_responses_are_refused_with_the_reason() {
     let check = |chain: &[String], key: &PrivateKeyDer<'static>, requested, want: &str| {
         let result = WorkloadCertificate::from_ca_response(chain, key.clone_key(), requested);
         let error = result.map(|_| ()).unwrap_err();
-        assert!(error.to_string().contains(want), "{want}: got {error}");
+        let shown = ErrorChain(&error).to_string();
+        assert!(shown.contains(want), "{want}: got {shown}");
         error
     };
     assert!(matches!(

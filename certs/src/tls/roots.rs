@@ -26,10 +26,10 @@ pub enum RootsError {
     #[error("no root certificate present")]
     Empty,
     /// The PEM bundle is malformed.
-    #[error("root bundle PEM is malformed: {0}")]
+    #[error("root bundle PEM is malformed")]
     Pem(#[from] pem::Error),
     /// A certificate cannot serve as a trust anchor.
-    #[error("root certificate {index} is not a usable trust anchor: {source}")]
+    #[error("root certificate {index} is not a usable trust anchor")]
     NotATrustAnchor {
         /// Position of the certificate in the bundle, from 0.
         index: usize,

@@ -11,6 +11,7 @@ use rustls_pki_types::{CertificateDer, UnixTime};
 use webpki::KeyUsage;
 
 use crate::cert::{CertError, Certificate};
+use crate::error_chain::ErrorChain;
 use crate::identity::Identity;
 use crate::tls::TrustRoots;
 
@@ -20,8 +21,10 @@ use crate::tls::TrustRoots;
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
     /// The peer's leaf does not parse, or has a SAN with an embedded NUL.
-    #[error("peer certificate: {0}")]
-    Certificate(#[source] CertError),
+    /// The cause is in the message, not behind `source()`: rustls's error,
+    /// which carries this one, prints it but hands out no source.
+    #[error("peer certificate: {}", ErrorChain(.0))]
+    Certificate(CertError),
     /// The peer's leaf is a CA certificate.
     #[error("peer certificate is a CA (basicConstraints CA:true)")]
     CaLeaf,

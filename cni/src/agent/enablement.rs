@@ -293,7 +293,7 @@ pub fn should_enroll(
 #[derive(Debug, thiserror::Error)]
 pub enum EnablementError {
     /// The text is not a YAML list of `{podSelector, namespaceSelector}`.
-    #[error("ambient enablement selectors: {0}")]
+    #[error("ambient enablement selectors")]
     Yaml(#[from] serde_yaml_ng::Error),
     /// An `In` or `NotIn` requirement lists no values.
     #[error("ambient enablement selectors: key {key}: operator {operator:?} needs values")]

@@ -22,6 +22,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::install::InstallState;
 use super::kube::PodWatch;
@@ -118,7 +119,7 @@ pub async fn serve(
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
-                tracing::warn!(%error, "accepting a health probe connection");
+                tracing::warn!(error = %ErrorChain(&error), "accepting a health probe connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
@@ -133,7 +134,7 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
-                tracing::debug!(%error, "health probe connection ended");
+                tracing::debug!(error = %ErrorChain(&error), "health probe connection ended");
             }
         });
     }

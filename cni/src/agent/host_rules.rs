@@ -17,6 +17,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::netns::{self, NetnsError};
 use super::rules::Family;
 
@@ -120,7 +122,7 @@ impl HostRules {
                     Some(&snat_rule(Family::V6, self.probe_snat_ipv6.into())),
                 )?,
                 Err(error) => tracing::warn!(
-                    %error,
+                    error = %ErrorChain(&error),
                     "ip6tables does not work in the node's netns; probes of IPv6 pods are not SNATed"
                 ),
             }

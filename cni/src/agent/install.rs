@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use crate::plugin::config::MAX_CONFIG_BYTES;
 
 use conf::{ChainEntry, ConfError, ConfFile, ConfKind, ConfStatus};
@@ -330,7 +332,7 @@ impl Installer {
             match fs::read(&path) {
                 Ok(contents) => files.push(ConfFile { name, contents }),
                 Err(error) => {
-                    tracing::debug!(path = %path.display(), %error, "skipping an unreadable CNI configuration file");
+                    tracing::debug!(path = %path.display(), error = %ErrorChain(&error), "skipping an unreadable CNI configuration file");
                 }
             }
         }
@@ -455,7 +457,7 @@ fn write_atomically(path: &Path, mode: u32, contents: &mut impl Read) -> Result<
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     /// A file or directory could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -463,7 +465,7 @@ pub enum InstallError {
         source: io::Error,
     },
     /// The chosen configuration file could not take our entry.
-    #[error("cannot insert our entry into {path}: {source}")]
+    #[error("cannot insert our entry into {path}")]
     Conf {
         /// The configuration file.
         path: PathBuf,
@@ -483,7 +485,7 @@ pub enum InstallError {
         name: String,
     },
     /// A directory could not be watched.
-    #[error("cannot watch {path}: {source}")]
+    #[error("cannot watch {path}")]
     Watch {
         /// The directory.
         path: PathBuf,

@@ -18,6 +18,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::kube::source::watch_into_store;
 
 use super::stopped;
@@ -198,7 +199,7 @@ where
         Ok(()) => {
             changed.send_replace(());
         }
-        Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
+        Err(error) => tracing::warn!(kind, error = %ErrorChain(&error), "watch failed; retrying"),
     };
     let until_stopped = async move { stopped(&mut shutdown).await };
     watch_into_store(api, config, on_event, until_stopped)
@@ -208,7 +209,7 @@ where
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     /// Reading a pod failed.
-    #[error("reading pod {pod} from the API server: {source}")]
+    #[error("reading pod {pod} from the API server")]
     Read {
         /// namespace/name.
         pod: String,
@@ -216,7 +217,7 @@ pub enum KubeError {
         source: kube::Error,
     },
     /// Writing the redirection annotation failed.
-    #[error("annotating pod {pod}: {source}")]
+    #[error("annotating pod {pod}")]
     Annotate {
         /// namespace/name.
         pod: String,

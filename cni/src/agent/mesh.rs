@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::event::{CmdAdd, CmdDel};
 
@@ -215,7 +216,7 @@ impl Mesh {
                 tracing::warn!(pod = %label, %error, "ztunnel did not get the pod; it is in the next snapshot");
             }
             ZtunnelOutcome::Refused(error) => {
-                tracing::warn!(pod = %label, %error, "ztunnel refused the pod");
+                tracing::warn!(pod = %label, error = %ErrorChain(&error), "ztunnel refused the pod");
             }
             ZtunnelOutcome::TimedOut => {
                 tracing::warn!(pod = %label, "ztunnel did not ack the pod in time");
@@ -333,7 +334,7 @@ impl Mesh {
         match outcome {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
-                tracing::error!(%pod, ?change, %error, "probe set not updated; the pod's kubelet probes may be captured")
+                tracing::error!(%pod, ?change, error = %ErrorChain(&error), "probe set not updated; the pod's kubelet probes may be captured")
             }
             Err(_) => tracing::error!(%pod, ?change, "probe set update task failed"),
         }

@@ -114,7 +114,7 @@ pub fn command(program: &str, args: &[&str], stdin: Option<&str>) -> Result<Stri
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     /// The netns path cannot be opened (the pod is gone, or the path is wrong).
-    #[error("cannot open netns {path}: {source}")]
+    #[error("cannot open netns {path}")]
     Open {
         /// The netns path.
         path: PathBuf,
@@ -123,7 +123,7 @@ pub enum NetnsError {
     },
     /// `setns` failed: the path is not a network namespace, or we lack
     /// CAP_SYS_ADMIN.
-    #[error("cannot enter netns {path}: {source}")]
+    #[error("cannot enter netns {path}")]
     Enter {
         /// The netns path.
         path: PathBuf,

@@ -213,7 +213,7 @@ impl PodStore {
 #[derive(Debug, thiserror::Error)]
 pub enum PodStoreError {
     /// Creating the directory, reading the file or moving it aside failed.
-    #[error("pod set {path}: {source}")]
+    #[error("pod set {path}")]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -221,7 +221,7 @@ pub enum PodStoreError {
         source: std::io::Error,
     },
     /// The file is not a JSON list of pods.
-    #[error("pod set {path} is not a JSON list of pods: {source}")]
+    #[error("pod set {path} is not a JSON list of pods")]
     Parse {
         /// The file.
         path: PathBuf,
@@ -232,7 +232,7 @@ pub enum PodStoreError {
     #[error("pod set {0} is larger than {MAX_FILE_BYTES} bytes")]
     TooLarge(PathBuf),
     /// Writing the new file, or renaming it into place, failed.
-    #[error("saving the pod set: {0}")]
+    #[error("saving the pod set")]
     Save(#[from] StateDirError),
 }
 

@@ -21,6 +21,8 @@ use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use choose::{NetnsId, choose};
 use process::Verified;
 
@@ -81,8 +83,10 @@ pub fn scan(
         match process::examine(&process, pid, host, wanted, &mut verified) {
             Ok(Some(candidate)) => candidates.push(candidate),
             Ok(None) => {}
-            Err(error) if error.is_routine() => tracing::debug!(pid, %error, "process skipped"),
-            Err(error) => tracing::warn!(pid, %error, "process skipped"),
+            Err(error) if error.is_routine() => {
+                tracing::debug!(pid, error = %ErrorChain(&error), "process skipped")
+            }
+            Err(error) => tracing::warn!(pid, error = %ErrorChain(&error), "process skipped"),
         }
     }
     let mut found = HashMap::new();
@@ -102,7 +106,7 @@ pub fn scan(
                 );
             }
             Err(error) => {
-                tracing::debug!(uid = %uid, pid = chosen.pid, %error, "the process chosen for a pod went away")
+                tracing::debug!(uid = %uid, pid = chosen.pid, error = %ErrorChain(&error), "the process chosen for a pod went away")
             }
         }
     }
@@ -119,7 +123,7 @@ fn host_netns(procfs: &Path) -> Result<NetnsId, ProcfsError> {
         Ok(metadata) => Ok(NetnsId::of(&metadata)),
         Err(error) => match std::fs::metadata(OWN_NETNS) {
             Ok(metadata) => {
-                tracing::debug!(path = %host_path.display(), %error, "pid 1's netns cannot be looked at; taking the agent's own as the host's");
+                tracing::debug!(path = %host_path.display(), error = %ErrorChain(&error), "pid 1's netns cannot be looked at; taking the agent's own as the host's");
                 Ok(NetnsId::of(&metadata))
             }
             Err(_) => Err(ProcfsError::HostNetns {
@@ -152,7 +156,7 @@ fn pids(procfs: &Path) -> Result<Vec<u32>, ProcfsError> {
 #[derive(Debug, thiserror::Error)]
 pub enum ProcfsError {
     /// The procfs directory cannot be listed.
-    #[error("cannot list processes in {path}: {source}")]
+    #[error("cannot list processes in {path}")]
     ListProcesses {
         /// The procfs directory.
         path: PathBuf,
@@ -161,7 +165,7 @@ pub enum ProcfsError {
     },
     /// Neither the host's netns (`<procfs>/1/ns/net`) nor the agent's own
     /// can be looked at, so processes in it could not be told from pods.
-    #[error("cannot stat the host netns {path}: {source}")]
+    #[error("cannot stat the host netns {path}")]
     HostNetns {
         /// `<procfs>/1/ns/net`.
         path: PathBuf,

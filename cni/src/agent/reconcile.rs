@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::kube::PodWatch;
 use super::mesh::{Mesh, MeshError, Removal};
@@ -143,7 +144,7 @@ impl Reconciler {
             }
             Err(error) => {
                 unsettled = true;
-                tracing::error!(%error, "the node's probe sets could not be brought up to date");
+                tracing::error!(error = %ErrorChain(&error), "the node's probe sets could not be brought up to date");
             }
         }
         if unsettled { RETRY } else { RESYNC }
@@ -174,7 +175,7 @@ impl Reconciler {
         match self.mesh.remove(record, removal).await {
             Ok(()) => true,
             Err(error) => {
-                tracing::warn!(%pod, %error, "could not take the pod out of the mesh; retrying");
+                tracing::warn!(%pod, error = %ErrorChain(&error), "could not take the pod out of the mesh; retrying");
                 false
             }
         }
@@ -188,7 +189,7 @@ impl Reconciler {
             Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(record.uid.as_str()) => true,
             Ok(_) => self.remove(record, Removal::Deleted, startup).await,
             Err(error) => {
-                tracing::warn!(%error, "could not ask whether a held pod still exists; retrying");
+                tracing::warn!(error = %ErrorChain(&error), "could not ask whether a held pod still exists; retrying");
                 false
             }
         }
@@ -204,7 +205,7 @@ impl Reconciler {
         }
         let deadline = Instant::now() + ACK_WITHIN;
         if let Err(error) = self.mesh.enroll(record, deadline).await {
-            tracing::warn!(pod = %pod.label(), %error, "the pod's redirection is not confirmed yet");
+            tracing::warn!(pod = %pod.label(), error = %ErrorChain(&error), "the pod's redirection is not confirmed yet");
         }
     }
 
@@ -224,7 +225,9 @@ impl Reconciler {
                     tracing::info!(%pod, "repair: the pod's redirection rules were missing and are back")
                 }
                 Ok(false) => tracing::debug!(%pod, "the pod's rules are in place"),
-                Err(error) => tracing::warn!(%pod, %error, "could not re-apply the pod's rules"),
+                Err(error) => {
+                    tracing::warn!(%pod, error = %ErrorChain(&error), "could not re-apply the pod's rules")
+                }
             }
         }
     }
@@ -245,7 +248,7 @@ impl Reconciler {
         {
             Ok(Ok(found)) => found,
             Ok(Err(error)) => {
-                tracing::error!(%error, "cannot look for running pods in procfs");
+                tracing::error!(error = %ErrorChain(&error), "cannot look for running pods in procfs");
                 return false;
             }
             Err(_) => {
@@ -283,7 +286,7 @@ impl Reconciler {
                     // `pending` and a later pass hands it over again.
                 }
                 Err(error) => {
-                    tracing::warn!(pod = %pod.label(), %error, "could not enroll the running pod; retrying");
+                    tracing::warn!(pod = %pod.label(), error = %ErrorChain(&error), "could not enroll the running pod; retrying");
                     settled = false;
                 }
             }

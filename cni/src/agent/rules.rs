@@ -1,5 +1,5 @@
 //! The in-pod redirection of WIRE.md §6, REDIRECT mode: iptables rules in
-//! the mangle, nat and (with DNS capture) raw tables, and the policy
+//! the mangle, nat and raw tables, and the policy
 //! routing (`ip rule` fwmark 0x111/0xfff pref 32764 → table 100, whose
 //! `local` default route sends the app's replies back to ztunnel).
 //!
@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::netns::{self, NetnsError};
 
 /// ztunnel's socket mark, WIRE.md §1.
@@ -29,6 +31,9 @@ const CONNMARK: &str = "0x111/0xfff";
 const ROUTE_TABLE: &str = "100";
 /// Preference of the `ip rule` that selects [`ROUTE_TABLE`].
 const RULE_PREFERENCE: &str = "32764";
+/// The conntrack zone of the original direction of ztunnel's dials into
+/// the pod (see [`desired_rules`]); DNS uses zone 1 (WIRE.md §6 row 14).
+const DIAL_ZONE: &str = "2";
 /// Our chain on the way in.
 const PREROUTING_CHAIN: &str = "ISTIO_PRERT";
 /// Our chain on the way out.
@@ -208,19 +213,28 @@ pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules>
             rules: nat,
         },
     ];
+    // Not a WIRE.md row: ztunnel's own dials into the pod (to the app,
+    // from the client's IP) get a conntrack zone of their own for their
+    // original direction. Without it a dial's entry (clientIP:port →
+    // podIP:appPort) is the very tuple a later connection of the client
+    // from that port has: its SYN would match the dial's entry, skip row
+    // 10 and never be answered. The dial's reply direction stays in the
+    // default zone, where the app's replies find it (and row 11 its
+    // connmark). Looped-back packets keep the entry of their way out.
+    let mut raw = vec![jumps[0].clone(), jumps[1].clone()]; // row 4
+    raw.push(format!(
+        "-A {OUTPUT_CHAIN} -o lo -p tcp -m mark --mark {ZTUNNEL_MARK} -j CT --zone-orig {DIAL_ZONE}"
+    ));
     if settings.dns_capture {
-        tables.push(TableRules {
-            table: "raw",
-            rules: vec![
-                jumps[0].clone(), // row 4
-                jumps[1].clone(), // row 4
-                format!("-A {OUTPUT_CHAIN} -p udp -m mark --mark {ZTUNNEL_MARK} -m udp --dport 53 -j CT --zone 1"), // row 14
-                format!(
-                    "-A {PREROUTING_CHAIN} -p udp -m mark ! --mark {ZTUNNEL_MARK} -m udp --sport 53 -j CT --zone 1"
-                ), // row 15
-            ],
-        });
+        raw.push(format!("-A {OUTPUT_CHAIN} -p udp -m mark --mark {ZTUNNEL_MARK} -m udp --dport 53 -j CT --zone 1")); // row 14
+        raw.push(format!(
+            "-A {PREROUTING_CHAIN} -p udp -m mark ! --mark {ZTUNNEL_MARK} -m udp --sport 53 -j CT --zone 1"
+        )); // row 15
     }
+    tables.push(TableRules {
+        table: "raw",
+        rules: raw,
+    });
     tables
 }
 
@@ -420,7 +434,7 @@ pub fn install(
                     apply(Family::V6, &current, Some(settings))?;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "pod has IPv6 but ip6tables does not work; IPv6 is not captured")
+                    tracing::warn!(error = %ErrorChain(&error), "pod has IPv6 but ip6tables does not work; IPv6 is not captured")
                 }
             }
         }

@@ -26,6 +26,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 use crate::plugin::client::AGENT_TIMEOUT;
@@ -52,7 +53,7 @@ pub struct PluginListener {
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Route {
+pub enum Route {
     /// `POST /cmdadd`.
     Add,
     /// `POST /cmddel`.
@@ -71,7 +72,7 @@ enum Route {
 }
 
 /// Maps a method and path to a route.
-fn route(method: &Method, path: &str) -> Route {
+pub fn route(method: &Method, path: &str) -> Route {
     let (wanted, route) = match path {
         CMD_ADD_PATH => (Method::POST, Route::Add),
         CMD_DEL_PATH => (Method::POST, Route::Del),
@@ -127,7 +128,7 @@ pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, mut shutdown: watc
         let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
-                tracing::warn!(%error, "accepting a plugin connection");
+                tracing::warn!(error = %ErrorChain(&error), "accepting a plugin connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
@@ -142,7 +143,7 @@ pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, mut shutdown: watc
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
-                tracing::debug!(%error, "plugin connection ended");
+                tracing::debug!(error = %ErrorChain(&error), "plugin connection ended");
             }
         });
     }
@@ -214,24 +215,41 @@ async fn read_json<T: serde::de::DeserializeOwned>(
         .map_err(|error| {
             text(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("reading the body: {error}"),
+                format!("reading the body: {}", ErrorChain(&*error)),
             )
         })?
         .to_bytes();
+    decode_event(&body)
+        .map_err(|error| text(StatusCode::BAD_REQUEST, ErrorChain(&error).to_string()))
+}
+
+/// Why a body is not an event; answered 400.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Nothing was sent.
+    #[error("empty body")]
+    Empty,
+    /// The body is not the event's JSON.
+    #[error("bad event JSON")]
+    Json(#[source] serde_json::Error),
+}
+
+/// Decodes an event from a whole body.
+pub fn decode_event<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, BodyError> {
     if body.is_empty() {
-        return Err(text(StatusCode::BAD_REQUEST, "empty body".into()));
+        return Err(BodyError::Empty);
     }
-    serde_json::from_slice(&body)
-        .map_err(|error| text(StatusCode::BAD_REQUEST, format!("bad event JSON: {error}")))
+    serde_json::from_slice(body).map_err(BodyError::Json)
 }
 
 /// The one mapping from an add or delete outcome to the wire.
-fn outcome<E: std::fmt::Display>(result: Result<(), E>) -> Response<Full<Bytes>> {
+fn outcome<E: std::error::Error>(result: Result<(), E>) -> Response<Full<Bytes>> {
     match result {
         Ok(()) => text(StatusCode::OK, String::new()),
         Err(error) => {
+            let error = ErrorChain(&error).to_string();
             tracing::warn!(%error, "plugin event failed");
-            text(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+            text(StatusCode::INTERNAL_SERVER_ERROR, error)
         }
     }
 }
@@ -275,5 +293,21 @@ mod tests {
         for (method, path, want) in cases {
             assert_eq!(route(&method, path), want, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_event_says_why() {
+        assert!(matches!(decode_event::<CmdDel>(b""), Err(BodyError::Empty)));
+        let error = decode_event::<CmdDel>(br#"{"PodName":"web-0"}"#).unwrap_err();
+        let text = ErrorChain(&error).to_string();
+        assert!(
+            text.starts_with("bad event JSON: missing field `PodNamespace`"),
+            "{text}"
+        );
+        let event: CmdDel = decode_event(br#"{"PodName":"web-0","PodNamespace":"shop"}"#).unwrap();
+        assert_eq!(
+            (event.pod_name.as_str(), event.netns.as_str()),
+            ("web-0", "")
+        );
     }
 }

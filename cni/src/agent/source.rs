@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use tokio::time::Instant;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::kube::convert::service_account;
 use ztunnel_mesh::{FileRegistry, Pod, PodRegistry};
 
@@ -95,7 +96,7 @@ impl PodSource {
                     tracing::debug!(?redirection, pod = %format!("{namespace}/{name}"), "redirection annotation written")
                 }
                 Err(error) => {
-                    tracing::warn!(%error, ?redirection, "redirection annotation not written")
+                    tracing::warn!(error = %ErrorChain(&error), ?redirection, "redirection annotation not written")
                 }
             }
         });
@@ -119,7 +120,7 @@ impl FileSource {
             match tokio::task::spawn_blocking(move || registry.reload()).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
-                    tracing::warn!(%error, "pod registry not reloaded; using the last good one");
+                    tracing::warn!(error = %ErrorChain(&error), "pod registry not reloaded; using the last good one");
                 }
                 Err(_) => return Err(ResolveError::ReloadFailed),
             }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::mesh::Mesh;
 use super::{ACCEPT_ERROR_PAUSE, stopped};
@@ -171,12 +172,14 @@ pub async fn serve(
                 connections.spawn(async move {
                     match serve_connection(&connection, &mesh, shutdown).await {
                         Ok(()) => tracing::info!("ztunnel connection closed"),
-                        Err(error) => tracing::warn!(%error, "ztunnel connection closed"),
+                        Err(error) => {
+                            tracing::warn!(error = %ErrorChain(&error), "ztunnel connection closed")
+                        }
                     }
                 });
             }
             Err(error) => {
-                tracing::warn!(%error, "accepting a ztunnel connection");
+                tracing::warn!(error = %ErrorChain(&error), "accepting a ztunnel connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }
@@ -261,12 +264,12 @@ async fn snapshot_entry(mesh: &Mesh, request: Request) -> Option<(Request, Optio
         Ok(file) => Some((request, Some(file))),
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
             if let Err(error) = mesh.forget_gone(namespace, name, uid).await {
-                tracing::warn!(pod = %format!("{namespace}/{name}"), %error, "cannot drop the record of a pod whose netns is gone");
+                tracing::warn!(pod = %format!("{namespace}/{name}"), error = %ErrorChain(&error), "cannot drop the record of a pod whose netns is gone");
             }
             None
         }
         Err(error) => {
-            tracing::warn!(path = %netns.display(), %error, "cannot open a pod's netns for ztunnel; sending keep");
+            tracing::warn!(path = %netns.display(), error = %ErrorChain(&error), "cannot open a pod's netns for ztunnel; sending keep");
             request.keep_for_snapshot().map(|keep| (keep, None))
         }
     }
@@ -280,7 +283,7 @@ async fn deliver(connection: &SeqPacket, event: ZdsEvent, buf: &mut [u8]) -> Res
         Request::Add { netns, .. } => match File::open(netns) {
             Ok(file) => Some(file),
             Err(error) => {
-                tracing::warn!(path = %netns.display(), %error, "cannot open a pod's netns for ztunnel");
+                tracing::warn!(path = %netns.display(), error = %ErrorChain(&error), "cannot open a pod's netns for ztunnel");
                 if let Some(sender) = event.reply {
                     let _ = sender.send(Err(ZdsError::NetnsGone(error.to_string())));
                 }

@@ -5,9 +5,11 @@ use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use ztunnel_certs::error_chain::{self, ErrorChain};
 use ztunnel_cni::agent::enablement::{
     DEFAULT_SYSTEM_NAMESPACE, EnablementSelector, EnablementSettings,
 };
@@ -209,7 +211,11 @@ fn istio_log_level(value: &str) -> Option<String> {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    error_chain::exit_code("ztunnel-agent", run())
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse_from(arguments(std::env::args_os()));
     let log = match &cli.log_output_level {
         Some(value) => istio_log_level(value).with_context(|| {
@@ -329,7 +335,7 @@ async fn shutdown_signal() {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(signal) => signal,
             Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
+                tracing::warn!(error = %ErrorChain(&error), "cannot listen for SIGTERM");
                 let _ = tokio::signal::ctrl_c().await;
                 return;
             }

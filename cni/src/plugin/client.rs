@@ -10,6 +10,7 @@ use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
+use ztunnel_certs::error_chain::ErrorChain;
 
 /// The whole exchange (connect, request, response) must finish in this time,
 /// as istio-cni's client does; the runtime's own CNI timeout is longer.
@@ -92,7 +93,7 @@ impl AgentClient {
             let body = Limited::new(response.into_body(), MAX_REPLY_BYTES)
                 .collect()
                 .await
-                .map_err(|error| ClientError::Body(error.to_string()))?
+                .map_err(|error| ClientError::Body(ErrorChain(&*error).to_string()))?
                 .to_bytes();
             drop(sender);
             driver.abort();
@@ -111,7 +112,7 @@ impl AgentClient {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing listens on the socket, or it cannot be reached.
-    #[error("cannot reach the node agent at {socket}: {source}")]
+    #[error("cannot reach the node agent at {socket}")]
     Connect {
         /// The agent's socket.
         socket: PathBuf,
@@ -119,8 +120,8 @@ pub enum ClientError {
         source: std::io::Error,
     },
     /// The HTTP exchange failed.
-    #[error("node agent HTTP exchange failed: {0}")]
-    Http(hyper::Error),
+    #[error("node agent HTTP exchange failed")]
+    Http(#[source] hyper::Error),
     /// The response body could not be read.
     #[error("reading the node agent's reply: {0}")]
     Body(String),

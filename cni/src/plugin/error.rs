@@ -1,6 +1,8 @@
 //! Every way the plugin fails, and the one mapping from a failure to the
 //! CNI error JSON (`cniVersion`, `code`, `msg`, `details`) and its code.
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::client::ClientError;
 use super::config::ConfigError;
 use super::env::EnvError;
@@ -117,7 +119,7 @@ impl PluginError {
             "cniVersion": cni_version,
             "code": self.code(),
             "msg": self.summary(),
-            "details": self.to_string(),
+            "details": ErrorChain(self).to_string(),
         })
     }
 }
@@ -155,7 +157,7 @@ mod tests {
             assert_eq!(json["code"], code, "{error}");
             assert_eq!(json["cniVersion"], "0.4.0");
             assert!(json["msg"].as_str().is_some_and(|msg| !msg.is_empty()));
-            assert_eq!(json["details"], error.to_string());
+            assert_eq!(json["details"], ErrorChain(&error).to_string());
         }
     }
 }

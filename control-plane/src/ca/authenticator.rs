@@ -18,6 +18,7 @@ use aws_lc_rs::digest;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::Api;
 use kube::api::PostParams;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::authn::{AuthnError, Caller, TokenPolicy};
 use super::token_keys::TokenKeys;
@@ -95,9 +96,9 @@ impl TokenReviewer {
             tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &request))
                 .await
                 .map_err(|_| AuthnError::ReviewUnavailable("timed out".to_owned()))?
-                .map_err(|error| AuthnError::ReviewUnavailable(error.to_string()))?;
+                .map_err(|error| AuthnError::ReviewUnavailable(ErrorChain(&error).to_string()))?;
         let status = response.status.unwrap_or_default();
-        let caller = Caller::from_review(&status)?;
+        let caller = Caller::from_review(&status, token)?;
         self.remember(key, caller.clone(), now);
         Ok(caller)
     }

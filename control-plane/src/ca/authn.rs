@@ -65,6 +65,10 @@ pub struct Caller {
     pub pod_uid: String,
     /// The node claim, present in tokens from Kubernetes 1.30 on.
     pub node_name: Option<String>,
+    /// When the token stops being accepted (`exp` plus the leeway); `None`
+    /// when it carries no `exp` the control plane could read. A stream
+    /// admitted on the token ends then.
+    pub expires: Option<SystemTime>,
 }
 
 impl Caller {
@@ -266,6 +270,7 @@ fn check_claims(
     let now = unix_seconds(now);
     let leeway = i64::try_from(policy.leeway.as_secs()).unwrap_or(i64::MAX);
     let exp = claims.exp.ok_or(AuthnError::MalformedClaims)?;
+    let expires = unix_time(exp.saturating_add(leeway));
     if now > exp.saturating_add(leeway) {
         return Err(AuthnError::Expired);
     }
@@ -301,7 +306,25 @@ fn check_claims(
         pod_name: pod.name,
         pod_uid: pod.uid,
         node_name,
+        expires: Some(expires),
     })
+}
+
+/// The time `seconds` after the epoch (the epoch itself for earlier ones).
+fn unix_time(seconds: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+/// The `exp` of a token whose signature someone else checked (the API
+/// server, for a TokenReview), read without verifying it; `None` when the
+/// token has no readable `exp`.
+pub fn unverified_expiry(token: &[u8]) -> Option<SystemTime> {
+    #[derive(Deserialize)]
+    struct Expiry {
+        exp: Option<i64>,
+    }
+    let data = jsonwebtoken::dangerous::insecure_decode::<Expiry>(token).ok()?;
+    data.claims.exp.map(unix_time)
 }
 
 /// Seconds since the epoch, negative before it.

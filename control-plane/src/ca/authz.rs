@@ -54,7 +54,7 @@ impl fmt::Display for NodeAgentAccount {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denial {
     /// The token did not authenticate.
-    #[error("authentication failed: {0}")]
+    #[error("authentication failed")]
     Authentication(#[from] AuthnError),
     /// The caller's namespace and service account do not form a valid identity.
     #[error("caller namespace/service account is not a valid identity: {0}")]

@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::authz::Denial;
 
@@ -41,6 +42,9 @@ pub struct CaMetrics {
     xds_clients: Gauge,
     /// xDS subscriptions refused, by reason.
     xds_denied: Family<ReasonLabels, Counter>,
+    /// Open xDS streams closed because their caller stopped being allowed
+    /// (token expired, pod gone), by reason.
+    xds_revoked: Family<ReasonLabels, Counter>,
     /// xDS responses sent, by type.
     xds_pushes: Family<TypeLabels, Counter>,
     /// Resources carried by those responses, by type.
@@ -89,6 +93,7 @@ impl CaMetrics {
             mesh_reload_errors: Counter::default(),
             xds_clients: Gauge::default(),
             xds_denied: Family::default(),
+            xds_revoked: Family::default(),
             xds_pushes: Family::default(),
             xds_resources: Family::default(),
             xds_removals: Family::default(),
@@ -128,6 +133,11 @@ impl CaMetrics {
             "xds_subscriptions_denied",
             "Delta xDS subscriptions refused, by reason",
             self.xds_denied.clone(),
+        );
+        registry.register(
+            "xds_streams_revoked",
+            "Open delta xDS streams closed because their caller is no longer allowed (token expired, pod deleted), by reason",
+            self.xds_revoked.clone(),
         );
         registry.register(
             "xds_pushes",
@@ -206,6 +216,14 @@ impl CaMetrics {
             reason: denial.label(),
         };
         self.xds_denied.get_or_create(&labels).inc();
+    }
+
+    /// Counts an open xDS stream closed by a re-check of its caller.
+    pub fn record_xds_revocation(&self, denial: &Denial) {
+        let labels = ReasonLabels {
+            reason: denial.label(),
+        };
+        self.xds_revoked.get_or_create(&labels).inc();
     }
 
     /// Counts one xDS response of `type_label` with its resources, removed
@@ -293,7 +311,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(error) => {
-                    tracing::warn!(%error, "metrics accept failed");
+                    tracing::warn!(error = %ErrorChain(&error), "metrics accept failed");
                     continue;
                 }
             },
@@ -310,7 +328,9 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(stream), service);
             match tokio::time::timeout(CONNECTION_DEADLINE, connection).await {
                 Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::debug!(%error, "metrics connection failed"),
+                Ok(Err(error)) => {
+                    tracing::debug!(error = %ErrorChain(&error), "metrics connection failed")
+                }
                 Err(_) => tracing::debug!("metrics connection timed out"),
             }
         });

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 
 use crate::xds::service::{self as ads, AdsService};
@@ -73,13 +74,13 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The serving certificate could not be issued.
-    #[error("cannot issue the CA serving certificate: {0}")]
+    #[error("cannot issue the CA serving certificate")]
     ServingCertificate(#[from] IssuerError),
     /// rustls refused the serving configuration.
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Tls(#[from] rustls::Error),
     /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
+    #[error("gRPC server")]
     Transport(#[from] tonic::transport::Error),
 }
 
@@ -181,7 +182,7 @@ async fn accept_loop(
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
-                tracing::warn!(%error, "CA accept failed");
+                tracing::warn!(error = %ErrorChain(&error), "CA accept failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
@@ -201,7 +202,9 @@ async fn accept_loop(
                     // Err: the server is shutting down; the connection just closes.
                     let _ = connections.send(Ok(tls)).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%peer, %error, "CA TLS handshake failed"),
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, error = %ErrorChain(&error), "CA TLS handshake failed")
+                }
                 Err(_) => tracing::debug!(%peer, "CA TLS handshake timed out"),
             }
         });

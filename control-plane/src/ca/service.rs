@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateService;
 use ztunnel_proto::istio::v1::auth::{IstioCertificateRequest, IstioCertificateResponse};
 
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::issuer::{Issuer, IssuerError, SigningRequest, TtlPolicy};
 
 use super::CaConfig;
@@ -81,14 +82,14 @@ impl CertificateService {
         })?;
         let csr = SigningRequest::from_pem(&body.csr).map_err(|error| {
             self.metrics.record_rejection("invalid_csr");
-            tracing::info!(caller = %identity, %error, "CSR refused");
-            Status::invalid_argument(format!("CSR signing error ({error})"))
+            tracing::info!(caller = %identity, error = %ErrorChain(&error), "CSR refused");
+            Status::invalid_argument(format!("CSR signing error ({})", ErrorChain(&error)))
         })?;
         let cert_chain = self
             .issuer
             .sign_workload(&csr, &identity, ttl, now)
             .map_err(|error| {
-                tracing::error!(%identity, %error, "signing failed");
+                tracing::error!(%identity, error = %ErrorChain(&error), "signing failed");
                 signing_error(&error)
             })?;
         self.metrics.record_issued(impersonate.is_some());
@@ -127,7 +128,7 @@ impl CertificateService {
             caller = caller.as_deref().unwrap_or("unauthenticated"),
             requested = requested.map_or("own identity", |text| bounded_for_log(text, 256)),
             reason = denial.label(),
-            detail = %denial,
+            detail = %ErrorChain(denial),
             "certificate request denied"
         );
         Status::unauthenticated(denial.public_message())
@@ -150,7 +151,7 @@ impl IstioCertificateService for CertificateService {
 
 /// The non-empty string `ImpersonatedIdentity` of the request metadata. A
 /// non-string value reads as empty, as it does in istiod.
-fn impersonated_identity(request: &IstioCertificateRequest) -> Option<&str> {
+pub fn impersonated_identity(request: &IstioCertificateRequest) -> Option<&str> {
     let value = request
         .metadata
         .as_ref()?
@@ -175,7 +176,7 @@ pub(crate) fn bounded_for_log(text: &str, max: usize) -> &str {
 
 /// The status for an issuer error, in istiod's `CSR signing error (...)` form.
 fn signing_error(error: &IssuerError) -> Status {
-    let message = format!("CSR signing error ({error})");
+    let message = format!("CSR signing error ({})", ErrorChain(error));
     match error {
         IssuerError::TtlTooLong { .. } => Status::invalid_argument(message),
         _ => Status::internal(message),

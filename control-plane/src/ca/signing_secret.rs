@@ -247,7 +247,7 @@ async fn create(
 pub enum SigningSecretError {
     /// The API refused or failed a request.
     #[error(
-        "cannot {verb} Secret {secret}: {source} (the role the control plane needs: deploy/rbac/control-plane-ca.yaml)"
+        "cannot {verb} Secret {secret} (the role the control plane needs: deploy/rbac/control-plane-ca.yaml)"
     )]
     Api {
         /// `get` or `create`.
@@ -276,7 +276,7 @@ pub enum SigningSecretError {
         reason: &'static str,
     },
     /// Generating the root failed.
-    #[error("generating the root: {0}")]
+    #[error("generating the root")]
     Generate(#[from] IssuerError),
     /// `istio-ca-secret` already existed when created, then could not be
     /// found (deleted in between).

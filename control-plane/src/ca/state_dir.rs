@@ -119,7 +119,7 @@ impl StateDir {
 #[derive(Debug, thiserror::Error)]
 pub enum StateDirError {
     /// A file or the directory could not be read or written.
-    #[error("state directory {path}: {source}")]
+    #[error("state directory {path}")]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -135,10 +135,10 @@ pub enum StateDirError {
         absent: PathBuf,
     },
     /// Generating the root failed.
-    #[error("generating the root: {0}")]
+    #[error("generating the root")]
     Root(#[from] IssuerError),
     /// The token key could not be generated or read.
-    #[error("token key: {0}")]
+    #[error("token key")]
     Token(#[from] TokenError),
 }
 

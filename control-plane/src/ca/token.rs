@@ -165,13 +165,13 @@ pub enum TokenError {
     #[error("token signing key: {0}")]
     Key(String),
     /// Encoding or signing the token failed.
-    #[error("token signing failed: {0}")]
+    #[error("token signing failed")]
     Sign(#[from] jsonwebtoken::errors::Error),
     /// `now` is before 1970 or `now + ttl` overflows.
     #[error("token times are out of range")]
     Time,
     /// The published JWKS does not parse back (a bug).
-    #[error("token signer JWKS: {0}")]
+    #[error("token signer JWKS")]
     Jwks(#[from] TokenKeysError),
 }
 

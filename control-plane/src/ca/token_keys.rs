@@ -168,7 +168,7 @@ pub(super) struct VerifyingKey {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenKeysError {
     /// The file could not be read.
-    #[error("cannot read token keys {path}: {source}")]
+    #[error("cannot read token keys {path}")]
     Read {
         /// The file.
         path: PathBuf,

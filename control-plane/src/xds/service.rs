@@ -13,6 +13,13 @@
 //! that need them, and the only ones the CA already trusts with every
 //! identity on their node. A dedicated-mode ztunnel (a workload's own
 //! token) is refused and keeps using its local file.
+//!
+//! Admission is not forever: an open stream ends when the token it was
+//! admitted on expires (its `exp` plus the leeway; for a TokenReview, the
+//! `exp` of the reviewed token), or when a registry snapshot no longer has
+//! the caller's pod with the token's UID and service account (the pod was
+//! deleted). The client gets the status a new stream would, and reconnects
+//! with its current token. Counted in `ca_xds_streams_revoked_total`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,11 +33,12 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service};
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 
 use crate::ca::CaConfig;
 use crate::ca::authenticator::Authenticator;
-use crate::ca::authn::{Caller, bearer_token};
+use crate::ca::authn::{AuthnError, Caller, bearer_token};
 use crate::ca::authz::{Denial, NodeAgentAccount, caller_node, trusted_node_agent};
 use crate::ca::metrics::CaMetrics;
 use crate::ca::service::bounded_for_log as bounded;
@@ -150,6 +158,7 @@ impl Shared {
             decoder: RequestDecoder::new(self.max_request_bytes),
             out,
             resources: self.resources.clone(),
+            registry: self.registry.changes(),
             stop: self.stop.clone(),
             metrics: Arc::clone(&self.metrics),
         };
@@ -174,7 +183,7 @@ impl Shared {
                     |c| format!("{}/{} pod={}", c.namespace, c.service_account, c.pod_name)
                 ),
                 reason = denial.label(),
-                detail = %denial,
+                detail = %ErrorChain(&denial),
                 "xDS subscription denied"
             );
             subscription_status(&denial)
@@ -194,17 +203,21 @@ impl Shared {
         Ok(Subscriber {
             pod: format!("{}/{}", caller.namespace, caller.pod_name),
             node,
+            caller,
         })
     }
 }
 
-/// The caller of a stream, for logs.
+/// The caller of a stream: for logs, and for the re-checks that end the
+/// stream when it is no longer allowed.
 #[derive(Debug)]
 struct Subscriber {
     /// `namespace/name` of the caller's pod.
     pod: String,
     /// The node the registry puts it on.
     node: String,
+    /// Who the token named, and until when it is accepted.
+    caller: Caller,
 }
 
 /// One stream's task.
@@ -216,6 +229,9 @@ struct StreamTask {
     decoder: RequestDecoder,
     out: mpsc::Sender<Result<PushFrames, Status>>,
     resources: watch::Receiver<Arc<MeshResources>>,
+    /// Registry snapshots, to check after each that the caller's pod is
+    /// still there, with the token's UID and service account.
+    registry: watch::Receiver<Arc<MeshSnapshot>>,
     stop: watch::Receiver<bool>,
     metrics: Arc<CaMetrics>,
 }
@@ -229,9 +245,26 @@ impl StreamTask {
     async fn run(mut self) {
         let _connected = self.metrics.xds_client_connected();
         tracing::info!(stream = self.id, pod = %self.subscriber.pod, node = %self.subscriber.node, "xDS stream opened");
+        // The stream lives no longer than the token it was admitted on.
+        let expiry = token_expiry(self.subscriber.caller.expires, SystemTime::now());
+        tokio::pin!(expiry);
         let reason = loop {
             tokio::select! {
                 _ = self.stop.changed() => break "server stopping",
+                () = &mut expiry => {
+                    self.revoke(&Denial::Authentication(AuthnError::Expired)).await;
+                    break "token expired";
+                }
+                changed = self.registry.changed(), if self.registry.has_changed().is_ok() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    let snapshot = Arc::clone(&self.registry.borrow_and_update());
+                    if let Err(denial) = caller_node(&self.subscriber.caller, &snapshot) {
+                        self.revoke(&denial).await;
+                        break "caller no longer allowed";
+                    }
+                }
                 () = self.out.closed() => break "client gone",
                 request = next_request(&mut self.body, &mut self.decoder) => match request {
                     Ok(Some(request)) => {
@@ -241,7 +274,7 @@ impl StreamTask {
                     }
                     Ok(None) => break "client closed the stream",
                     Err(error) => {
-                        tracing::info!(stream = self.id, %error, "xDS stream refused a request");
+                        tracing::info!(stream = self.id, error = %ErrorChain(&error), "xDS stream refused a request");
                         // Err: the client is gone already.
                         let _ = self.out.send(Err(error.status())).await;
                         break "bad request";
@@ -258,6 +291,21 @@ impl StreamTask {
             }
         };
         tracing::info!(stream = self.id, pod = %self.subscriber.pod, reason, "xDS stream closed");
+    }
+
+    /// Ends the stream because its caller is no longer allowed: logged,
+    /// counted, and answered with the status a new stream would get.
+    async fn revoke(&mut self, denial: &Denial) {
+        self.metrics.record_xds_revocation(denial);
+        tracing::warn!(
+            stream = self.id,
+            pod = %self.subscriber.pod,
+            reason = denial.label(),
+            detail = %ErrorChain(denial),
+            "xDS stream closed: its caller is no longer allowed"
+        );
+        // Err: the client is gone already.
+        let _ = self.out.send(Err(subscription_status(denial))).await;
     }
 
     /// Handles one request; false when the client is gone.
@@ -331,7 +379,7 @@ impl StreamTask {
         let frames = match PushFrames::new(push) {
             Ok(frames) => frames,
             Err(error) => {
-                tracing::error!(stream = self.id, %error, "xDS response not sent");
+                tracing::error!(stream = self.id, error = %ErrorChain(&error), "xDS response not sent");
                 let _ = self.out.send(Err(error.status())).await;
                 return false;
             }
@@ -393,13 +441,25 @@ async fn publish(
                 resources.send_replace(Arc::new(built));
             }
             Err(error) => {
-                tracing::error!(%error, "building xDS resources failed; serving the previous ones");
+                tracing::error!(error = %ErrorChain(&error), "building xDS resources failed; serving the previous ones");
             }
         }
     }
 }
 
 /// The status a refused subscription gets: opaque, like the CA's.
+/// Resolves when a token that `expires` has expired (never without an
+/// expiry); `now` is the wall clock the expiry is measured against.
+async fn token_expiry(expires: Option<SystemTime>, now: SystemTime) {
+    match expires {
+        Some(expires) => {
+            let left = expires.duration_since(now).unwrap_or_default();
+            tokio::time::sleep(left).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 fn subscription_status(denial: &Denial) -> Status {
     match denial {
         Denial::Authentication(_) => Status::unauthenticated("request authenticate failure"),

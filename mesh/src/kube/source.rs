@@ -26,6 +26,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::convert::{ConvertSettings, KubeObjects, ObjectProblem, convert};
 use super::policy_crd::AuthorizationPolicy;
@@ -239,7 +240,7 @@ where
     let observer = Arc::clone(observer);
     let on_event = move |event: Result<(), watcher::Error>| match event {
         Ok(()) => changed.notify_one(),
-        Err(error) => observer.watch_failed(kind, &error.to_string()),
+        Err(error) => observer.watch_failed(kind, &ErrorChain(&error).to_string()),
     };
     watch_into_store(
         Api::all(client.clone()),
@@ -279,7 +280,7 @@ async fn rebuild(
             }
             // The conversion leaves out what the snapshot would refuse; if
             // it ever does not, the last good snapshot stays.
-            Err(error) => observer.watch_failed("snapshot", &error.to_string()),
+            Err(error) => observer.watch_failed("snapshot", &ErrorChain(&error).to_string()),
         }
         changed.notified().await;
         tokio::time::sleep(REBUILD_DELAY).await;

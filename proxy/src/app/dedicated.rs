@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use crate::app::start::{Node, Started};
 use crate::app::{self, Proxy};
 use crate::config::WorkloadInfo;
@@ -85,7 +87,9 @@ async fn prefetch_until_ready(
     loop {
         match identities.fetch_certificate(&identity).await {
             Ok(_) => break,
-            Err(error) => tracing::warn!(%error, "no certificate for the local workload yet"),
+            Err(error) => {
+                tracing::warn!(error = %ErrorChain(&error), "no certificate for the local workload yet")
+            }
         }
         tokio::select! {
             () = drain.signaled() => return,

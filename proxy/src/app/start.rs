@@ -11,6 +11,7 @@ use anyhow::Context;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
@@ -232,7 +233,7 @@ fn wait_and_drain(
                     Ok(Err(error)) => anyhow::Error::new(error).context("ZDS protocol error"),
                     Err(error) => anyhow::Error::new(error).context("the ZDS session failed"),
                 };
-                tracing::error!("{error:#}: draining and exiting");
+                tracing::error!("{}: draining and exiting", ErrorChain(&*error));
                 Some(error)
             }
         };
@@ -252,10 +253,12 @@ fn raise_open_file_limit() {
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => {
             if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!(%error, "cannot raise the open-file limit");
+                tracing::warn!(error = %ErrorChain(&error), "cannot raise the open-file limit");
             }
         }
         Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot read the open-file limit"),
+        Err(error) => {
+            tracing::warn!(error = %ErrorChain(&error), "cannot read the open-file limit")
+        }
     }
 }

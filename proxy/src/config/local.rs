@@ -25,7 +25,7 @@ mod workload;
 #[derive(Debug, thiserror::Error)]
 pub enum LocalConfigError {
     /// The file cannot be read.
-    #[error("{}: cannot read local config: {source}", path.display())]
+    #[error("{}: cannot read local config", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -47,7 +47,7 @@ pub enum LocalConfigError {
     },
     /// A workload's trust domain, namespace and service account do not make
     /// a SPIFFE identity.
-    #[error("{}: workload {uid}: invalid identity: {source}", path.display())]
+    #[error("{}: workload {uid}: invalid identity", path.display())]
     Identity {
         /// The file.
         path: PathBuf,

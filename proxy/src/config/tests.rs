@@ -1,3 +1,5 @@
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::*;
 
 /// Flags only: tests never touch the process environment, and none of
@@ -36,10 +38,8 @@ fn dedicated_mode_needs_its_workload() {
         "default/client-0",
     ])
     .unwrap_err();
-    assert!(
-        error.to_string().contains("namespace/name/service-account"),
-        "{error}"
-    );
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("namespace/name/service-account"), "{shown}");
 }
 
 #[test]
@@ -69,6 +69,9 @@ fn defaults_follow_istio() {
     );
     assert!(config.inpod.port_reuse && config.inpod.ipv6_enabled);
     assert_eq!(config.inpod.original_source, None);
+    assert_eq!(config.max_pending_handshakes, 4096);
+    let limited = parse(&["--max-pending-handshakes", "100"]).unwrap();
+    assert_eq!(limited.max_pending_handshakes, 100);
 }
 
 #[test]
@@ -91,6 +94,7 @@ fn bad_values_name_their_variable() {
         ),
         (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
+        (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
     ];
     for (args, name) in cases {
         let error = parse(args).unwrap_err();

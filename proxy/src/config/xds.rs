@@ -206,6 +206,8 @@ fn metadata(
 
 #[cfg(test)]
 mod tests {
+    use ztunnel_certs::error_chain::ErrorChain;
+
     use super::*;
 
     fn args(address: Option<&str>, local_file: bool) -> XdsArgs<'_> {
@@ -281,7 +283,8 @@ mod tests {
 
         let bad = self::env(&[("XDS_HEADER_BAD NAME", "x")]);
         let error = parse(&args(None, false), &bad).unwrap_err();
-        assert!(error.to_string().contains("XDS_HEADER_BAD NAME"), "{error}");
+        let shown = ErrorChain(&error).to_string();
+        assert!(shown.contains("XDS_HEADER_BAD NAME"), "{shown}");
     }
 
     #[test]

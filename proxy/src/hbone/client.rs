@@ -15,6 +15,7 @@ use http::{HeaderMap, Method, Request, StatusCode, Uri, Version};
 use rustls::ClientConfig;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::{ALPN_H2, dummy_server_name, peer_identity};
 
@@ -25,14 +26,14 @@ use crate::hbone::{H2Settings, keepalive};
 #[derive(Debug, thiserror::Error)]
 pub enum HboneError {
     /// The TCP connection to the peer's HBONE port failed or timed out.
-    #[error("connecting to the HBONE peer: {0}")]
+    #[error("connecting to the HBONE peer")]
     Connect(#[source] std::io::Error),
     /// The TLS client configuration could not be built.
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     TlsConfig(#[from] ztunnel_certs::tls::TlsError),
     /// The TLS handshake failed: a wrong server identity, an unknown CA, or a
     /// broken connection.
-    #[error("TLS handshake failed: {0}")]
+    #[error("TLS handshake failed")]
     Tls(#[source] std::io::Error),
     /// The server did not agree to speak h2 over the TLS session.
     #[error("server did not negotiate ALPN h2")]
@@ -42,13 +43,13 @@ pub enum HboneError {
     NoPeerIdentity,
     /// The h2 handshake, the request, or the connection failed (GOAWAY,
     /// reset, I/O error).
-    #[error("HTTP/2: {0}")]
+    #[error("HTTP/2")]
     H2(#[from] h2::Error),
     /// The authority is not a valid URI authority.
-    #[error("invalid CONNECT authority: {0}")]
+    #[error("invalid CONNECT authority")]
     Authority(#[from] InvalidUri),
     /// The request could not be assembled from the given parts.
-    #[error("invalid CONNECT request: {0}")]
+    #[error("invalid CONNECT request")]
     Request(#[from] http::Error),
     /// The server answered the CONNECT with something other than 200.
     #[error("CONNECT answered with status {0}")]
@@ -140,7 +141,7 @@ pub async fn connect(
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
-                    tracing::debug!(%error, "HBONE client connection ended");
+                    tracing::debug!(error = %ErrorChain(&error), "HBONE client connection ended");
                 }
             }
             () = keepalive => {}

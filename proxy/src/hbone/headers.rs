@@ -22,7 +22,7 @@ pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 pub enum HeaderError {
     /// A label or hostname holds bytes a header may not carry (control
     /// characters, non-visible ASCII).
-    #[error("header value holds bytes a header may not carry: {0}")]
+    #[error("header value holds bytes a header may not carry")]
     InvalidValue(#[from] InvalidHeaderValue),
 }
 

@@ -21,6 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::peer_identity;
 
@@ -39,7 +40,7 @@ const FORCED_STREAM_GRACE: Duration = Duration::from_millis(100);
 pub enum ServerError {
     /// The TLS handshake failed: no client certificate, unknown CA, foreign
     /// trust domain, or a broken connection.
-    #[error("TLS handshake failed: {0}")]
+    #[error("TLS handshake failed")]
     Tls(#[source] std::io::Error),
     /// The client did not finish the TLS handshake in time.
     #[error("TLS handshake timed out after {0:?}")]
@@ -48,7 +49,7 @@ pub enum ServerError {
     #[error("client certificate carries no SPIFFE identity")]
     NoPeerIdentity,
     /// The h2 handshake or the connection failed.
-    #[error("HTTP/2: {0}")]
+    #[error("HTTP/2")]
     H2(#[from] h2::Error),
 }
 
@@ -322,6 +323,6 @@ fn send_status(respond: &mut SendResponse<Bytes>, status: StatusCode) {
     let mut response = Response::new(());
     *response.status_mut() = status;
     if let Err(error) = respond.send_response(response, true) {
-        tracing::debug!(%error, "sending the refusal failed");
+        tracing::debug!(error = %ErrorChain(&error), "sending the refusal failed");
     }
 }

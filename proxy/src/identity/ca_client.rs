@@ -63,17 +63,17 @@ pub enum CaClientError {
     InsecureAddress(String),
     /// The address, roots, server name or headers are unusable, or the
     /// token file could not be read for this call.
-    #[error("CA connection: {0}")]
+    #[error("CA connection")]
     Connection(#[from] ControlPlaneError),
     /// The key or CSR could not be generated.
-    #[error("generating the CSR: {0}")]
+    #[error("generating the CSR")]
     Csr(#[from] CsrError),
     /// The CA refused the request or could not be reached.
-    #[error("CA call failed: {0}")]
+    #[error("CA call failed")]
     Rpc(#[from] tonic::Status),
     /// The CA answered with a chain that fails the client checks, including a
     /// leaf for another identity than the one requested.
-    #[error("CA response refused: {0}")]
+    #[error("CA response refused")]
     Certificate(#[from] CertError),
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{Id as TaskId, JoinSet};
 use tokio::time::Instant;
 use ztunnel_certs::cert::WorkloadCertificate;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
 use crate::identity::ca_client::{CaClient, CaClientError};
@@ -55,7 +56,7 @@ impl CertificateSource for CaClient {
 pub enum IdentityError {
     /// The latest fetch failed and no valid certificate is cached; a retry is
     /// scheduled with backoff.
-    #[error("no certificate for this identity: {0}")]
+    #[error("no certificate for this identity")]
     Ca(#[source] Arc<CaClientError>),
     /// The workload went away while a connection waited for its certificate.
     #[error("identity {0} was forgotten while waiting for its certificate")]
@@ -313,7 +314,7 @@ impl Shared {
             Err(error) => {
                 entry.attempts = entry.attempts.saturating_add(1);
                 let retry = now + schedule::backoff(entry.attempts, rand::random());
-                tracing::warn!(%identity, attempts = entry.attempts, %error, "certificate fetch failed");
+                tracing::warn!(%identity, attempts = entry.attempts, error = %ErrorChain(&error), "certificate fetch failed");
                 entry.last_error = Some(Arc::new(error));
                 // A retry nobody is blocked on yet must not jump ahead of
                 // connections that are.
@@ -399,7 +400,7 @@ impl Entry {
     fn summary(&self, identity: &Identity) -> CertificateSummary {
         let state = match (&self.last_error, &self.certificate) {
             (Some(error), _) => CertificateState::Failed {
-                error: error.to_string(),
+                error: ErrorChain(&**error).to_string(),
                 attempts: self.attempts,
             },
             (None, Some(_)) => CertificateState::Available,

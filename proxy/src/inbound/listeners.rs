@@ -9,9 +9,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
 use crate::access_log::{self, Direction};
@@ -65,7 +68,7 @@ impl AsyncWrite for Upstream {
 
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
-#[error("dialing the application at {addr}: {source}")]
+#[error("dialing the application at {addr}")]
 pub struct DialError {
     /// The application address.
     addr: SocketAddr,
@@ -262,12 +265,43 @@ impl InboundHandler for HboneInbound {
     }
 }
 
-/// Accepts HBONE connections until the drain; each is served on its own task.
+/// A connection counted against its listener's handshake limit until it
+/// is dropped, after the TLS handshake (or its failure).
+struct PendingHandshake {
+    _permit: OwnedSemaphorePermit,
+    gauge: Gauge,
+}
+
+impl PendingHandshake {
+    fn new(permit: OwnedSemaphorePermit, gauge: Gauge) -> Self {
+        gauge.inc();
+        Self {
+            _permit: permit,
+            gauge,
+        }
+    }
+}
+
+impl Drop for PendingHandshake {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+/// Accepts HBONE connections until the drain; each is served on its own
+/// task. At most `max_pending_handshakes` wait for their TLS handshake at
+/// once; beyond that a new connection is closed at once and counted.
 pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
     let handler = Arc::new(HboneInbound {
         proxy: Arc::clone(&proxy),
     });
     let drain = proxy.drain.clone();
+    let limit = proxy.config.max_pending_handshakes;
+    let pending = Arc::new(Semaphore::new(limit));
+    let gauge = proxy.metrics.pending_handshakes();
+    // Whether the limit was hit since the last connection it let in: one
+    // warning per episode, not one per connection of a flood.
+    let mut at_limit = false;
     loop {
         let (tcp, peer) = tokio::select! {
             () = drain.signaled() => return,
@@ -279,49 +313,99 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
                 }
             },
         };
+        let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
+            proxy.metrics.record_handshake_refused("pending_limit");
+            if !at_limit {
+                at_limit = true;
+                tracing::warn!(
+                    %peer,
+                    limit,
+                    "too many HBONE handshakes pending on this listener; closing new connections until some finish"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
+        at_limit = false;
+        let waiting = PendingHandshake::new(permit, gauge.clone());
         let proxy = Arc::clone(&proxy);
         let handler = Arc::clone(&handler);
         tokio::spawn(async move {
-            let local = match tcp.local_addr() {
-                Ok(local) => local,
-                Err(_) => return,
-            };
-            let Some(workload) = proxy.wait_for_local_workload(Reporter::Destination).await else {
-                tracing::warn!(%peer, "HBONE connection before the local workload is known");
-                return;
-            };
-            let certificate = match workload.identity() {
-                Ok(identity) => proxy.identities.fetch_certificate(&identity).await,
-                Err(error) => {
-                    tracing::warn!(%error, "local workload has no valid identity");
+            // Nothing of the handshake (workload lookup, certificate, TLS
+            // state and its buffers) exists until the client has sent a
+            // byte: a silent connection costs this small task only. A peek,
+            // not a readiness wait, which can wake without data.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+                Ok(Ok(0)) => {
+                    tracing::debug!(%peer, "HBONE client closed before sending anything");
                     return;
                 }
-            };
-            let config = match certificate.map(|cert| ztunnel_certs::tls::server_config(&cert)) {
-                Ok(Ok(config)) => Arc::new(config),
+                Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
-                    tracing::warn!(%error, "cannot build the HBONE server TLS config");
+                    tracing::debug!(%peer, %error, "HBONE connection failed before its first byte");
                     return;
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "no certificate for the local workload");
+                Err(_) => {
+                    // Debug only: a flood of these would be a flood of lines.
+                    tracing::debug!(%peer, timeout = ?TLS_HANDSHAKE_TIMEOUT, "HBONE client sent nothing; closed");
                     return;
                 }
-            };
-            let (tls, peer_identity) = match accept_tls(tcp, config, TLS_HANDSHAKE_TIMEOUT).await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "HBONE TLS handshake failed");
-                    return;
-                }
-            };
-            let drain = proxy.drain.clone();
-            if let Err(error) =
-                serve_connection(tls, peer_identity, (peer, local), &proxy.h2, handler, drain).await
-            {
-                tracing::debug!(%peer, %error, "HBONE connection ended with an error");
             }
+            Box::pin(handshake_and_serve(proxy, handler, tcp, peer, waiting)).await;
         });
+    }
+}
+
+/// The TLS handshake of an HBONE connection whose client has started
+/// talking, then the HBONE server on it.
+async fn handshake_and_serve(
+    proxy: Arc<Proxy>,
+    handler: Arc<HboneInbound>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    waiting: PendingHandshake,
+) {
+    let local = match tcp.local_addr() {
+        Ok(local) => local,
+        Err(_) => return,
+    };
+    let Some(workload) = proxy.wait_for_local_workload(Reporter::Destination).await else {
+        tracing::warn!(%peer, "HBONE connection before the local workload is known");
+        return;
+    };
+    let certificate = match workload.identity() {
+        Ok(identity) => proxy.identities.fetch_certificate(&identity).await,
+        Err(error) => {
+            tracing::warn!(error = %ErrorChain(&error), "local workload has no valid identity");
+            return;
+        }
+    };
+    let config = match certificate.map(|cert| ztunnel_certs::tls::server_config(&cert)) {
+        Ok(Ok(config)) => Arc::new(config),
+        Ok(Err(error)) => {
+            tracing::warn!(error = %ErrorChain(&error), "cannot build the HBONE server TLS config");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(error = %ErrorChain(&error), "no certificate for the local workload");
+            return;
+        }
+    };
+    let accepted = accept_tls(tcp, config, TLS_HANDSHAKE_TIMEOUT).await;
+    drop(waiting);
+    let (tls, peer_identity) = match accepted {
+        Ok(accepted) => accepted,
+        Err(error) => {
+            tracing::warn!(%peer, error = %ErrorChain(&error), "HBONE TLS handshake failed");
+            return;
+        }
+    };
+    let drain = proxy.drain.clone();
+    if let Err(error) =
+        serve_connection(tls, peer_identity, (peer, local), &proxy.h2, handler, drain).await
+    {
+        tracing::debug!(%peer, error = %ErrorChain(&error), "HBONE connection ended with an error");
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use nix::sched::{CloneFlags, setns};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpSocket;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::socket::{self, SocketFactory};
 
@@ -140,7 +141,7 @@ impl PodNetns {
         if let Err(error) = setns(home.fd.as_fd(), CloneFlags::CLONE_NEWNET) {
             // A runtime thread stuck in a pod would create every later
             // socket, for every pod, in this one: never carry on like that.
-            tracing::error!(%error, "cannot return to ztunnel's own network namespace; aborting");
+            tracing::error!(error = %ErrorChain(&error), "cannot return to ztunnel's own network namespace; aborting");
             std::process::abort();
         }
         Ok(result)
@@ -221,7 +222,7 @@ fn listener(
             if options.transparent == Some(true) {
                 return Err(error);
             }
-            tracing::debug!(%error, "IP_TRANSPARENT unavailable; the app sees ztunnel's address");
+            tracing::debug!(error = %ErrorChain(&error), "IP_TRANSPARENT unavailable; the app sees ztunnel's address");
             *transparent = false;
         }
         Ok(())

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, MissedTickBehavior};
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::drain::DrainWatcher;
 use crate::inpod::PodProxies;
@@ -29,13 +30,11 @@ mod socket;
 #[cfg(test)]
 mod tests;
 
-pub use message::ReadError;
-pub use session::{ProtocolError, StartFailure};
+pub use message::{Datagram, Handle, ReadError, Request, ack, hello, parse};
+pub use session::{ProtocolError, RequestError, Session, StartFailure};
 pub use socket::ZdsSocket;
 
 use backoff::Backoff;
-use message::Datagram;
-use session::{RequestError, Session};
 use socket::Received;
 
 /// The name the session's readiness guard shows on `/healthz/ready`.
@@ -113,7 +112,7 @@ pub enum Error {
     #[error("the node agent closed the connection")]
     Closed,
     /// The socket failed.
-    #[error("ZDS socket: {0}")]
+    #[error("ZDS socket")]
     Io(#[from] io::Error),
 }
 
@@ -190,7 +189,9 @@ impl Client {
             match self.serve(socket).await {
                 Ok(()) => return Ok(()),
                 Err(Error::Protocol(error)) => return Err(error),
-                Err(error) => tracing::warn!(%error, "ZDS connection ended; connecting again"),
+                Err(error) => {
+                    tracing::warn!(error = %ErrorChain(&error), "ZDS connection ended; connecting again")
+                }
             }
             let wait = self.reconnect.next_wait(rand::random());
             if !self.sleep(wait).await {
@@ -285,7 +286,7 @@ impl Client {
                 Ok(socket) => return Some(socket),
                 Err(error) => tracing::warn!(
                     path = %self.settings.path.display(),
-                    %error,
+                    error = %ErrorChain(&error),
                     "cannot reach the node agent; retrying"
                 ),
             }

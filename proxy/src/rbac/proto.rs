@@ -4,6 +4,7 @@
 //! an IP address of the wrong length or prefix and a `StringMatch` with no
 //! variant, are dropped and the rest applies as if they were absent (§7).
 
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::istio::security as wire;
 
 use super::{
@@ -92,7 +93,7 @@ fn cidrs(addresses: &[wire::Address]) -> Vec<Cidr> {
             match cidr {
                 Ok(cidr) => Some(cidr),
                 Err(error) => {
-                    tracing::debug!(%error, "dropping address match");
+                    tracing::debug!(error = %ErrorChain(&error), "dropping address match");
                     None
                 }
             }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::istio::workload as proto;
 
@@ -202,7 +203,7 @@ fn subject_alt_names(names: &[String]) -> Vec<Identity> {
         .filter_map(|name| match name.parse() {
             Ok(identity) => Some(identity),
             Err(error) => {
-                tracing::debug!(san = %name, %error, "dropping subject alt name");
+                tracing::debug!(san = %name, error = %ErrorChain(&error), "dropping subject alt name");
                 None
             }
         })

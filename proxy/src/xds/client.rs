@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Channel;
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::envoy::config::core::v3::Node;
 use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
@@ -134,7 +135,7 @@ impl XdsClient {
         let channel = match self.connect().await {
             Ok(channel) => channel,
             Err(error) => {
-                tracing::warn!(address = %self.settings.address, %error, "xDS connection failed");
+                tracing::warn!(address = %self.settings.address, error = %ErrorChain(&error), "xDS connection failed");
                 return StreamEnd::ConnectionFailed;
             }
         };
@@ -145,7 +146,7 @@ impl XdsClient {
         }
         let mut request = tonic::Request::new(ReceiverStream::new(outbound));
         if let Err(error) = self.credentials.apply(request.metadata_mut()).await {
-            tracing::warn!(%error, "xDS credentials unavailable");
+            tracing::warn!(error = %ErrorChain(&error), "xDS credentials unavailable");
             return StreamEnd::ConnectionFailed;
         }
         let mut client = AggregatedDiscoveryServiceClient::new(channel)

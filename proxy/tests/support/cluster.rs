@@ -3,10 +3,13 @@
 //! another's application, what a destination ztunnel logged, and the log
 //! tails a failure message shows.
 
+// Each test file uses its own part of this.
+#![allow(dead_code)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ztunnel_test_support::cluster::{Cluster, tail};
+use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, tail};
 use ztunnel_test_support::wait;
 
 /// The port every pod's application (an echo server) listens on.
@@ -74,4 +77,48 @@ pub fn logs(cluster: &Cluster) -> String {
         .iter()
         .map(|node| format!("--- {} ---\n{}\n", node.name, tail(&node.ztunnel_log(), 20)))
         .collect()
+}
+
+/// `name`'s value in `node`'s ztunnel's `/metrics` (summed over the lines
+/// that carry every label in `labels`), 0 when absent.
+pub fn metric(cluster: &Cluster, node: &str, name: &str, labels: &[&str]) -> f64 {
+    let (_, body) = cluster
+        .node(node)
+        .unwrap()
+        .http_get(15020, "/metrics")
+        .unwrap();
+    body.lines()
+        .filter(|line| line.starts_with(name) && labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One node with a pod outside the mesh (`outsider`, namespace `plain`)
+/// and two meshed ones (`client`, `server`), each serving its echo
+/// application; `env` is set on the node's ztunnel (restarted with it)
+/// before the pods are added. `None`, after printing why, where the
+/// cluster cannot run.
+pub fn one_node(tag: &str, env: &[(&str, &str)]) -> Option<Cluster> {
+    if let Some(reason) = cluster::unavailable() {
+        eprintln!("skipping {tag}: {reason}");
+        return None;
+    }
+    let specs = [
+        PodSpec::new("outsider", "plain", "outsider", "node-a"),
+        PodSpec::new("client", "default", "client", "node-a"),
+        PodSpec::new("server", "default", "server", "node-a"),
+    ];
+    let binaries = Binaries::from_target_dir().unwrap();
+    let mut cluster = Cluster::start(&["node-a"], &specs, &["default"], binaries).unwrap();
+    if !env.is_empty() {
+        for (key, value) in env {
+            cluster.set_ztunnel_env(key, value);
+        }
+        cluster.start_ztunnel("node-a").unwrap();
+    }
+    for spec in &specs {
+        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
+    }
+    cluster.wait_synced().unwrap();
+    Some(cluster)
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+use ztunnel_certs::error_chain::ErrorChain;
 
 use super::{ConfOutcome, InstallError, Installer};
 
@@ -50,7 +51,7 @@ pub async fn run(
         let relevant = match &event {
             Ok(event) => is_change(&event.kind),
             Err(error) => {
-                tracing::warn!(%error, "CNI directory watch error; checking the installation");
+                tracing::warn!(error = %ErrorChain(&error), "CNI directory watch error; checking the installation");
                 true
             }
         };
@@ -138,7 +139,7 @@ impl RepairTracker {
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, "checking the CNI plugin installation");
+                tracing::warn!(error = %ErrorChain(&error), "checking the CNI plugin installation");
                 return Some(Pass::Failed);
             }
         }
@@ -168,7 +169,7 @@ impl RepairTracker {
                 Some(Pass::Done)
             }
             Err(error) => {
-                tracing::warn!(%error, "repairing the CNI plugin installation");
+                tracing::warn!(error = %ErrorChain(&error), "repairing the CNI plugin installation");
                 Some(Pass::Failed)
             }
         }

@@ -67,7 +67,7 @@ pub(super) enum AddressesError {
     #[error(transparent)]
     Tool(#[from] NetnsError),
     /// `ip` printed something other than its JSON address list.
-    #[error("`ip -j addr show` printed unexpected JSON: {0}")]
+    #[error("`ip -j addr show` printed unexpected JSON")]
     Json(#[from] serde_json::Error),
     /// An address in the list does not parse.
     #[error("`ip -j addr show` listed a bad address: {0:?}")]

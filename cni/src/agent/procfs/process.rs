@@ -147,7 +147,7 @@ fn read(path: &Path) -> Result<Vec<u8>, ProcessError> {
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ProcessError {
     /// A file of the process cannot be read: it exited, or we may not.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -158,7 +158,7 @@ pub(super) enum ProcessError {
     #[error("unexpected stat: {0}")]
     Stat(&'static str),
     /// `<pid>/cgroup` is malformed or names two pods.
-    #[error("cgroup: {0}")]
+    #[error("cgroup")]
     Cgroup(#[from] CgroupError),
     /// The pid's netns changed between two looks: the process exited and
     /// its pid went to another.

@@ -21,7 +21,17 @@ fn ipv4_rules_without_dns_follow_the_wire_rows() {
     let tables = desired_rules(Family::V4, &settings(false));
     assert_eq!(
         tables.iter().map(|t| t.table).collect::<Vec<_>>(),
-        ["mangle", "nat"]
+        ["mangle", "nat", "raw"]
+    );
+    // The raw table holds only the dials' conntrack zone (not a WIRE.md
+    // row), written as iptables-save prints it.
+    assert_eq!(
+        table(&tables, "raw").unwrap(),
+        [
+            "-A PREROUTING -j ISTIO_PRERT",
+            "-A OUTPUT -j ISTIO_OUTPUT",
+            "-A ISTIO_OUTPUT -o lo -p tcp -m mark --mark 0x539/0xfff -j CT --zone-orig 2",
+        ]
     );
     assert_eq!(
         table(&tables, "mangle").unwrap(),
@@ -67,6 +77,7 @@ fn dns_capture_adds_rows_4_and_12_to_15() {
         [
             "-A PREROUTING -j ISTIO_PRERT",
             "-A OUTPUT -j ISTIO_OUTPUT",
+            "-A ISTIO_OUTPUT -o lo -p tcp -m mark --mark 0x539/0xfff -j CT --zone-orig 2",
             "-A ISTIO_OUTPUT -p udp -m mark --mark 0x539/0xfff -m udp --dport 53 -j CT --zone 1",
             "-A ISTIO_PRERT -p udp -m mark ! --mark 0x539/0xfff -m udp --sport 53 -j CT --zone 1",
         ]
@@ -146,10 +157,14 @@ fn install_input_on_a_clean_netns_declares_chains_and_appends() {
         want.push_str(rule);
         want.push('\n');
     }
-    want.push_str("COMMIT\n*nat\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n");
-    for rule in &desired[1].rules {
-        want.push_str(rule);
-        want.push('\n');
+    for (index, table) in ["nat", "raw"].iter().enumerate() {
+        want.push_str(&format!(
+            "COMMIT\n*{table}\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n"
+        ));
+        for rule in &desired[index + 1].rules {
+            want.push_str(rule);
+            want.push('\n');
+        }
     }
     want.push_str("COMMIT\n");
     assert_eq!(input, want);
@@ -196,12 +211,26 @@ fn removal_deletes_jumps_then_chains_of_tables_that_have_them() {
 }
 
 #[test]
-fn turning_dns_capture_off_removes_the_raw_table_rules() {
-    let saved = "*raw\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_PRERT - [0:0]\n-A PREROUTING -j ISTIO_PRERT\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n";
-    let input = restore_input(saved, &desired_rules(Family::V4, &settings(false)));
-    assert!(input.ends_with(
-        "*raw\n-D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n-F ISTIO_OUTPUT\n-X ISTIO_OUTPUT\n-F ISTIO_PRERT\n-X ISTIO_PRERT\nCOMMIT\n"
-    ));
+fn turning_dns_capture_off_keeps_only_the_dial_zone_in_the_raw_table() {
+    let dns_on = desired_rules(Family::V4, &settings(true));
+    let mut saved = String::from("*raw\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_PRERT - [0:0]\n");
+    for rule in table(&dns_on, "raw").unwrap() {
+        saved.push_str(rule);
+        saved.push('\n');
+    }
+    saved.push_str("COMMIT\n");
+    let dns_off = desired_rules(Family::V4, &settings(false));
+    assert!(!is_current(&saved, &dns_off));
+    let input = restore_input(&saved, &dns_off);
+    assert!(
+        input.ends_with(
+            "*raw\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n\
+             -D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n\
+             -A PREROUTING -j ISTIO_PRERT\n-A OUTPUT -j ISTIO_OUTPUT\n\
+             -A ISTIO_OUTPUT -o lo -p tcp -m mark --mark 0x539/0xfff -j CT --zone-orig 2\nCOMMIT\n"
+        ),
+        "{input}"
+    );
 }
 
 #[test]

@@ -26,8 +26,8 @@ pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
 
 impl Caller {
-    /// The pod-bound service account a TokenReview authenticated.
-    pub fn from_review(status: &TokenReviewStatus) -> Result<Caller, AuthnError> {
+    /// The pod-bound service account a TokenReview of `token` authenticated.
+    pub fn from_review(status: &TokenReviewStatus, token: &[u8]) -> Result<Caller, AuthnError> {
         if status.authenticated != Some(true) {
             return Err(AuthnError::ReviewRejected);
         }
@@ -55,6 +55,7 @@ impl Caller {
             pod_name: pod_name.to_owned(),
             pod_uid: pod_uid.to_owned(),
             node_name: node_name.map(str::to_owned),
+            expires: super::unverified_expiry(token),
         })
     }
 }
@@ -122,13 +123,14 @@ mod tests {
             ],
         );
         assert_eq!(
-            Caller::from_review(&review),
+            Caller::from_review(&review, b"not a JWT"),
             Ok(Caller {
                 namespace: "istio-system".into(),
                 service_account: "ztunnel".into(),
                 pod_name: "ztunnel-abc".into(),
                 pod_uid: "uid-1".into(),
                 node_name: Some("node-a".into()),
+                expires: None,
             })
         );
     }
@@ -190,7 +192,7 @@ mod tests {
         ];
         for (reason, review, expected) in cases {
             assert_eq!(
-                Caller::from_review(review).as_ref(),
+                Caller::from_review(review, b"").as_ref(),
                 Err(expected),
                 "{reason}"
             );
@@ -200,7 +202,7 @@ mod tests {
             ..TokenReviewStatus::default()
         };
         assert_eq!(
-            Caller::from_review(&no_user),
+            Caller::from_review(&no_user, b""),
             Err(AuthnError::MalformedClaims)
         );
     }

@@ -96,6 +96,8 @@ fn valid_tokens_yield_the_pod() {
         pod_name: "ztunnel-abc".into(),
         pod_uid: "pod-uid".into(),
         node_name: Some("node-1".into()),
+        // `exp` and the default leeway of 60 s.
+        expires: Some(UNIX_EPOCH + Duration::from_secs(NOW + 3600) + DEFAULT_LEEWAY),
     };
     for key in [es256(), rs256()] {
         assert_eq!(
@@ -271,4 +273,18 @@ fn bearer_header_parsing() {
     assert_eq!(bearer_token(Some(b"Bearer abc")), Ok(&b"abc"[..]));
     let long = [b"Bearer ".as_slice(), &[b'a'; MAX_TOKEN_BYTES + 1]].concat();
     assert_eq!(bearer_token(Some(&long)), Err(AuthnError::TokenTooLarge));
+}
+
+#[test]
+fn the_expiry_of_a_reviewed_token_is_read_from_its_claims() {
+    let key = es256();
+    assert_eq!(
+        unverified_expiry(sign(&key, &claims()).as_bytes()),
+        Some(UNIX_EPOCH + Duration::from_secs(NOW + 3600))
+    );
+    let no_exp = with(claims(), &["exp"], Value::Null);
+    assert_eq!(unverified_expiry(sign(&key, &no_exp).as_bytes()), None);
+    for garbage in [&b""[..], b"a.b.c", b"\xff\xfe", b"eyJhbGciOiJFUzI1NiJ9.e30"] {
+        assert_eq!(unverified_expiry(garbage), None);
+    }
 }

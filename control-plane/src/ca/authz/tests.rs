@@ -103,6 +103,7 @@ fn ztunnel() -> Caller {
         pod_name: "ztunnel-a".into(),
         pod_uid: "uid-za".into(),
         node_name: Some("node-a".into()),
+        expires: None,
     }
 }
 
@@ -113,6 +114,7 @@ fn app() -> Caller {
         pod_name: "app-a".into(),
         pod_uid: "uid-app-a".into(),
         node_name: None,
+        expires: None,
     }
 }
 

@@ -4,6 +4,8 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use super::*;
 use crate::rbac::{Action, Scope, ServiceAccountMatch, StringMatch};
 use crate::state::{
@@ -364,11 +366,10 @@ fn semantic_errors_name_the_entry() {
         matches!(error, LocalConfigError::Identity { ref uid, .. } if uid == "u"),
         "{error}"
     );
+    let shown = ErrorChain(&error).to_string();
     assert!(
-        error
-            .to_string()
-            .starts_with("f.yaml: workload u: invalid identity: "),
-        "{error}"
+        shown.starts_with("f.yaml: workload u: invalid identity: "),
+        "{shown}"
     );
 
     let cases = [
@@ -409,7 +410,7 @@ fn load_reads_the_file_and_reports_a_missing_one() {
     let missing = dir.path().join("missing.yaml");
     let error = load(&missing).unwrap_err();
     assert!(matches!(error, LocalConfigError::Read { .. }));
-    assert!(error.to_string().starts_with(&format!(
+    assert!(ErrorChain(&error).to_string().starts_with(&format!(
         "{}: cannot read local config: ",
         missing.display()
     )));

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
 use crate::inpod::{PodInfo, PodProxies, StartError};
 
 use super::message::{Handle, ReadError, Request};
@@ -41,7 +43,7 @@ pub enum StartFailure {
     #[error("the handle is not a network namespace")]
     NotNetns,
     /// The per-pod proxies could not start it; retried every 5 s.
-    #[error("{0}")]
+    #[error(transparent)]
     Proxy(StartError),
 }
 
@@ -52,8 +54,9 @@ pub enum RequestError {
     /// The datagram could not be read.
     #[error("failure to read message : {0}")]
     Read(ReadError),
-    /// The pod's proxy did not start.
-    #[error("failure to start proxy : {0}")]
+    /// The pod's proxy did not start. The NACK is all the agent hears, so
+    /// it carries the causes in its text.
+    #[error("failure to start proxy : {}", ErrorChain(.0))]
     Start(StartFailure),
     /// The agent broke the protocol.
     #[error("failure to process message : ProtocolError(\"{0}\")")]
@@ -161,7 +164,7 @@ impl Session {
                     false
                 }
                 Err(error) => {
-                    tracing::warn!(%uid, %error, "pod proxy still failing to start");
+                    tracing::warn!(%uid, error = %ErrorChain(&error), "pod proxy still failing to start");
                     true
                 }
             },
