@@ -20,99 +20,15 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use ztunnel_proto::istio::workload as proto;
-use ztunnel_proxy::state::{AddressResource, Service, State, Workload};
+use ztunnel_proxy::state::{AddressResource, State};
 
-/// Workloads in the store: a large cluster's pods, as one node's proxy
-/// sees them all.
-const WORKLOADS: u32 = 10_000;
-/// Services in the store; with `WORKLOADS` that is 10 endpoints each.
-const SERVICES: u32 = 1_000;
-/// Namespaces the services and workloads spread over, 10 services each.
-const NAMESPACES: u32 = 100;
-/// First workload IP, 10.1.0.0: room for 65,536 pods in one block.
-const WORKLOAD_BASE: u32 = u32::from_be_bytes([10, 1, 0, 0]);
-/// First service VIP, 10.96.0.0, the Kubernetes default service range.
-const SERVICE_BASE: u32 = u32::from_be_bytes([10, 96, 0, 0]);
+#[path = "common/mesh.rs"]
+mod mesh;
 
-fn workload_ip(index: u32) -> Ipv4Addr {
-    Ipv4Addr::from(WORKLOAD_BASE + index)
-}
-
-fn service_vip(index: u32) -> Ipv4Addr {
-    Ipv4Addr::from(SERVICE_BASE + index)
-}
-
-fn namespace(service: u32) -> String {
-    format!("ns-{:03}", service % NAMESPACES)
-}
-
-fn hostname(service: u32) -> String {
-    format!("svc-{service}.{}.svc.cluster.local", namespace(service))
-}
-
-/// Service `index`: one VIP, two ports, as most Kubernetes services have.
-fn service(index: u32) -> proto::Service {
-    proto::Service {
-        name: format!("svc-{index}"),
-        namespace: namespace(index),
-        hostname: hostname(index),
-        addresses: vec![proto::NetworkAddress {
-            network: String::new(),
-            address: service_vip(index).octets().to_vec(),
-            length: None,
-        }],
-        ports: vec![port(80, 8080), port(443, 8443)],
-        ..proto::Service::default()
-    }
-}
-
-fn port(service_port: u32, target_port: u32) -> proto::Port {
-    proto::Port {
-        service_port,
-        target_port,
-        ..proto::Port::default()
-    }
-}
-
-/// Workload `index`: an HBONE pod, endpoint of service `index % SERVICES`.
-fn workload(index: u32) -> proto::Workload {
-    let service = index % SERVICES;
-    let ports = proto::PortList {
-        ports: vec![port(80, 8080), port(443, 8443)],
-    };
-    proto::Workload {
-        uid: format!("Kubernetes//Pod/{}/pod-{index}", namespace(service)),
-        name: format!("pod-{index}"),
-        namespace: namespace(service),
-        addresses: vec![workload_ip(index).octets().to_vec()],
-        tunnel_protocol: proto::TunnelProtocol::Hbone.into(),
-        service_account: format!("svc-{service}"),
-        // 100 nodes of 100 pods: the node only matters to the locality of endpoints.
-        node: format!("node-{}", index % 100),
-        canonical_name: format!("svc-{service}"),
-        canonical_revision: "v1".into(),
-        workload_name: format!("svc-{service}"),
-        services: [(
-            format!("{}/{}", namespace(service), hostname(service)),
-            ports,
-        )]
-        .into(),
-        ..proto::Workload::default()
-    }
-}
-
-fn typed_workload(index: u32) -> Workload {
-    Workload::try_from(&workload(index)).unwrap()
-}
+use mesh::{SERVICES, WORKLOADS, service_vip, typed_workload, workload, workload_ip};
 
 fn store() -> State {
-    let services = (0..SERVICES).map(|index| Service::try_from(&service(index)).unwrap());
-    let workloads = (0..WORKLOADS).map(typed_workload);
-    let mut state = State::new();
-    state.replace_all(workloads, services, []);
-    assert_eq!(state.workloads().count(), WORKLOADS as usize);
-    assert_eq!(state.services().count(), SERVICES as usize);
-    state
+    mesh::store_of(WORKLOADS)
 }
 
 /// Key `iteration` of `count`, stepping by a prime so that successive

@@ -90,7 +90,12 @@ pub fn run(options: &Options) -> anyhow::Result<(Report, Vec<PathBuf>)> {
             // (re-opening 10,000 connections from one client IP within
             // TIME_WAIT took 15-33 s instead of 1.8 s), and B would run in
             // what A left behind.
-            let mut topology = Topology::start(build, &options.loadgen, &options.ztunnel_env)?;
+            let mut topology = Topology::start(
+                build,
+                &options.loadgen,
+                &options.ztunnel_env,
+                options.sizing.mesh_size,
+            )?;
             let runs = run_round(&mut topology, options, index, label)?;
             drop(topology);
             let figures = figures::of_round(&runs);

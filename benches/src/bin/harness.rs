@@ -53,6 +53,11 @@ struct Args {
     /// ZTUNNEL_WORKER_THREADS=2.
     #[arg(long = "env")]
     env: Vec<String>,
+    /// Workloads on other nodes added to the proxies' configuration (at
+    /// most 65,536): the size of the mesh, against which per-connection
+    /// costs and memory are measured.
+    #[arg(long, default_value_t = 0)]
+    mesh_size: usize,
     /// Directory for the results.
     #[arg(long, default_value = "benches/results")]
     out: PathBuf,
@@ -93,12 +98,14 @@ fn run() -> anyhow::Result<()> {
             duration_s: 1.0,
             idle_connections: 200,
             idle_hold_s: 0.5,
+            mesh_size: args.mesh_size,
         }
     } else {
         Sizing {
             duration_s: args.duration,
             idle_connections: args.idle_connections,
             idle_hold_s: 1.0,
+            mesh_size: args.mesh_size,
         }
     };
     let options = Options {

@@ -93,6 +93,10 @@ pub struct Sizing {
     pub idle_connections: usize,
     /// Seconds the idle connections are held after memory is read.
     pub idle_hold_s: f64,
+    /// Workloads on other nodes that both proxies know besides the test
+    /// pods: the size of the mesh, which no per-connection cost should
+    /// follow.
+    pub mesh_size: usize,
 }
 
 /// What one proxy spent during a run.

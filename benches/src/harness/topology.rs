@@ -99,6 +99,7 @@ impl Topology {
         ztunnel: &Path,
         loadgen: &Path,
         env: &[(String, String)],
+        mesh_size: usize,
     ) -> anyhow::Result<Topology> {
         let mut binaries = Binaries::from_target_dir()?;
         binaries.ztunnel = ztunnel.to_path_buf();
@@ -134,6 +135,7 @@ impl Topology {
         let tcp_server = cluster.pod("tcp-server")?;
         let (spec, ip) = (tcp_server.spec.clone(), tcp_server.ip);
         cluster.mesh().set_workload(&spec, ip, false)?;
+        cluster.mesh().set_remote_workloads(mesh_size)?;
         let mut topology = Topology {
             cluster,
             loadgen: loadgen.to_path_buf(),

@@ -129,7 +129,28 @@ pub struct MeshFile {
     pods: Vec<Entry>,
     policies: String,
     services: String,
+    /// Workloads on nodes outside the cluster, only written to the file:
+    /// the size of the mesh a proxy knows (`set_remote_workloads`).
+    remote_workloads: usize,
 }
+
+/// The most remote workloads [`MeshFile::set_remote_workloads`] can
+/// address: one per address of 198.19.0.0/16.
+pub const MAX_REMOTE_WORKLOADS: usize = 1 << 16;
+
+/// The uid of remote workload `index`.
+fn remote_uid(index: usize) -> String {
+    format!("remote/{index}")
+}
+
+/// Services the remote workloads are endpoints of, round robin.
+const REMOTE_SERVICES: usize = 1_000;
+
+/// Service accounts the remote workloads run as, round robin.
+const REMOTE_SERVICE_ACCOUNTS: usize = 50;
+
+/// Nodes the remote workloads run on, round robin.
+const REMOTE_NODES: usize = 100;
 
 impl MeshFile {
     /// The mesh of `source` at `path`, knowing of the ztunnel pods of
@@ -154,6 +175,7 @@ impl MeshFile {
                 .collect(),
             policies: String::new(),
             services: String::new(),
+            remote_workloads: 0,
         };
         file.write()?;
         Ok(file)
@@ -226,6 +248,23 @@ impl MeshFile {
         self.write()
     }
 
+    /// Adds `count` workloads on other nodes (replacing any added before):
+    /// the rest of a large mesh, which no test pod talks to but every
+    /// proxy holds. Each has an address in 198.19.0.0/16, one of 50
+    /// service accounts, runs on one of 100 nodes and is an endpoint of one
+    /// of 1,000 services. Only the local file: with xDS the control plane
+    /// would also have to know them as pods.
+    pub fn set_remote_workloads(&mut self, count: usize) -> anyhow::Result<()> {
+        if self.source != ConfigSource::LocalFile {
+            bail!("remote workloads are only written to the local config file");
+        }
+        if count > MAX_REMOTE_WORKLOADS {
+            bail!("at most {MAX_REMOTE_WORKLOADS} remote workloads, not {count}");
+        }
+        self.remote_workloads = count;
+        self.write()
+    }
+
     /// The uids of the pods that are workloads, sorted: what every ztunnel
     /// should know once in sync.
     pub fn workload_uids(&self) -> Vec<String> {
@@ -240,6 +279,7 @@ impl MeshFile {
             .iter()
             .filter(|entry| entry.workload.is_some())
             .map(|entry| uid(&entry.spec))
+            .chain((0..self.remote_workloads).map(remote_uid))
             .collect();
         uids.sort();
         uids
@@ -278,7 +318,7 @@ impl MeshFile {
             .iter()
             .filter_map(|entry| Some((&entry.spec, entry.workload?)))
             .collect();
-        let mut text = String::from(if workloads.is_empty() {
+        let mut text = String::from(if workloads.is_empty() && self.remote_workloads == 0 {
             "workloads: []\n"
         } else {
             "workloads:\n"
@@ -294,6 +334,18 @@ impl MeshFile {
                 ip = workload.ip,
                 protocol = workload.protocol(),
                 node = spec.node,
+            );
+        }
+        for index in 0..self.remote_workloads {
+            let _ = write!(
+                text,
+                "- uid: {uid}\n  name: remote-{index}\n  namespace: remote\n  serviceAccount: sa-{sa}\n  workloadIps: [198.19.{high}.{low}]\n  protocol: HBONE\n  node: remote-node-{node}\n  services: {{\"remote/svc-{service}.remote.svc.cluster.local\": {{80: 8080}}}}\n",
+                uid = remote_uid(index),
+                sa = index % REMOTE_SERVICE_ACCOUNTS,
+                high = index / 256,
+                low = index % 256,
+                node = index % REMOTE_NODES,
+                service = index % REMOTE_SERVICES,
             );
         }
         if !self.policies.trim().is_empty() {
@@ -363,17 +415,27 @@ mod tests {
         assert_eq!(mesh.workload_uids(), [legacy.uid()]);
     }
 
+    /// A mesh file at `path` for one node, `node-a`, with `pod` on it.
+    fn one_node_file(path: &std::path::Path, source: ConfigSource, pod: &PodSpec) -> MeshFile {
+        MeshFile::new(
+            path.to_path_buf(),
+            source,
+            &["node-a"],
+            std::slice::from_ref(pod),
+        )
+        .unwrap()
+    }
+
+    /// The local file `mesh.yaml` in `dir`, for `pod`'s node.
+    fn local_file(dir: &tempfile::TempDir, pod: &PodSpec) -> MeshFile {
+        one_node_file(&dir.path().join("mesh.yaml"), ConfigSource::LocalFile, pod)
+    }
+
     #[test]
     fn the_local_file_lists_workloads_only_and_refuses_services() {
         let dir = tempfile::tempdir().unwrap();
         let client = PodSpec::new("client", "default", "client", "node-a");
-        let mut mesh = MeshFile::new(
-            dir.path().join("mesh.yaml"),
-            ConfigSource::LocalFile,
-            &["node-a"],
-            std::slice::from_ref(&client),
-        )
-        .unwrap();
+        let mut mesh = local_file(&dir, &client);
         let read = |mesh: &MeshFile| std::fs::read_to_string(mesh.path()).unwrap();
         assert_eq!(read(&mesh), "workloads: []\n");
         mesh.set_workload(&client, Ipv4Addr::new(198, 18, 10, 2), true)
@@ -383,5 +445,26 @@ mod tests {
         assert!(text.contains("protocol: HBONE"), "{text}");
         assert!(!text.contains("ztunnel"), "no registry in it: {text}");
         assert!(mesh.set_services("- {}").is_err());
+    }
+
+    #[test]
+    fn remote_workloads_are_listed_in_the_local_file_and_expected_in_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = PodSpec::new("client", "default", "client", "node-a");
+        let mut mesh = local_file(&dir, &client);
+        mesh.set_remote_workloads(300).unwrap();
+        let text = std::fs::read_to_string(mesh.path()).unwrap();
+        assert_eq!(text.matches("- uid: remote/").count(), 300);
+        assert!(text.contains("workloadIps: [198.19.1.43]"), "{text}");
+        assert_eq!(mesh.workload_uids().len(), 300);
+        mesh.set_workload(&client, Ipv4Addr::new(198, 18, 10, 2), true)
+            .unwrap();
+        assert_eq!(mesh.workload_uids().len(), 301);
+        mesh.set_remote_workloads(0).unwrap();
+        assert_eq!(mesh.workload_uids(), [client.uid()]);
+        assert!(mesh.set_remote_workloads(MAX_REMOTE_WORKLOADS + 1).is_err());
+
+        let mut xds = one_node_file(&dir.path().join("xds.yaml"), ConfigSource::Xds, &client);
+        assert!(xds.set_remote_workloads(1).is_err());
     }
 }
