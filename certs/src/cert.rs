@@ -6,9 +6,10 @@
 //! peer's chain is `tls/verify.rs`'s business; making the CSR is `csr.rs`'s.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rustls::ServerConfig;
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::{self, PemObject};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -211,6 +212,10 @@ pub struct WorkloadCertificate {
     /// Leaf and intermediates with the loaded signing key, checked to match
     /// once here rather than on every TLS config built from it.
     certified_key: Arc<CertifiedKey>,
+    /// The server configuration presenting this certificate, built by the
+    /// first handshake that needs it and shared by every later one: it
+    /// lives and is replaced with the certificate.
+    server_config: OnceLock<Arc<ServerConfig>>,
 }
 
 impl WorkloadCertificate {
@@ -255,6 +260,7 @@ impl WorkloadCertificate {
             intermediates,
             roots,
             certified_key: Arc::new(certified_key),
+            server_config: OnceLock::new(),
         })
     }
 
@@ -281,6 +287,18 @@ impl WorkloadCertificate {
     /// When to fetch a replacement; see [`Certificate::refresh_at`].
     pub fn refresh_at(&self, now: SystemTime) -> SystemTime {
         self.leaf.refresh_at(now)
+    }
+
+    /// The TLS server configuration that presents this certificate and
+    /// accepts clients of its trust domain ([`tls::server_config`]), built
+    /// once per certificate.
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, tls::TlsError> {
+        if let Some(config) = self.server_config.get() {
+            return Ok(Arc::clone(config));
+        }
+        let config = Arc::new(tls::server_config(self)?);
+        // Two first handshakes may race: both configs are equal, one is kept.
+        Ok(Arc::clone(self.server_config.get_or_init(|| config)))
     }
 
     /// The chain (leaf, intermediates) and signing key, as rustls presents them.

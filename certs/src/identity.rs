@@ -10,6 +10,10 @@ use std::sync::Arc;
 
 /// The URI scheme prefix every identity starts with.
 const SCHEME: &str = "spiffe://";
+/// What separates the trust domain from the namespace.
+const NS: &str = "/ns/";
+/// What separates the namespace from the service account.
+const SA: &str = "/sa/";
 
 /// Longest identity accepted, in bytes. Kubernetes names are at most 253
 /// (namespace 63, service account 253) and trust domains are DNS names (253),
@@ -23,10 +27,12 @@ const MAX_LEN: usize = 1024;
 pub struct Identity {
     /// The full URI, kept so that `Display` and comparisons cost nothing.
     uri: Arc<str>,
-    /// Byte ranges of the parts inside `uri`.
-    trust_domain: (usize, usize),
-    namespace: (usize, usize),
-    service_account: (usize, usize),
+    /// Where the trust domain and the namespace end inside `uri`; each
+    /// part starts after the fixed text that follows the one before, so
+    /// these two ends locate all three. Two bytes each: a URI is at most
+    /// `MAX_LEN` long, and a workload store holds one identity per workload.
+    trust_domain_end: u16,
+    namespace_end: u16,
 }
 
 /// Why a string is not a workload identity.
@@ -61,22 +67,25 @@ impl Identity {
         namespace: &str,
         service_account: &str,
     ) -> Result<Self, IdentityError> {
-        format!("{SCHEME}{trust_domain}/ns/{namespace}/sa/{service_account}").parse()
+        format!("{SCHEME}{trust_domain}{NS}{namespace}{SA}{service_account}").parse()
     }
 
     /// The trust domain, e.g. `cluster.local`.
     pub fn trust_domain(&self) -> &str {
-        self.part(self.trust_domain)
+        let end = usize::from(self.trust_domain_end);
+        self.part(SCHEME.len(), end)
     }
 
     /// The Kubernetes namespace.
     pub fn namespace(&self) -> &str {
-        self.part(self.namespace)
+        let start = usize::from(self.trust_domain_end) + NS.len();
+        self.part(start, usize::from(self.namespace_end))
     }
 
     /// The Kubernetes service account.
     pub fn service_account(&self) -> &str {
-        self.part(self.service_account)
+        let start = usize::from(self.namespace_end) + SA.len();
+        self.part(start, self.uri.len())
     }
 
     /// The full URI, `spiffe://...`.
@@ -89,7 +98,14 @@ impl Identity {
         Arc::clone(&self.uri)
     }
 
-    fn part(&self, (start, end): (usize, usize)) -> &str {
+    /// How many clones of this identity are alive (this one included): a
+    /// store that shares one copy among its entries can tell which copies
+    /// only it still holds.
+    pub fn shared_count(&self) -> usize {
+        Arc::strong_count(&self.uri)
+    }
+
+    fn part(&self, start: usize, end: usize) -> &str {
         self.uri.get(start..end).unwrap_or_default()
     }
 }
@@ -113,16 +129,19 @@ impl FromStr for Identity {
         check_part("namespace", namespace)?;
         check_part("service account", service_account)?;
 
-        let td_start = SCHEME.len();
-        let td_end = td_start + trust_domain.len();
-        let ns_start = td_end + "/ns/".len();
-        let ns_end = ns_start + namespace.len();
-        let sa_start = ns_end + "/sa/".len();
+        // Both ends are below `MAX_LEN`, checked above, so they fit.
+        let trust_domain_end = SCHEME.len() + trust_domain.len();
+        let namespace_end = trust_domain_end + NS.len() + namespace.len();
+        let (Ok(trust_domain_end), Ok(namespace_end)) = (
+            u16::try_from(trust_domain_end),
+            u16::try_from(namespace_end),
+        ) else {
+            return Err(IdentityError::TooLong);
+        };
         Ok(Identity {
             uri: Arc::from(uri),
-            trust_domain: (td_start, td_end),
-            namespace: (ns_start, ns_end),
-            service_account: (sa_start, uri.len()),
+            trust_domain_end,
+            namespace_end,
         })
     }
 }

@@ -34,7 +34,12 @@ fuzz_target!(|data: &[u8]| {
     let keys: BTreeSet<_> = config.services.iter().map(|s| s.key()).collect();
     assert_eq!(keys.len(), config.services.len());
     for workload in &config.workloads {
-        assert!(workload.identity().is_ok(), "{}", workload.uid);
+        assert_eq!(
+            workload.identity.namespace(),
+            &*workload.namespace,
+            "{}",
+            workload.uid
+        );
         for ip in &workload.addresses {
             assert_eq!(*ip, ip.to_canonical());
         }

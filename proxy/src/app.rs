@@ -135,13 +135,7 @@ pub fn find_node_workload(
     node: Option<&str>,
 ) -> Option<Arc<Workload>> {
     state
-        .workloads()
-        .find(|workload| {
-            *workload.namespace == *info.namespace
-                && *workload.name == *info.name
-                && *workload.service_account == *info.service_account
-                && node.is_none_or(|node| *workload.node == *node)
-        })
+        .local_workload(&info.namespace, &info.name, &info.service_account, node)
         .cloned()
 }
 
@@ -154,7 +148,7 @@ pub fn local_identity(
     config: &Config,
 ) -> Result<Identity, IdentityError> {
     match find_node_workload(state, info, config.node_name.as_deref()) {
-        Some(workload) => workload.identity(),
+        Some(workload) => Ok(workload.identity.clone()),
         None => Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
     }
 }
@@ -197,11 +191,11 @@ pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Res
 
 /// Loads the initial state: from the local file when configured (an invalid
 /// file fails start-up), else empty until xDS delivers it.
-pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<String>)> {
+pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<discovery::FileDigest>)> {
     match &config.local_xds_path {
         Some(path) => {
-            let (state, text) = discovery::load_local_file(path)?;
-            Ok((state, Some(text)))
+            let (state, digest) = discovery::load_local_file(path)?;
+            Ok((state, Some(digest)))
         }
         None => Ok((State::new(), None)),
     }

@@ -5,6 +5,7 @@
 //! selection), `rbac` (L4 authorization), `config` (the local config file)
 //! and `xds/apply.rs` (an xDS response to state changes and its ACK/NACK).
 
+pub mod accept;
 pub mod access_log;
 pub mod admin;
 pub mod app;

@@ -106,6 +106,16 @@ pub struct HandshakeLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `ztunnel_accept_errors`: which listener failed to accept, and
+/// whether the error would repeat (`exhausted`) or was one connection's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct AcceptLabels {
+    /// `outbound`, `inbound_plaintext` or `hbone`.
+    pub listener: &'static str,
+    /// `exhausted` or `connection` (`accept.rs`).
+    pub kind: &'static str,
+}
+
 /// Labels of `istio_build`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
@@ -128,6 +138,7 @@ pub struct Metrics {
     zds_errors: Family<ZdsLabels, Counter>,
     pending_handshakes: Gauge,
     handshakes_refused: Family<HandshakeLabels, Counter>,
+    accept_errors: Family<AcceptLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -157,6 +168,7 @@ impl Metrics {
             zds_errors: Family::default(),
             pending_handshakes: Gauge::default(),
             handshakes_refused: Family::default(),
+            accept_errors: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -235,7 +247,19 @@ impl Metrics {
             "HBONE connections closed at once, before any handshake, by reason",
             metrics.handshakes_refused.clone(),
         );
+        registry.register(
+            "ztunnel_accept_errors",
+            "Errors accepting a connection on a listener, by listener and kind",
+            metrics.accept_errors.clone(),
+        );
         metrics
+    }
+
+    /// Counts an error of `listener`'s accept.
+    pub fn record_accept_error(&self, listener: &'static str, kind: &'static str) {
+        self.accept_errors
+            .get_or_create(&AcceptLabels { listener, kind })
+            .inc();
     }
 
     /// `ztunnel_pending_handshakes`, for the listeners to count up and down.

@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
 use ztunnel_certs::error_chain::ErrorChain;
 
+use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::copy_bidirectional_until;
@@ -72,21 +73,12 @@ fn flags(error: &OutboundError) -> ResponseFlags {
 
 /// Accepts captured connections until the drain.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
-    let drain = proxy.drain.clone();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = drain.signaled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(error = %ErrorChain(&error), "outbound accept failed");
-                    continue;
-                }
-            },
-        };
+    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
+    accept::serve(listener, "outbound", drain, &metrics, |tcp, peer| {
         let proxy = Arc::clone(&proxy);
         tokio::spawn(async move { handle(&proxy, tcp, canonical(peer)).await });
-    }
+    })
+    .await;
 }
 
 /// One captured connection: set up, then copy until both sides close.
@@ -155,9 +147,6 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             (report, dial(proxy, target).await.map(Either::Left))
         }
         Route::Hbone(route) => {
-            let source_identity = source
-                .as_ref()
-                .and_then(|workload| workload.identity().ok());
             let destination_identity = route.expected.first();
             let report = Report::open(
                 &proxy.metrics,
@@ -167,7 +156,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                     source: End {
                         addr: peer,
                         workload: source.as_deref(),
-                        identity: source_identity.as_ref(),
+                        identity: source.as_ref().map(|workload| &workload.identity),
                     },
                     destination: End {
                         addr: route.authority,
@@ -241,9 +230,7 @@ async fn tunnel(
     route: &HboneRoute,
 ) -> Result<hbone::H2Stream, OutboundError> {
     let source = source.ok_or(OutboundError::UnknownSource)?;
-    let identity = source
-        .identity()
-        .map_err(|error| OutboundError::Certificate(ErrorChain(&error).to_string()))?;
+    let identity = source.identity.clone();
     let certificate = proxy
         .identities
         .fetch_certificate(&identity)

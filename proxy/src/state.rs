@@ -12,12 +12,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use ztunnel_certs::identity::IdentityError;
 use ztunnel_proto::istio::workload as proto;
 
 use crate::rbac::{Policy, Scope};
 
 // Crate-visible so that conversions elsewhere share the wire helpers; the
 // public path of every type is the re-export below.
+mod intern;
 pub(crate) mod network;
 pub(crate) mod service;
 pub(crate) mod upstream;
@@ -34,8 +36,8 @@ pub use service::{
 pub use upstream::{Destination, Upstream, select_upstream};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
-    DEFAULT_TRUST_DOMAIN, HealthStatus, InboundProtocol, Locality, NetworkMode, PortMap, Workload,
-    WorkloadType,
+    DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,
+    PortMap, Workload, WorkloadType,
 };
 
 /// Why a workload or service resource is rejected (WIRE.md §7). The messages
@@ -76,6 +78,10 @@ pub enum ResourceError {
     /// A port number does not fit in 16 bits.
     #[error("port {0} is out of range")]
     PortOutOfRange(u32),
+    /// A workload's trust domain, namespace and service account make no
+    /// valid SPIFFE identity.
+    #[error("invalid workload identity: {0}")]
+    Identity(IdentityError),
     /// An `Address` resource holds neither a workload nor a service.
     #[error("address has neither workload nor service")]
     EmptyAddress,
@@ -106,6 +112,9 @@ impl TryFrom<&proto::Address> for AddressResource {
     }
 }
 
+/// A pod's namespace and name.
+type PodName = (Arc<str>, Arc<str>);
+
 /// The store. Values are behind `Arc` so that a lookup result outlives the
 /// next update without copying.
 ///
@@ -115,6 +124,11 @@ impl TryFrom<&proto::Address> for AddressResource {
 #[derive(Clone, Debug, Default)]
 pub struct State {
     workloads: HashMap<Arc<str>, Arc<Workload>>,
+    /// (namespace, name) → uids of the workloads with that pod name: how
+    /// a proxy finds the workload it serves without scanning the mesh.
+    workload_by_name: HashMap<PodName, Vec<Arc<str>>>,
+    /// The shared copies of what workloads repeat.
+    interner: intern::Interner,
     /// network → IP → workload uid. Host-network workloads are left out.
     workload_by_address: HashMap<Arc<str>, HashMap<IpAddr, Arc<str>>>,
     /// service key → uids of the workloads naming it, ordered so that an
@@ -173,10 +187,15 @@ impl State {
     }
 
     /// Inserts or replaces the workload with this uid; returns the old one.
-    pub fn insert_workload(&mut self, workload: Workload) -> Option<Arc<Workload>> {
+    pub fn insert_workload(&mut self, mut workload: Workload) -> Option<Arc<Workload>> {
         let old = self.remove_workload(&workload.uid);
+        self.interner.workload(&mut workload);
         let workload = Arc::new(workload);
         let uid = workload.uid.clone();
+        self.workload_by_name
+            .entry((workload.namespace.clone(), workload.name.clone()))
+            .or_default()
+            .push(uid.clone());
         if workload.network_mode != NetworkMode::HostNetwork {
             let by_ip = self
                 .workload_by_address
@@ -199,6 +218,13 @@ impl State {
     /// Removes the workload with this uid; returns it.
     pub fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let workload = self.workloads.remove(uid)?;
+        let name = (workload.namespace.clone(), workload.name.clone());
+        if let Some(uids) = self.workload_by_name.get_mut(&name) {
+            uids.retain(|owner| **owner != *uid);
+            if uids.is_empty() {
+                self.workload_by_name.remove(&name);
+            }
+        }
         if let Some(by_ip) = self.workload_by_address.get_mut(&workload.network) {
             for ip in &workload.addresses {
                 if by_ip.get(ip).is_some_and(|owner| **owner == *uid) {
@@ -232,6 +258,28 @@ impl State {
             .get(network)?
             .get(&ip.to_canonical())?;
         self.workloads.get(uid)
+    }
+
+    /// The workload of pod `namespace/name` running as `service_account`,
+    /// on `node` when one is given: the in-pod match of WIRE.md §5, through
+    /// an index, so its cost does not grow with the mesh. When several
+    /// match, the one with the lowest uid.
+    pub fn local_workload(
+        &self,
+        namespace: &Arc<str>,
+        name: &Arc<str>,
+        service_account: &str,
+        node: Option<&str>,
+    ) -> Option<&Arc<Workload>> {
+        self.workload_by_name
+            .get(&(namespace.clone(), name.clone()))?
+            .iter()
+            .filter_map(|uid| self.workloads.get(uid))
+            .filter(|workload| {
+                workload.service_account() == service_account
+                    && node.is_none_or(|node| *workload.node == *node)
+            })
+            .min_by(|a, b| a.uid.cmp(&b.uid))
     }
 
     /// Every workload, in no particular order.

@@ -35,7 +35,7 @@ impl ConfigDump for Dump {
                     "namespace": &*workload.namespace,
                     "addresses": workload.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "protocol": format!("{:?}", workload.protocol),
-                    "serviceAccount": &*workload.service_account,
+                    "serviceAccount": workload.service_account(),
                     "node": &*workload.node,
                     "status": format!("{:?}", workload.status),
                 })

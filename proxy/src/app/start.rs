@@ -79,7 +79,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .build()?;
 
     let config = Arc::new(config);
-    let (state, text) = app::initial_state(&config)?;
+    let (state, digest) = app::initial_state(&config)?;
     // The dedicated workload's identity is the CA client's own; the shared
     // mode impersonates every pod.
     let dedicated = match &config.mode {
@@ -99,11 +99,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
     control.spawn(manager_task);
-    if let (Some(path), Some(text)) = (config.local_xds_path.clone(), text) {
+    if let (Some(path), Some(digest)) = (config.local_xds_path.clone(), digest) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(
             path,
-            text,
+            digest,
             state.clone(),
             discovery::LOCAL_FILE_POLL,
             async move { stop.signaled().await },

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
+use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
@@ -167,7 +168,6 @@ fn open_report(
     let state = proxy.state.read();
     let source = state.workload_by_address("", arrival.source_ip).cloned();
     let local = proxy.local_workload_in(&state);
-    let own = local.as_ref().and_then(|workload| workload.identity().ok());
     Report::open(
         &proxy.metrics,
         Opening {
@@ -181,7 +181,7 @@ fn open_report(
             destination: End {
                 addr: arrival.target,
                 workload: workload.or(local.as_deref()),
-                identity: peer.and(own.as_ref()),
+                identity: peer.and(local.as_ref().map(|workload| &workload.identity)),
             },
             service: None,
             hbone_addr: None,
@@ -302,17 +302,8 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
     // Whether the limit was hit since the last connection it let in: one
     // warning per episode, not one per connection of a flood.
     let mut at_limit = false;
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = drain.signaled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "HBONE accept failed");
-                    continue;
-                }
-            },
-        };
+    let metrics = Arc::clone(&proxy.metrics);
+    accept::serve(listener, "hbone", drain, &metrics, |tcp, peer| {
         let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
             proxy.metrics.record_handshake_refused("pending_limit");
             if !at_limit {
@@ -324,7 +315,7 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
                 );
             }
             drop(tcp);
-            continue;
+            return;
         };
         at_limit = false;
         let waiting = PendingHandshake::new(permit, gauge.clone());
@@ -354,7 +345,8 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
             }
             Box::pin(handshake_and_serve(proxy, handler, tcp, peer, waiting)).await;
         });
-    }
+    })
+    .await;
 }
 
 /// The TLS handshake of an HBONE connection whose client has started
@@ -374,15 +366,9 @@ async fn handshake_and_serve(
         tracing::warn!(%peer, "HBONE connection before the local workload is known");
         return;
     };
-    let certificate = match workload.identity() {
-        Ok(identity) => proxy.identities.fetch_certificate(&identity).await,
-        Err(error) => {
-            tracing::warn!(error = %ErrorChain(&error), "local workload has no valid identity");
-            return;
-        }
-    };
-    let config = match certificate.map(|cert| ztunnel_certs::tls::server_config(&cert)) {
-        Ok(Ok(config)) => Arc::new(config),
+    let certificate = proxy.identities.fetch_certificate(&workload.identity).await;
+    let config = match certificate.map(|cert| cert.server_config()) {
+        Ok(Ok(config)) => config,
         Ok(Err(error)) => {
             tracing::warn!(error = %ErrorChain(&error), "cannot build the HBONE server TLS config");
             return;
@@ -411,43 +397,41 @@ async fn handshake_and_serve(
 
 /// Accepts captured plaintext connections until the drain.
 pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
-    let drain = proxy.drain.clone();
-    loop {
-        let (mut tcp, peer) = tokio::select! {
-            () = drain.signaled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "plaintext accept failed");
-                    continue;
-                }
-            },
-        };
-        let proxy = Arc::clone(&proxy);
-        tokio::spawn(async move {
-            let target = match original_destination(&tcp) {
-                Ok(target) => target,
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "no original destination on 15006");
+    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
+    accept::serve(
+        listener,
+        "inbound_plaintext",
+        drain,
+        &metrics,
+        |mut tcp, peer| {
+            let proxy = Arc::clone(&proxy);
+            tokio::spawn(async move {
+                let target = match original_destination(&tcp) {
+                    Ok(target) => target,
+                    Err(error) => {
+                        tracing::warn!(%peer, %error, "no original destination on 15006");
+                        return;
+                    }
+                };
+                let arrival = Arrival {
+                    peer_identity: None,
+                    source_ip: canonical(peer).ip(),
+                    source_port: peer.port(),
+                    local_ip: target.ip(),
+                    target,
+                };
+                // A refusal closes the connection (dropping it), as istio does.
+                // Boxed: the admission and dial state is freed before the copy,
+                // not carried in the task for the connection's life.
+                let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None)).await else {
                     return;
-                }
-            };
-            let arrival = Arrival {
-                peer_identity: None,
-                source_ip: canonical(peer).ip(),
-                source_port: peer.port(),
-                local_ip: target.ip(),
-                target,
-            };
-            // A refusal closes the connection (dropping it), as istio does.
-            // Boxed: the admission and dial state is freed before the copy,
-            // not carried in the task for the connection's life.
-            let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None)).await else {
-                return;
-            };
-            let stop = upstream.stop.clone();
-            let result = copy_bidirectional_until(&mut tcp, &mut upstream, stop.cancelled()).await;
-            close_report(&mut upstream, &result);
-        });
-    }
+                };
+                let stop = upstream.stop.clone();
+                let result =
+                    copy_bidirectional_until(&mut tcp, &mut upstream, stop.cancelled()).await;
+                close_report(&mut upstream, &result);
+            });
+        },
+    )
+    .await;
 }

@@ -277,6 +277,6 @@ fn node_identities(state: &State, node: Option<&str>) -> HashSet<Identity> {
         .workloads()
         .filter(|workload| workload.protocol == InboundProtocol::Hbone)
         .filter(|workload| node.is_none_or(|node| *workload.node == *node))
-        .filter_map(|workload| workload.identity().ok())
+        .map(|workload| workload.identity.clone())
         .collect()
 }

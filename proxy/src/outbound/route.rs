@@ -58,9 +58,6 @@ pub enum Refusal {
     /// A service VIP with no endpoint to send to.
     #[error("no healthy endpoint for service {0}")]
     NoHealthyEndpoint(Arc<str>),
-    /// The destination workload's identity cannot be built from its fields.
-    #[error("destination workload {0} has no valid identity")]
-    NoIdentity(Arc<str>),
 }
 
 /// Decides where a connection from a workload on `network` to `dst` goes.
@@ -71,16 +68,13 @@ pub fn route(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Route 
     }
     match select_upstream(state, network, dst, pick) {
         Destination::Workload(upstream) => match upstream.protocol() {
-            InboundProtocol::Hbone => match upstream.expected_identities() {
-                Ok(expected) => Route::Hbone(HboneRoute {
-                    dial: SocketAddr::new(upstream.addr.ip(), HBONE_PORT),
-                    authority: upstream.addr,
-                    expected,
-                    workload: upstream.workload,
-                    service: upstream.service,
-                }),
-                Err(_) => Route::Refuse(Refusal::NoIdentity(upstream.workload.uid.clone())),
-            },
+            InboundProtocol::Hbone => Route::Hbone(HboneRoute {
+                dial: SocketAddr::new(upstream.addr.ip(), HBONE_PORT),
+                authority: upstream.addr,
+                expected: upstream.expected_identities(),
+                workload: upstream.workload,
+                service: upstream.service,
+            }),
             InboundProtocol::Tcp => Route::Passthrough {
                 target: upstream.addr,
                 workload: Some(upstream.workload),

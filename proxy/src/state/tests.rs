@@ -45,6 +45,96 @@ fn workloads_are_found_by_uid_and_by_network_and_ip() {
 }
 
 #[test]
+fn a_local_workload_is_found_by_pod_name_service_account_and_node() {
+    let mut state = State::new();
+    // A mesh around it: the lookup goes through the name index.
+    for index in 0..1000 {
+        let mut other = Workload::for_test(&format!("other-{index}"), "default", &[]);
+        other.node = "node-b".into();
+        state.insert_workload(other);
+    }
+    let mut pod = Workload::for_test("uid-pod", "default", &[ip("10.0.0.1")]);
+    pod.name = "pod".into();
+    pod.node = "node-a".into();
+    state.insert_workload(pod.clone());
+    let (namespace, name): (Arc<str>, Arc<str>) = ("default".into(), "pod".into());
+    let find = |state: &State, account: &str, node: Option<&str>| {
+        state
+            .local_workload(&namespace, &name, account, node)
+            .map(|workload| workload.uid.to_string())
+    };
+
+    assert_eq!(
+        find(&state, "default", Some("node-a")).as_deref(),
+        Some("uid-pod")
+    );
+    assert_eq!(find(&state, "default", None).as_deref(), Some("uid-pod"));
+    assert_eq!(find(&state, "default", Some("node-b")), None, "other node");
+    assert_eq!(find(&state, "web", Some("node-a")), None, "other account");
+
+    // Same pod name on another node (a restarted pod moved): both kept,
+    // each found on its node; removing one leaves the other.
+    let mut moved = pod.clone();
+    moved.uid = "uid-moved".into();
+    moved.node = "node-b".into();
+    state.insert_workload(moved);
+    assert_eq!(
+        find(&state, "default", Some("node-b")).as_deref(),
+        Some("uid-moved")
+    );
+    assert_eq!(
+        find(&state, "default", None).as_deref(),
+        Some("uid-moved"),
+        "lowest uid"
+    );
+    state.remove_workload("uid-moved");
+    assert_eq!(find(&state, "default", None).as_deref(), Some("uid-pod"));
+    state.remove_workload("uid-pod");
+    assert_eq!(find(&state, "default", None), None);
+}
+
+#[test]
+fn workloads_share_one_copy_of_what_they_repeat() {
+    let mut state = State::new();
+    for uid in ["a", "b"] {
+        // Separate allocations, as two decoded resources have.
+        let mut workload = Workload::for_test(uid, &String::from("default"), &[]);
+        workload.node = String::from("node-a").into();
+        workload
+            .services
+            .insert(key("default/echo.default.svc"), PortMap::new());
+        state.insert_workload(workload);
+    }
+    let (a, b) = (state.workload("a").unwrap(), state.workload("b").unwrap());
+    assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
+    assert!(Arc::ptr_eq(&a.node, &b.node));
+    let (a_key, b_key) = (
+        a.services.keys().next().unwrap(),
+        b.services.keys().next().unwrap(),
+    );
+    assert!(Arc::ptr_eq(&a_key.hostname, &b_key.hostname));
+    assert_eq!(a.identity.shared_count(), b.identity.shared_count());
+    assert!(
+        a.identity.shared_count() >= 3,
+        "one copy held by both and the interner"
+    );
+
+    // Churn through values no workload keeps: the interner does not grow
+    // with what it has seen, only with what is held.
+    for index in 0..20_000 {
+        let mut workload = Workload::for_test("churn", "default", &[]);
+        workload.node = format!("node-{index}").into();
+        state.insert_workload(workload);
+    }
+    state.remove_workload("churn");
+    assert!(
+        state.interner.len() < 4 * 1024,
+        "{} values kept",
+        state.interner.len()
+    );
+}
+
+#[test]
 fn host_network_workloads_are_stored_but_not_indexed_by_ip() {
     let mut state = State::new();
     let mut host = Workload::for_test("host", "kube-system", &[ip("192.168.1.10")]);

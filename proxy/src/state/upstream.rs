@@ -8,7 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use ztunnel_certs::identity::{Identity, IdentityError};
+use ztunnel_certs::identity::Identity;
 
 use super::State;
 use super::service::{HealthPolicy, Service};
@@ -57,8 +57,8 @@ impl Upstream {
 
     /// Identities the server may present over HBONE: the workload's own,
     /// then the service's `subject_alt_names`, without repeats.
-    pub fn expected_identities(&self) -> Result<Vec<Identity>, IdentityError> {
-        let mut identities = vec![self.workload.identity()?];
+    pub fn expected_identities(&self) -> Vec<Identity> {
+        let mut identities = vec![self.workload.identity.clone()];
         for san in self
             .service
             .iter()
@@ -68,7 +68,7 @@ impl Upstream {
                 identities.push(san.clone());
             }
         }
-        Ok(identities)
+        identities
     }
 }
 

@@ -40,14 +40,16 @@ pub struct Workload {
     pub network: Arc<str>,
     /// Whether traffic to it is tunnelled over HBONE or sent as plain TCP.
     pub protocol: InboundProtocol,
-    /// Trust domain of its identity; never empty.
-    pub trust_domain: Arc<str>,
-    /// Service account of its identity; never empty.
-    pub service_account: Arc<str>,
-    /// Waypoint that traffic to it goes through, when one is set.
-    pub waypoint: Option<GatewayAddress>,
+    /// The SPIFFE identity its certificates carry, built from its trust
+    /// domain (default `cluster.local`), namespace and service account
+    /// (default `default`) when it arrives: a workload whose parts make no
+    /// valid identity is rejected then, not on each connection.
+    pub identity: Identity,
+    /// Waypoint that traffic to it goes through, when one is set. Boxed:
+    /// most workloads have none, and each pays only a pointer.
+    pub waypoint: Option<Box<GatewayAddress>>,
     /// East-west gateway that fronts it when it is on another network.
-    pub network_gateway: Option<GatewayAddress>,
+    pub network_gateway: Option<Box<GatewayAddress>>,
     /// Kubernetes node it runs on; tells local workloads from remote ones.
     pub node: Arc<str>,
     /// Canonical service name, for telemetry.
@@ -67,7 +69,7 @@ pub struct Workload {
     /// Cluster it belongs to; never empty.
     pub cluster_id: Arc<str>,
     /// Services it is an endpoint of, each with its own port mapping.
-    pub services: BTreeMap<NamespacedHostname, PortMap>,
+    pub services: EndpointOf,
     /// How inbound traffic is handed to the application, when not plain.
     pub application_tunnel: Option<ApplicationTunnel>,
     /// Where it runs, for locality-aware load balancing and telemetry.
@@ -79,10 +81,65 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// The SPIFFE identity the workload's certificates carry. Built on each
-    /// call: callers on the hot path keep the result.
-    pub fn identity(&self) -> Result<Identity, IdentityError> {
-        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    /// The service account of its identity.
+    pub fn service_account(&self) -> &str {
+        self.identity.service_account()
+    }
+}
+
+/// The services a workload is an endpoint of, each with the workload's own
+/// port mapping, sorted by key. A boxed slice rather than a map: most
+/// workloads name one or two services, and a map's first node alone is
+/// several hundred bytes, paid by every workload of the mesh.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointOf(Box<[(NamespacedHostname, PortMap)]>);
+
+impl EndpointOf {
+    /// The port mapping for service `key`.
+    pub fn get(&self, key: &NamespacedHostname) -> Option<&PortMap> {
+        let index = self.0.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        self.0.get(index).map(|(_, ports)| ports)
+    }
+
+    /// The service keys, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &NamespacedHostname> {
+        self.0.iter().map(|(key, _)| key)
+    }
+
+    /// Each service key with its port mapping, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&NamespacedHostname, &PortMap)> {
+        self.0.iter().map(|(key, ports)| (key, ports))
+    }
+
+    /// Each service key, to be replaced (by a shared copy of the same key).
+    pub(crate) fn keys_mut(&mut self) -> impl Iterator<Item = &mut NamespacedHostname> {
+        self.0.iter_mut().map(|(key, _)| key)
+    }
+
+    /// Adds or replaces the mapping for service `key`.
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, key: NamespacedHostname, ports: PortMap) {
+        let mut entries = std::mem::take(&mut self.0).into_vec();
+        entries.push((key, ports));
+        *self = entries.into_iter().collect();
+    }
+
+    /// How many services.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it names no service.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// A later entry for the same key wins, as in a map.
+impl FromIterator<(NamespacedHostname, PortMap)> for EndpointOf {
+    fn from_iter<I: IntoIterator<Item = (NamespacedHostname, PortMap)>>(entries: I) -> Self {
+        let map: BTreeMap<_, _> = entries.into_iter().collect();
+        EndpointOf(map.into_iter().collect())
     }
 }
 
@@ -203,18 +260,14 @@ impl TryFrom<&proto::Workload> for Workload {
             hostname: workload.hostname.as_str().into(),
             network: workload.network.as_str().into(),
             protocol: protocol_from_proto(workload.tunnel_protocol)?,
-            trust_domain: or_default(&workload.trust_domain, DEFAULT_TRUST_DOMAIN),
-            service_account: or_default(&workload.service_account, DEFAULT_SERVICE_ACCOUNT),
-            waypoint: workload
-                .waypoint
-                .as_ref()
-                .map(GatewayAddress::try_from)
-                .transpose()?,
-            network_gateway: workload
-                .network_gateway
-                .as_ref()
-                .map(GatewayAddress::try_from)
-                .transpose()?,
+            identity: identity_of(
+                &workload.trust_domain,
+                &workload.namespace,
+                &workload.service_account,
+            )
+            .map_err(ResourceError::Identity)?,
+            waypoint: gateway_from_proto(workload.waypoint.as_ref())?,
+            network_gateway: gateway_from_proto(workload.network_gateway.as_ref())?,
             node: workload.node.as_str().into(),
             canonical_name: workload.canonical_name.as_str().into(),
             canonical_revision: workload.canonical_revision.as_str().into(),
@@ -243,6 +296,28 @@ impl TryFrom<&proto::Workload> for Workload {
             capacity: workload.capacity.unwrap_or(1),
         })
     }
+}
+
+/// The identity of a workload's parts, empty ones defaulted (WIRE.md §2).
+pub(crate) fn identity_of<'a>(
+    trust_domain: &'a str,
+    namespace: &str,
+    service_account: &'a str,
+) -> Result<Identity, IdentityError> {
+    let or = |value: &'static str, given: &'a str| if given.is_empty() { value } else { given };
+    Identity::new(
+        or(DEFAULT_TRUST_DOMAIN, trust_domain),
+        namespace,
+        or(DEFAULT_SERVICE_ACCOUNT, service_account),
+    )
+}
+
+fn gateway_from_proto(
+    gateway: Option<&proto::GatewayAddress>,
+) -> Result<Option<Box<GatewayAddress>>, ResourceError> {
+    gateway
+        .map(|gateway| GatewayAddress::try_from(gateway).map(Box::new))
+        .transpose()
 }
 
 /// Ports of a `PortList` or a `Service`; a later duplicate wins.
@@ -341,8 +416,7 @@ impl Workload {
             hostname: "".into(),
             network: "".into(),
             protocol: InboundProtocol::Tcp,
-            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
-            service_account: DEFAULT_SERVICE_ACCOUNT.into(),
+            identity: identity_of("", namespace, "").unwrap(),
             waypoint: None,
             network_gateway: None,
             node: "".into(),
@@ -354,7 +428,7 @@ impl Workload {
             authorization_policies: Vec::new(),
             status: HealthStatus::Healthy,
             cluster_id: DEFAULT_CLUSTER_ID.into(),
-            services: BTreeMap::new(),
+            services: EndpointOf::default(),
             application_tunnel: None,
             locality: Locality::default(),
             network_mode: NetworkMode::Standard,

@@ -139,7 +139,7 @@ fn workloads_parse_with_their_forms_and_defaults() {
     assert_eq!(server.addresses, [ip("10.0.0.10"), ip("fd00::10")]);
     assert_eq!(server.protocol, InboundProtocol::Hbone);
     assert_eq!(
-        server.identity().unwrap().as_str(),
+        server.identity.as_str(),
         "spiffe://cluster.local/ns/default/sa/server"
     );
     assert_eq!(server.cluster_id.as_ref(), "Kubernetes");
@@ -150,7 +150,10 @@ fn workloads_parse_with_their_forms_and_defaults() {
         server.authorization_policies,
         [Arc::<str>::from("default/allow-client")]
     );
-    let ports = &server.services[&key("default/server.default.svc.cluster.local")];
+    let ports = server
+        .services
+        .get(&key("default/server.default.svc.cluster.local"))
+        .unwrap();
     assert_eq!(ports.get(&80), Some(&8080));
 
     assert_eq!(unhealthy.status, HealthStatus::Unhealthy);
@@ -167,7 +170,7 @@ fn workloads_parse_with_their_forms_and_defaults() {
         "TCP is the default protocol"
     );
     assert_eq!(
-        db.identity().unwrap().as_str(),
+        db.identity.as_str(),
         "spiffe://example.org/ns/legacy/sa/default"
     );
     assert_eq!(db.cluster_id.as_ref(), "east");
@@ -427,7 +430,7 @@ fn the_loaded_state_routes_and_authorizes() {
     };
     assert_eq!(upstream.workload.name.as_ref(), "server-0");
     assert_eq!(upstream.addr, "10.0.0.10:8080".parse().unwrap());
-    assert_eq!(upstream.expected_identities().unwrap().len(), 2);
+    assert_eq!(upstream.expected_identities().len(), 2);
 
     // The host-network workload is stored but not found by IP.
     assert!(state.workload("Kubernetes//Pod/legacy/db-0").is_some());

@@ -8,11 +8,10 @@ use serde::Deserialize;
 use ztunnel_certs::identity::IdentityError;
 
 use super::values::{GatewayForm, Text};
-use crate::state::workload::or_default;
+use crate::state::workload::{identity_of, or_default};
 use crate::state::{
-    ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
-    DEFAULT_TRUST_DOMAIN, HealthStatus, InboundProtocol, Locality, NamespacedHostname, NetworkMode,
-    PortMap, Workload, WorkloadType,
+    ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, HealthStatus,
+    InboundProtocol, Locality, NamespacedHostname, NetworkMode, PortMap, Workload, WorkloadType,
 };
 
 /// One `workloads[]` entry as written.
@@ -79,7 +78,8 @@ impl WorkloadForm {
     /// The typed workload. Its identity must be buildable: a local workload
     /// exists to be served or reached, which needs one.
     pub(super) fn into_workload(self) -> Result<Workload, IdentityError> {
-        let workload = Workload {
+        let identity = identity_of(&self.trust_domain, &self.namespace, &self.service_account)?;
+        Ok(Workload {
             uid: self.uid.into(),
             name: self.name.into(),
             namespace: self.namespace.into(),
@@ -91,10 +91,9 @@ impl WorkloadForm {
             hostname: self.hostname.into(),
             network: self.network.into(),
             protocol: self.protocol.into(),
-            trust_domain: or_default(&self.trust_domain, DEFAULT_TRUST_DOMAIN),
-            service_account: or_default(&self.service_account, DEFAULT_SERVICE_ACCOUNT),
-            waypoint: self.waypoint.map(Into::into),
-            network_gateway: self.network_gateway.map(Into::into),
+            identity,
+            waypoint: self.waypoint.map(|gateway| Box::new(gateway.into())),
+            network_gateway: self.network_gateway.map(|gateway| Box::new(gateway.into())),
             node: self.node.into(),
             canonical_name: self.canonical_name.into(),
             canonical_revision: self.canonical_revision.into(),
@@ -117,9 +116,7 @@ impl WorkloadForm {
             locality: self.locality.map(Into::into).unwrap_or_default(),
             network_mode: self.network_mode.into(),
             capacity: self.capacity,
-        };
-        workload.identity()?;
-        Ok(workload)
+        })
     }
 }
 

@@ -228,7 +228,6 @@ fn expected_identities_are_the_workload_then_the_service_sans() {
     };
     let identities: Vec<String> = upstream
         .expected_identities()
-        .unwrap()
         .iter()
         .map(ToString::to_string)
         .collect();
@@ -243,5 +242,5 @@ fn expected_identities_are_the_workload_then_the_service_sans() {
     let Destination::Workload(direct) = select_upstream(&state, "", addr("10.0.0.5:80"), 0) else {
         panic!("expected a workload");
     };
-    assert_eq!(direct.expected_identities().unwrap().len(), 1);
+    assert_eq!(direct.expected_identities().len(), 1);
 }

@@ -41,8 +41,8 @@ fn minimal() -> proto::Workload {
 #[test]
 fn empty_fields_take_the_documented_defaults() {
     let workload = Workload::try_from(&minimal()).unwrap();
-    assert_eq!(workload.trust_domain.as_ref(), "cluster.local");
-    assert_eq!(workload.service_account.as_ref(), "default");
+    assert_eq!(workload.identity.trust_domain(), "cluster.local");
+    assert_eq!(workload.service_account(), "default");
     assert_eq!(workload.cluster_id.as_ref(), "Kubernetes");
     assert_eq!(workload.capacity, 1);
     assert_eq!(workload.protocol, InboundProtocol::Tcp);
@@ -50,7 +50,7 @@ fn empty_fields_take_the_documented_defaults() {
     assert_eq!(workload.network_mode, NetworkMode::Standard);
     assert_eq!(workload.workload_type, WorkloadType::Deployment);
     assert_eq!(
-        workload.identity().unwrap().as_str(),
+        workload.identity.as_str(),
         "spiffe://cluster.local/ns/default/sa/default"
     );
 }
@@ -111,7 +111,7 @@ fn every_field_is_carried_over() {
     assert_eq!(ips, ["10.0.0.1", "fd00::1", "10.0.0.2"]);
     assert_eq!(workload.protocol, InboundProtocol::Hbone);
     assert_eq!(
-        workload.identity().unwrap().as_str(),
+        workload.identity.as_str(),
         "spiffe://example.org/ns/default/sa/echo"
     );
     assert_eq!(
@@ -123,8 +123,8 @@ fn every_field_is_carried_over() {
         )
     );
     assert_eq!(
-        workload.network_gateway,
-        Some(GatewayAddress {
+        workload.network_gateway.as_deref(),
+        Some(&GatewayAddress {
             destination: GatewayDestination::Address(NetworkAddress {
                 network: "net".into(),
                 address: "192.0.2.1".parse().unwrap(),
@@ -139,7 +139,10 @@ fn every_field_is_carried_over() {
         workload.authorization_policies,
         [Arc::<str>::from("default/allow-echo")]
     );
-    let ports = &workload.services[&"default/echo.default.svc.cluster.local".parse().unwrap()];
+    let ports = workload
+        .services
+        .get(&"default/echo.default.svc.cluster.local".parse().unwrap())
+        .unwrap();
     assert_eq!(
         ports.iter().map(|(s, t)| (*s, *t)).collect::<Vec<_>>(),
         [(80, 8080), (443, 8443)]
@@ -257,6 +260,21 @@ fn bad_workloads_are_rejected_with_the_nack_message() {
                 )])
             },
             "port 65536 is out of range",
+        ),
+        (
+            "no namespace",
+            |w| w.namespace = String::new(),
+            "invalid workload identity: identity has an empty namespace",
+        ),
+        (
+            "a service account with a slash",
+            |w| w.service_account = "a/b".into(),
+            "invalid workload identity: identity must have the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>",
+        ),
+        (
+            "a trust domain with a space",
+            |w| w.trust_domain = "cluster local".into(),
+            "invalid workload identity: identity trust domain contains a forbidden character",
         ),
     ];
     for (name, edit, message) in cases {

@@ -1,0 +1,158 @@
+//! The accept loop every listener shares (outbound 15001, inbound plaintext
+//! 15006, inbound HBONE 15008): each accepted connection goes to the
+//! listener's handler until the drain starts, and an accept error never
+//! turns the loop into a spin.
+//!
+//! An error that leaves the connection queued (out of file descriptors:
+//! `EMFILE`, `ENFILE`; out of memory: `ENOBUFS`, `ENOMEM`; anything not
+//! known to concern one connection only) would come back at once on the
+//! next accept: the loop pauses first, from [`MIN_PAUSE`] doubling to
+//! [`MAX_PAUSE`] while the errors go on. An error about one connection only
+//! (`ECONNABORTED`: the client gave up while queued) is counted and the loop
+//! goes on at once. Every error is counted in `ztunnel_accept_errors_total`
+//! by listener and kind; the log has one warning when a run of errors
+//! starts and one line when accepting works again, with the run's count.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::drain::DrainWatcher;
+use crate::metrics::Metrics;
+
+/// The first pause after an accept error that would repeat.
+pub const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest pause: how late a listener starts accepting again once the
+/// resource it lacked is free.
+pub const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// What an accept error means for the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptErrorKind {
+    /// The process or the system lacks a resource: the connection stays
+    /// queued and the next accept would fail the same way. Also every
+    /// error not known to be about one connection: deny the spin on doubt.
+    Exhausted,
+    /// Only the connection being accepted failed.
+    Connection,
+}
+
+impl AcceptErrorKind {
+    /// The `kind` label of `ztunnel_accept_errors_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AcceptErrorKind::Exhausted => "exhausted",
+            AcceptErrorKind::Connection => "connection",
+        }
+    }
+}
+
+/// What `error`, returned by `accept`, means for the loop.
+pub fn classify(error: &io::Error) -> AcceptErrorKind {
+    let errno = error.raw_os_error().map(Errno::from_raw);
+    match errno {
+        Some(Errno::ECONNABORTED | Errno::ECONNRESET | Errno::EPROTO | Errno::EINTR) => {
+            AcceptErrorKind::Connection
+        }
+        _ => AcceptErrorKind::Exhausted,
+    }
+}
+
+/// The pause after the `repeated`-th error in a row that would repeat
+/// (1 for the first): [`MIN_PAUSE`] doubled each time, at most [`MAX_PAUSE`].
+pub fn pause(repeated: u32) -> Duration {
+    let doublings = repeated.saturating_sub(1).min(16);
+    MIN_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE)
+}
+
+/// Accepts on `listener`, named `name` in logs and metrics, and hands each
+/// connection to `handle` until `drain` is signalled.
+pub async fn serve<H>(
+    listener: TcpListener,
+    name: &'static str,
+    drain: DrainWatcher,
+    metrics: &Metrics,
+    mut handle: H,
+) where
+    H: FnMut(TcpStream, SocketAddr),
+{
+    // Errors since the last accepted connection, and how many of them
+    // would repeat.
+    let (mut errors, mut repeated) = (0u64, 0u32);
+    loop {
+        let accepted = tokio::select! {
+            () = drain.signaled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let error = match accepted {
+            Ok((tcp, peer)) => {
+                if errors > 0 {
+                    tracing::info!(listener = name, errors, "accepting connections again");
+                    (errors, repeated) = (0, 0);
+                }
+                handle(tcp, peer);
+                continue;
+            }
+            Err(error) => error,
+        };
+        let kind = classify(&error);
+        metrics.record_accept_error(name, kind.as_str());
+        errors += 1;
+        if kind == AcceptErrorKind::Connection {
+            tracing::debug!(listener = name, %error, "a connection failed while being accepted");
+            continue;
+        }
+        repeated = repeated.saturating_add(1);
+        if repeated == 1 {
+            tracing::warn!(
+                listener = name,
+                %error,
+                "cannot accept connections; retrying with pauses of up to {MAX_PAUSE:?} until it works"
+            );
+        }
+        tokio::select! {
+            () = drain.signaled() => return,
+            () = tokio::time::sleep(pause(repeated)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_that_would_repeat_pause_and_others_do_not() {
+        let cases = [
+            (Errno::EMFILE, AcceptErrorKind::Exhausted),
+            (Errno::ENFILE, AcceptErrorKind::Exhausted),
+            (Errno::ENOBUFS, AcceptErrorKind::Exhausted),
+            (Errno::ENOMEM, AcceptErrorKind::Exhausted),
+            (Errno::EINVAL, AcceptErrorKind::Exhausted),
+            (Errno::ECONNABORTED, AcceptErrorKind::Connection),
+            (Errno::ECONNRESET, AcceptErrorKind::Connection),
+            (Errno::EPROTO, AcceptErrorKind::Connection),
+            (Errno::EINTR, AcceptErrorKind::Connection),
+        ];
+        for (errno, kind) in cases {
+            let error = io::Error::from_raw_os_error(errno as i32);
+            assert_eq!(classify(&error), kind, "{errno}");
+        }
+        let no_errno = io::Error::other("not from the kernel");
+        assert_eq!(classify(&no_errno), AcceptErrorKind::Exhausted);
+    }
+
+    #[test]
+    fn pauses_double_from_the_minimum_to_the_maximum() {
+        let pauses: Vec<u128> = [1, 2, 3, 7, 8, 100, u32::MAX]
+            .into_iter()
+            .map(|repeated| pause(repeated).as_millis())
+            .collect();
+        assert_eq!(pauses, [10, 20, 40, 640, 1000, 1000, 1000]);
+        assert_eq!(pause(0), MIN_PAUSE);
+    }
+}
