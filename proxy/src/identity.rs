@@ -1,9 +1,11 @@
 //! Workload identities: the certificates this proxy presents, fetched from
 //! the CA and kept fresh (issue 3 "Identity manager", WIRE.md §3).
 //!
-//! `ca_client` talks to the CA, `manager` caches, prioritises and refreshes,
-//! `schedule` holds the pure timing decisions both rely on.
+//! `ca_client` talks to the CA; `manager` caches, prioritises and refreshes,
+//! as the async shell around `entry`, the pure state machine of one
+//! identity; `schedule` holds the timing arithmetic and the queue order.
 
 pub mod ca_client;
+pub mod entry;
 pub mod manager;
 pub mod schedule;

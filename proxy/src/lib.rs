@@ -9,6 +9,7 @@ pub mod accept;
 pub mod access_log;
 pub mod admin;
 pub mod app;
+pub mod backoff;
 pub mod config;
 pub mod control_plane;
 pub mod copy;

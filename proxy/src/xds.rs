@@ -7,7 +7,7 @@
 //! - `xds/apply.rs`: the pure core, a response → state changes, the ACK or
 //!   NACK, and the versions to remember;
 //! - `xds/request.rs`: node id, metadata and the requests themselves;
-//! - `xds/backoff.rs`: how long to wait before reconnecting;
+//! - `xds/reconnect.rs`: how long to wait before reconnecting;
 //! - `xds/client.rs`: the task that moves messages and calls the above;
 //! - `xds/metrics.rs`: connection, message and NACK counters.
 //!
@@ -19,17 +19,17 @@
 use crate::control_plane::ControlPlaneError;
 
 mod apply;
-mod backoff;
 mod client;
 mod metrics;
+mod reconnect;
 mod request;
 
 pub use apply::{
     Applied, Change, KnownVersions, Rejection, Update, VersionChange, apply_changes, decide,
 };
-pub use backoff::{Backoff, StreamEnd};
 pub use client::XdsClient;
 pub use metrics::XdsMetrics;
+pub use reconnect::{Reconnect, StreamEnd};
 pub use request::{ack, initial_requests, nack, node};
 
 /// Type URL of workloads and services (WIRE.md §7).

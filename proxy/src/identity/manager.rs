@@ -5,24 +5,30 @@
 //! jitter, and per-identity backoff after failures while a still-valid
 //! certificate keeps being served (WIRE.md §3 "Refresh and retry").
 //!
-//! Talking to the CA is `ca_client.rs`'s business; the timing decisions are
-//! the pure functions of `schedule.rs`.
+//! This file and `manager/task.rs` are the async shell. What happens to each
+//! identity is decided by the pure [`entry::step`] and
+//! [`Entry::answer`](entry::Entry::answer): this file steps the entries for
+//! callers and holds their waiters, the task steps them for dequeued
+//! fetches, finished fetches and timers, and runs the CA calls and timers
+//! the steps ask for. Talking to the CA is `ca_client.rs`'s business; the
+//! timing arithmetic is `schedule.rs`'s.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::{Id as TaskId, JoinSet};
 use tokio::time::Instant;
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
 use crate::identity::ca_client::{CaClient, CaClientError};
-use crate::identity::schedule::{self, Priority, QueuedFetch};
+use crate::identity::entry::{self, Action, Answer, Event, Validity};
+use crate::identity::schedule::Priority;
+
+mod task;
 
 /// How many CA calls run at once (WIRE.md §3), so a node full of new
 /// workloads does not flood the CA.
@@ -48,6 +54,16 @@ impl CertificateSource for CaClient {
         identity: &Identity,
     ) -> impl Future<Output = Result<WorkloadCertificate, CaClientError>> + Send {
         CaClient::fetch(self, identity)
+    }
+}
+
+impl Validity for WorkloadCertificate {
+    fn not_before(&self) -> SystemTime {
+        self.leaf().not_before()
+    }
+
+    fn not_after(&self) -> SystemTime {
+        self.leaf().not_after()
     }
 }
 
@@ -109,47 +125,36 @@ pub struct IdentityManager {
 /// What callers and the task share.
 struct Shared {
     state: Mutex<State>,
-    /// Fetch requests for the task; unbounded but deduplicated per identity
-    /// by [`Entry::want`], so it holds at most one message per priority.
-    requests: mpsc::UnboundedSender<FetchRequest>,
+    /// What the callers' steps leave for the task (queueing a fetch);
+    /// unbounded, but [`entry::step`] queues a fetch only when its priority
+    /// rises, so it holds at most one message per identity and priority.
+    requests: mpsc::UnboundedSender<Request>,
 }
 
 struct State {
-    entries: HashMap<Identity, Entry>,
+    entries: HashMap<Identity, Slot>,
     /// Set when the task ends, so waiters stop waiting.
     stopped: bool,
 }
 
+/// An identity's entry as the manager holds it.
+type CacheEntry = entry::Entry<WorkloadCertificate, CaClientError>;
+
+/// An event for a [`CacheEntry`].
+type CacheEvent = Event<WorkloadCertificate, CaClientError>;
+
 /// One identity's cache slot.
-struct Entry {
-    certificate: Option<Arc<WorkloadCertificate>>,
-    /// The outcome of the latest fetch.
-    last_error: Option<Arc<CaClientError>>,
-    attempts: u32,
-    /// The highest priority asked for and not yet started.
-    queued: Option<Priority>,
-    in_flight: bool,
-    /// The next refresh or retry.
-    next_fetch: Option<SystemTime>,
-    /// The timer allowed to start that fetch; older timers are stale.
-    timer: Option<u64>,
-    /// Ticks whenever a fetch finishes; dropping it tells waiters the entry
-    /// was forgotten.
+struct Slot {
+    entry: CacheEntry,
+    /// Ticks on [`Action::Wake`]; dropping it (on [`Action::Remove`]) tells
+    /// waiters the entry was forgotten.
     changed: watch::Sender<()>,
 }
 
-struct FetchRequest {
+/// An action a caller's step left for the task.
+struct Request {
     identity: Identity,
-    priority: Priority,
-}
-
-/// A scheduled refresh or retry.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct Timer {
-    at: Instant,
-    id: u64,
-    identity: Identity,
-    priority: Priority,
+    action: Action,
 }
 
 impl IdentityManager {
@@ -170,7 +175,7 @@ impl IdentityManager {
             }),
             requests,
         });
-        let task = run(Arc::clone(&shared), client, receiver, shutdown);
+        let task = task::run(Arc::clone(&shared), client, receiver, shutdown);
         (IdentityManager { shared }, task)
     }
 
@@ -190,17 +195,17 @@ impl IdentityManager {
         let mut changed = {
             let mut state = self.shared.lock();
             let stopped = state.stopped;
-            let entry = state
+            let now = SystemTime::now();
+            let slot = state
                 .entries
                 .entry(identity.clone())
-                .or_insert_with(Entry::new);
-            if let Some(answer) = entry.answer(SystemTime::now(), stopped) {
-                return answer;
+                .or_insert_with(Slot::new);
+            if let Some(answer) = slot.entry.answer(now, stopped) {
+                return answered(answer);
             }
-            let changed = entry.changed.subscribe();
-            if entry.want(Priority::Waiting) {
-                self.shared.send(identity, Priority::Waiting)?;
-            }
+            let changed = slot.changed.subscribe();
+            let actions = state.step(identity, Event::Wanted(Priority::Waiting), now);
+            self.shared.forward(identity, actions)?;
             changed
         };
         loop {
@@ -210,12 +215,12 @@ impl IdentityManager {
                 Ok(Ok(())) => {}
             }
             let state = self.shared.lock();
-            let entry = state
+            let slot = state
                 .entries
                 .get(identity)
                 .ok_or_else(|| IdentityError::Forgotten(identity.clone()))?;
-            if let Some(answer) = entry.answer(SystemTime::now(), state.stopped) {
-                return answer;
+            if let Some(answer) = slot.entry.answer(SystemTime::now(), state.stopped) {
+                return answered(answer);
             }
         }
     }
@@ -227,10 +232,15 @@ impl IdentityManager {
         if state.stopped || state.entries.contains_key(&identity) {
             return;
         }
-        let mut entry = Entry::new();
-        if entry.want(Priority::Prefetch) && self.shared.send(&identity, Priority::Prefetch).is_ok()
-        {
-            state.entries.insert(identity, entry);
+        state.entries.insert(identity.clone(), Slot::new());
+        let actions = state.step(
+            &identity,
+            Event::Wanted(Priority::Prefetch),
+            SystemTime::now(),
+        );
+        if self.shared.forward(&identity, actions).is_err() {
+            // The task is gone: an entry nobody will fetch for stays out.
+            state.entries.remove(&identity);
         }
     }
 
@@ -238,7 +248,10 @@ impl IdentityManager {
     /// is no longer served or refreshed, and waiters get
     /// [`IdentityError::Forgotten`].
     pub fn forget(&self, identity: &Identity) {
-        self.shared.lock().entries.remove(identity);
+        let mut state = self.shared.lock();
+        let actions = state.step(identity, Event::Forgotten, SystemTime::now());
+        // Once the task is gone there is nothing left to tell it.
+        let _ = self.shared.forward(identity, actions);
     }
 
     /// Every identity with its state and validity, sorted by identity, for
@@ -248,7 +261,7 @@ impl IdentityManager {
         let mut summaries: Vec<_> = state
             .entries
             .iter()
-            .map(|(identity, entry)| entry.summary(identity))
+            .map(|(identity, slot)| summary(identity, &slot.entry))
             .collect();
         summaries.sort_by(|a, b| a.identity.cmp(&b.identity));
         summaries
@@ -262,244 +275,105 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn send(&self, identity: &Identity, priority: Priority) -> Result<(), IdentityError> {
-        let request = FetchRequest {
-            identity: identity.clone(),
-            priority,
-        };
-        self.requests
-            .send(request)
-            .map_err(|_| IdentityError::Stopped)
-    }
-
-    /// Whether the dequeued fetch should run now: the identity is still
-    /// known and this is its current request, not a stale lower one.
-    fn start(&self, fetch: &QueuedFetch<Identity>) -> bool {
-        let mut state = self.lock();
-        let Some(entry) = state.entries.get_mut(&fetch.key) else {
-            return false;
-        };
-        if entry.queued != Some(fetch.priority) || entry.in_flight {
-            return false;
+    /// Hands what a caller's step left to the task.
+    fn forward(&self, identity: &Identity, actions: Vec<Action>) -> Result<(), IdentityError> {
+        for action in actions {
+            let request = Request {
+                identity: identity.clone(),
+                action,
+            };
+            self.requests
+                .send(request)
+                .map_err(|_| IdentityError::Stopped)?;
         }
-        entry.queued = None;
-        entry.in_flight = true;
-        true
+        Ok(())
     }
 
-    /// Records a finished fetch, wakes its waiters and returns when to fetch
-    /// next (refresh after success, retry after failure).
-    fn finish(
-        &self,
-        identity: &Identity,
-        priority: Priority,
-        result: Result<WorkloadCertificate, CaClientError>,
-        timer_id: u64,
-    ) -> Option<Timer> {
-        let now = SystemTime::now();
-        let mut state = self.lock();
-        let entry = state.entries.get_mut(identity)?;
-        entry.in_flight = false;
-        let (next_fetch, next_priority) = match result {
-            Ok(certificate) => {
-                let leaf = certificate.leaf();
-                let refresh =
-                    schedule::refresh_at(leaf.not_before(), leaf.not_after(), now, rand::random());
-                tracing::debug!(%identity, not_after = ?leaf.not_after(), "certificate fetched");
-                entry.certificate = Some(Arc::new(certificate));
-                entry.last_error = None;
-                entry.attempts = 0;
-                (refresh, Priority::Refresh)
-            }
-            Err(error) => {
-                entry.attempts = entry.attempts.saturating_add(1);
-                let retry = now + schedule::backoff(entry.attempts, rand::random());
-                tracing::warn!(%identity, attempts = entry.attempts, error = %ErrorChain(&error), "certificate fetch failed");
-                entry.last_error = Some(Arc::new(error));
-                // A retry nobody is blocked on yet must not jump ahead of
-                // connections that are.
-                (retry, priority.min(Priority::Prefetch))
-            }
-        };
-        entry.next_fetch = Some(next_fetch);
-        entry.timer = Some(timer_id);
-        entry.changed.send_replace(());
-        let delay = next_fetch.duration_since(now).unwrap_or_default();
-        Some(Timer {
-            at: Instant::now() + delay,
-            id: timer_id,
-            identity: identity.clone(),
-            priority: next_priority,
-        })
-    }
-
-    /// A timer fired: queue its fetch if it is still the identity's current one.
-    fn fire(&self, timer: &Timer) -> bool {
-        let mut state = self.lock();
-        let Some(entry) = state.entries.get_mut(&timer.identity) else {
-            return false;
-        };
-        if entry.timer != Some(timer.id) {
-            return false;
-        }
-        entry.timer = None;
-        entry.want(timer.priority)
+    /// Steps `identity`'s entry under the lock; see [`State::step`].
+    fn step(&self, identity: &Identity, event: CacheEvent, now: SystemTime) -> Vec<Action> {
+        self.lock().step(identity, event, now)
     }
 
     /// Marks the task gone and wakes every waiter so none waits in vain.
     fn stop(&self) {
         let mut state = self.lock();
         state.stopped = true;
-        for entry in state.entries.values() {
-            entry.changed.send_replace(());
+        let now = SystemTime::now();
+        let identities: Vec<Identity> = state.entries.keys().cloned().collect();
+        for identity in identities {
+            // The task is ending: nothing left for it can run.
+            let _ = state.step(&identity, Event::Stopped, now);
         }
     }
 }
 
-impl Entry {
-    fn new() -> Entry {
-        Entry {
-            certificate: None,
-            last_error: None,
-            attempts: 0,
-            queued: None,
-            in_flight: false,
-            next_fetch: None,
-            timer: None,
+impl State {
+    /// Steps `identity`'s entry, if it is still known, and carries out what
+    /// concerns the entry itself: waking its waiters, removing it. Returns
+    /// the rest, which is the task's.
+    fn step(&mut self, identity: &Identity, event: CacheEvent, now: SystemTime) -> Vec<Action> {
+        let Some(slot) = self.entries.get_mut(identity) else {
+            return Vec::new();
+        };
+        let entry = std::mem::take(&mut slot.entry);
+        let (entry, actions) = entry::step(entry, event, now, rand::random());
+        slot.entry = entry;
+        let mut remove = false;
+        let mut rest = Vec::new();
+        for action in actions {
+            match action {
+                Action::Wake => {
+                    slot.changed.send_replace(());
+                }
+                Action::Remove => remove = true,
+                Action::Queue(_) | Action::Fetch(_) | Action::Arm { .. } => rest.push(action),
+            }
+        }
+        if remove {
+            self.entries.remove(identity);
+        }
+        rest
+    }
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            entry: CacheEntry::new(),
             changed: watch::Sender::new(()),
         }
     }
+}
 
-    /// What a waiter gets now, or `None` to keep waiting.
-    fn answer(
-        &self,
-        now: SystemTime,
-        stopped: bool,
-    ) -> Option<Result<Arc<WorkloadCertificate>, IdentityError>> {
-        if let Some(certificate) = &self.certificate
-            && certificate.leaf().not_after() > now
-        {
-            return Some(Ok(Arc::clone(certificate)));
-        }
-        if let Some(error) = &self.last_error {
-            return Some(Err(IdentityError::Ca(Arc::clone(error))));
-        }
-        stopped.then_some(Err(IdentityError::Stopped))
-    }
-
-    /// Records that a fetch at `priority` is wanted; true if the task must be
-    /// told (nothing in flight, nothing queued at this priority or higher).
-    fn want(&mut self, priority: Priority) -> bool {
-        if self.in_flight || self.queued.is_some_and(|queued| queued >= priority) {
-            return false;
-        }
-        self.queued = Some(priority);
-        true
-    }
-
-    fn summary(&self, identity: &Identity) -> CertificateSummary {
-        let state = match (&self.last_error, &self.certificate) {
-            (Some(error), _) => CertificateState::Failed {
-                error: ErrorChain(&**error).to_string(),
-                attempts: self.attempts,
-            },
-            (None, Some(_)) => CertificateState::Available,
-            (None, None) => CertificateState::Pending,
-        };
-        let leaf = self
-            .certificate
-            .as_ref()
-            .map(|certificate| certificate.leaf());
-        CertificateSummary {
-            identity: identity.clone(),
-            state,
-            not_before: leaf.map(|leaf| leaf.not_before()),
-            not_after: leaf.map(|leaf| leaf.not_after()),
-            refresh_at: self.next_fetch,
-        }
+/// What a waiter returns for an answer of its entry.
+fn answered(
+    answer: Answer<WorkloadCertificate, CaClientError>,
+) -> Result<Arc<WorkloadCertificate>, IdentityError> {
+    match answer {
+        Answer::Certificate(certificate) => Ok(certificate),
+        Answer::Failed(error) => Err(IdentityError::Ca(error)),
+        Answer::Stopped => Err(IdentityError::Stopped),
     }
 }
 
-/// The fetch task: takes requests into the priority queue, starts fetches
-/// while fewer than [`MAX_CONCURRENT_FETCHES`] run, records results, and
-/// fires refresh and retry timers. Every branch of its `select!` is cancel
-/// safe (`recv`, `join_next_with_id`, `sleep_until`).
-async fn run(
-    shared: Arc<Shared>,
-    client: impl CertificateSource,
-    mut requests: mpsc::UnboundedReceiver<FetchRequest>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    tokio::pin!(shutdown);
-    let mut queue = BinaryHeap::new();
-    let mut timers: BinaryHeap<Reverse<Timer>> = BinaryHeap::new();
-    let mut in_flight = JoinSet::new();
-    let mut running: HashMap<TaskId, (Identity, Priority)> = HashMap::new();
-    let mut sequence = 0u64;
-    loop {
-        while in_flight.len() < MAX_CONCURRENT_FETCHES
-            && let Some(fetch) = queue.pop()
-        {
-            if !shared.start(&fetch) {
-                continue;
-            }
-            let client = client.clone();
-            let identity = fetch.key.clone();
-            let handle = in_flight.spawn(async move { client.fetch(&identity).await });
-            running.insert(handle.id(), (fetch.key, fetch.priority));
-        }
-        let next_timer = timers.peek().map(|Reverse(timer)| timer.at);
-        let finished = tokio::select! {
-            () = &mut shutdown => break,
-            request = requests.recv() => {
-                let Some(request) = request else { break };
-                queue.push(QueuedFetch {
-                    priority: request.priority,
-                    sequence,
-                    key: request.identity,
-                });
-                sequence += 1;
-                continue;
-            }
-            () = tokio::time::sleep_until(next_timer.unwrap_or_else(Instant::now)),
-                if next_timer.is_some() =>
-            {
-                let now = Instant::now();
-                while timers.peek().is_some_and(|Reverse(timer)| timer.at <= now) {
-                    let Some(Reverse(timer)) = timers.pop() else { break };
-                    if shared.fire(&timer) {
-                        queue.push(QueuedFetch {
-                            priority: timer.priority,
-                            sequence,
-                            key: timer.identity,
-                        });
-                        sequence += 1;
-                    }
-                }
-                continue;
-            }
-            Some(finished) = in_flight.join_next_with_id(), if !in_flight.is_empty() => finished,
-        };
-        let (task, result) = match finished {
-            Ok((task, result)) => (task, result),
-            Err(join_error) => {
-                // The fetch panicked; count it as a failure so the identity
-                // is retried instead of staying in flight forever.
-                let error =
-                    tonic::Status::internal(format!("certificate fetch aborted: {join_error}"));
-                (join_error.id(), Err(CaClientError::Rpc(error)))
-            }
-        };
-        let Some((identity, priority)) = running.remove(&task) else {
-            continue;
-        };
-        if let Some(timer) = shared.finish(&identity, priority, result, sequence) {
-            timers.push(Reverse(timer));
-        }
-        sequence += 1;
+/// One entry as `/config_dump` shows it.
+fn summary(identity: &Identity, entry: &CacheEntry) -> CertificateSummary {
+    let state = match (entry.last_error(), entry.certificate()) {
+        (Some(error), _) => CertificateState::Failed {
+            error: ErrorChain(&**error).to_string(),
+            attempts: entry.failures(),
+        },
+        (None, Some(_)) => CertificateState::Available,
+        (None, None) => CertificateState::Pending,
+    };
+    let certificate = entry.certificate();
+    CertificateSummary {
+        identity: identity.clone(),
+        state,
+        not_before: certificate.map(|certificate| certificate.not_before()),
+        not_after: certificate.map(|certificate| certificate.not_after()),
+        refresh_at: entry.next_fetch(),
     }
-    in_flight.abort_all();
-    shared.stop();
 }
 
 #[cfg(test)]

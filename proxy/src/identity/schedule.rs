@@ -1,10 +1,13 @@
 //! When the identity manager fetches: the refresh time of a certificate, the
-//! backoff after a CA failure, and the order of queued fetches (WIRE.md §3
-//! "Refresh and retry"). Pure functions over plain data; the manager's task
-//! only sleeps until the moments these return.
+//! backoff settings after a CA failure, and the order of queued fetches
+//! (WIRE.md §3 "Refresh and retry"). Pure functions over plain data; the
+//! backoff arithmetic itself is `backoff.rs`'s, the per-identity decisions
+//! that use all of these are `entry.rs`'s.
 
 use std::cmp::Ordering;
 use std::time::{Duration, SystemTime};
+
+use crate::backoff::{Backoff, Jitter};
 
 /// The largest share of the wait until half-life that jitter takes off, so
 /// that the certificates of workloads started together do not all refresh in
@@ -17,18 +20,16 @@ pub const REFRESH_JITTER: f64 = 0.1;
 /// answers.
 pub const MIN_REFRESH_DELAY: Duration = Duration::from_secs(1);
 
-/// The first backoff after a failed fetch (WIRE.md §3).
-pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
-
-/// The growth factor of the backoff per failed attempt (WIRE.md §3).
-pub const BACKOFF_MULTIPLIER: u32 = 2;
-
-/// The share by which a backoff is randomly made longer or shorter, so that
-/// proxies that lost the CA together do not come back together (WIRE.md §3).
-pub const BACKOFF_JITTER: f64 = 0.2;
-
-/// The longest backoff (WIRE.md §3).
-pub const BACKOFF_MAX: Duration = Duration::from_secs(150);
+/// The backoff after a failed fetch (WIRE.md §3): 0.5 s, doubling per
+/// failure in a row, up to 150 s. Each wait is scaled by up to ±20 %, so
+/// that proxies that lost the CA together do not come back together, and
+/// stays at most 150 s.
+pub const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(150),
+    multiplier: 2,
+    jitter: Jitter::Spread(0.2),
+};
 
 /// Who is waiting for a fetch. The derived order is the queue order: a
 /// connection that waits comes first, then a local workload's prefetch, then
@@ -85,20 +86,6 @@ pub fn refresh_at(
     let early = until_half_life.mul_f64(REFRESH_JITTER * clamp_unit(jitter));
     let delay = until_half_life.saturating_sub(early).max(MIN_REFRESH_DELAY);
     now.checked_add(delay).unwrap_or(half_life)
-}
-
-/// How long to wait before retrying after `attempt` failed fetches in a row
-/// (1 for the first failure): [`BACKOFF_INITIAL`] times
-/// [`BACKOFF_MULTIPLIER`] per further attempt, scaled by up to
-/// ±[`BACKOFF_JITTER`] (`jitter` 0.0 is the shortest, 1.0 the longest,
-/// 0.5 none), and at most [`BACKOFF_MAX`].
-pub fn backoff(attempt: u32, jitter: f64) -> Duration {
-    let doublings = attempt.saturating_sub(1).min(16);
-    let base = BACKOFF_INITIAL
-        .saturating_mul(BACKOFF_MULTIPLIER.saturating_pow(doublings))
-        .min(BACKOFF_MAX);
-    let scale = 1.0 + BACKOFF_JITTER * (2.0 * clamp_unit(jitter) - 1.0);
-    base.mul_f64(scale).min(BACKOFF_MAX)
 }
 
 /// A random sample comes in as `0.0..1.0`; anything else (NaN included) is

@@ -7,8 +7,9 @@
 //!
 //! This file is the async shell. The decisions live in `zds/session.rs`
 //! (the state machine of one connection), the datagram format in
-//! `zds/message.rs`, the socket calls in `zds/socket.rs`, and the waits in
-//! `zds/backoff.rs`. The pods' listeners are `workloads`' business.
+//! `zds/message.rs`, the socket calls in `zds/socket.rs`; the arithmetic of
+//! the waits is `backoff.rs`'s, with the settings of [`Timing`]. The pods'
+//! listeners are `workloads`' business.
 
 use std::io;
 use std::path::PathBuf;
@@ -18,12 +19,12 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 use ztunnel_certs::error_chain::ErrorChain;
 
+use crate::backoff::{Backoff, Jitter};
 use crate::drain::DrainWatcher;
 use crate::inpod::PodProxies;
 use crate::metrics::Metrics;
 use crate::readiness::{BlockReady, Ready};
 
-mod backoff;
 mod message;
 mod session;
 mod socket;
@@ -34,7 +35,6 @@ pub use message::{Datagram, Handle, ReadError, Request, ack, hello, parse};
 pub use session::{ProtocolError, RequestError, Session, StartFailure};
 pub use socket::ZdsSocket;
 
-use backoff::Backoff;
 use socket::Received;
 
 /// The name the session's readiness guard shows on `/healthz/ready`.
@@ -93,8 +93,29 @@ impl Default for Timing {
     }
 }
 
-/// The jitter of the reconnect backoff, as in istio's ztunnel.
-const RECONNECT_JITTER: f64 = 0.2;
+impl Timing {
+    /// The waits between connect attempts: doubling, no jitter.
+    fn connect_backoff(&self) -> Backoff {
+        Backoff {
+            initial: self.connect_first,
+            max: self.connect_max,
+            multiplier: 2,
+            jitter: Jitter::None,
+        }
+    }
+
+    /// The waits before connecting again after a connection ended:
+    /// doubling, then scaled by up to ±20 % (WIRE.md §5). The scaling comes
+    /// after the cap, so a wait at the cap may reach 18 s.
+    fn reconnect_backoff(&self) -> Backoff {
+        Backoff {
+            initial: self.reconnect_first,
+            max: self.reconnect_max,
+            multiplier: 2,
+            jitter: Jitter::SpreadPastMax(0.2),
+        }
+    }
+}
 
 /// Why a connection with the agent ended.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +159,9 @@ pub struct Client {
     /// Held while not ready: before the snapshot, while a pod waits for a
     /// retry, and after a disconnect.
     blocked: Option<BlockReady>,
-    reconnect: Backoff,
+    /// Connections ended in a row since the proxy was last ready; sets the
+    /// wait before the next one.
+    ended_connections: u32,
     drain: DrainWatcher,
 }
 
@@ -163,14 +186,9 @@ impl Client {
         ready: Ready,
         drain: DrainWatcher,
     ) -> Self {
-        let timing = settings.timing;
         Client {
             blocked: Some(ready.register_task(READY_TASK)),
-            reconnect: Backoff::new(
-                timing.reconnect_first,
-                timing.reconnect_max,
-                RECONNECT_JITTER,
-            ),
+            ended_connections: 0,
             settings,
             proxies,
             ready,
@@ -193,7 +211,9 @@ impl Client {
                     tracing::warn!(error = %ErrorChain(&error), "ZDS connection ended; connecting again")
                 }
             }
-            let wait = self.reconnect.next_wait(rand::random());
+            self.ended_connections = self.ended_connections.saturating_add(1);
+            let backoff = self.settings.timing.reconnect_backoff();
+            let wait = backoff.wait(self.ended_connections, rand::random());
             if !self.sleep(wait).await {
                 return Ok(());
             }
@@ -276,8 +296,8 @@ impl Client {
     /// Connects, retrying with the connect backoff; `None` once the drain
     /// has started.
     async fn connect(&self) -> Option<ZdsSocket> {
-        let timing = self.settings.timing;
-        let mut backoff = Backoff::new(timing.connect_first, timing.connect_max, 0.0);
+        let backoff = self.settings.timing.connect_backoff();
+        let mut failures = 0u32;
         loop {
             if self.drain.is_draining() {
                 return None;
@@ -290,7 +310,8 @@ impl Client {
                     "cannot reach the node agent; retrying"
                 ),
             }
-            if !self.sleep(backoff.next_wait(0.0)).await {
+            failures = failures.saturating_add(1);
+            if !self.sleep(backoff.wait(failures, 0.0)).await {
                 return None;
             }
         }
@@ -310,7 +331,7 @@ impl Client {
         if ready {
             if self.blocked.take().is_some() {
                 tracing::info!("ZDS snapshot applied; ready");
-                self.reconnect.reset();
+                self.ended_connections = 0;
             }
         } else if self.blocked.is_none() {
             self.blocked = Some(self.ready.register_task(READY_TASK));

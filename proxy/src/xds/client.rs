@@ -2,7 +2,7 @@
 //! the initial requests, then for each response call the pure
 //! [`decide`](super::apply::decide), apply its changes to the shared state
 //! and send its ACK or NACK; when the stream ends, wait as
-//! [`Backoff`](super::backoff::Backoff) says and do it again, echoing the
+//! [`Reconnect`](super::reconnect::Reconnect) says and do it again, echoing the
 //! versions accepted so far. The state is kept and served throughout a
 //! disconnect.
 //!
@@ -30,8 +30,8 @@ use crate::drain::DrainWatcher;
 use crate::readiness::{BlockReady, Ready};
 
 use super::apply::{self, Applied, KnownVersions};
-use super::backoff::{Backoff, StreamEnd};
 use super::metrics::XdsMetrics;
+use super::reconnect::{Reconnect, StreamEnd};
 use super::request;
 use super::{ResourceKind, XdsError};
 
@@ -52,7 +52,7 @@ pub struct XdsClient {
     state: SharedState,
     metrics: XdsMetrics,
     known: KnownVersions,
-    backoff: Backoff,
+    reconnect: Reconnect,
     /// Readiness held per wildcard type until its first ACK.
     waiting: BTreeMap<ResourceKind, BlockReady>,
 }
@@ -90,7 +90,7 @@ impl XdsClient {
             state,
             metrics,
             known: KnownVersions::new(),
-            backoff: Backoff::new(),
+            reconnect: Reconnect::new(),
             waiting,
         })
     }
@@ -116,7 +116,7 @@ impl XdsClient {
             };
             self.metrics.set_connected(false);
             self.metrics.record_termination(end.reason());
-            let wait = self.backoff.after(&end, rand::random());
+            let wait = self.reconnect.after(&end, rand::random());
             // Failures were logged where they happened, as warnings.
             if end == StreamEnd::Clean {
                 tracing::info!(?wait, "xDS stream closed by the server; reconnecting");

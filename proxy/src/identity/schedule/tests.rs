@@ -53,15 +53,15 @@ fn backoff_doubles_with_jitter_up_to_the_maximum() {
         (1, 1.0, Duration::from_millis(600)),
         (3, 0.0, Duration::from_millis(1_600)),
         // 0.5 s × 2^9 = 256 s, capped.
-        (10, 0.5, BACKOFF_MAX),
+        (10, 0.5, BACKOFF.max),
         (10, 0.0, Duration::from_secs(120)),
-        (10, 1.0, BACKOFF_MAX),
-        (u32::MAX, 1.0, BACKOFF_MAX),
+        (10, 1.0, BACKOFF.max),
+        (u32::MAX, 1.0, BACKOFF.max),
         (1, f64::NAN, Duration::from_millis(400)),
     ];
     for (attempt, jitter, expected) in cases {
         assert_eq!(
-            backoff(attempt, jitter),
+            BACKOFF.wait(attempt, jitter),
             expected,
             "attempt={attempt} jitter={jitter}"
         );

@@ -1,5 +1,7 @@
-//! How long the xDS client waits before reconnecting (WIRE.md §7), as plain
-//! arithmetic over how the last stream ended, with the randomness passed in.
+//! How long the xDS client waits before reconnecting (WIRE.md §7), decided
+//! from how the last stream ended, with the randomness passed in. The
+//! arithmetic is `backoff.rs`'s; this file says when a wait grows and when
+//! it starts over.
 //!
 //! - connection errors (no connect, failed TLS, `http://`) and non-transient
 //!   gRPC statuses double the wait before each retry: 20 ms, 40 ms, … 15 s;
@@ -22,6 +24,8 @@ use std::time::Duration;
 
 use tonic::Code;
 
+use crate::backoff::{Backoff, Jitter};
+
 /// The base wait, and the wait after a transient status (WIRE.md §7).
 pub const INITIAL: Duration = Duration::from_millis(10);
 
@@ -31,6 +35,15 @@ pub const MAX: Duration = Duration::from_secs(15);
 /// The largest share of a wait that jitter takes off; 20 % as the CA
 /// client's backoff (WIRE.md §3) spreads its retries.
 pub const JITTER: f64 = 0.2;
+
+/// The waits from the base: step 1 is [`INITIAL`], each failure in a row
+/// one step further (WIRE.md §7 doubles the wait before each retry).
+const BACKOFF: Backoff = Backoff {
+    initial: INITIAL,
+    max: MAX,
+    multiplier: 2,
+    jitter: Jitter::Shorten(JITTER),
+};
 
 /// The status messages of Unavailable that mean the connection went away
 /// under a healthy server (WIRE.md §7).
@@ -79,20 +92,16 @@ impl StreamEnd {
     }
 }
 
-/// The wait state carried from one attempt to the next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backoff {
-    current: Duration,
+/// The failures carried from one attempt to the next.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Connection errors and non-transient statuses in a row since the last
+    /// clean or transient end.
+    failures: u32,
 }
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff { current: INITIAL }
-    }
-}
-
-impl Backoff {
-    /// Starts at the base wait, 10 ms.
+impl Reconnect {
+    /// No failure yet: the next failure waits 20 ms.
     pub fn new() -> Self {
         Self::default()
     }
@@ -100,26 +109,20 @@ impl Backoff {
     /// The wait before the next attempt after `end`. `random` is a sample
     /// in `[0, 1)`: 0 takes nothing off, 1 takes off the whole 20 %.
     pub fn after(&mut self, end: &StreamEnd, random: f64) -> Duration {
-        let base = match end {
+        match end {
             StreamEnd::Clean => {
-                self.current = INITIAL;
+                self.failures = 0;
                 Duration::ZERO
             }
             end if end.is_transient() => {
-                self.current = INITIAL;
-                INITIAL
+                self.failures = 0;
+                BACKOFF.wait(1, random)
             }
             StreamEnd::ConnectionFailed | StreamEnd::Status { .. } => {
-                self.current = self.current.saturating_mul(2).min(MAX);
-                self.current
+                self.failures = self.failures.saturating_add(1);
+                BACKOFF.wait(self.failures.saturating_add(1), random)
             }
-        };
-        let random = if random.is_nan() {
-            0.0
-        } else {
-            random.clamp(0.0, 1.0)
-        };
-        base.mul_f64(1.0 - JITTER * random)
+        }
     }
 }
 
@@ -137,9 +140,9 @@ mod tests {
     #[test]
     fn connection_errors_double_up_to_the_cap() {
         let ms = Duration::from_millis;
-        let mut backoff = Backoff::new();
+        let mut reconnect = Reconnect::new();
         let waits: Vec<_> = (0..12)
-            .map(|_| backoff.after(&StreamEnd::ConnectionFailed, 0.0))
+            .map(|_| reconnect.after(&StreamEnd::ConnectionFailed, 0.0))
             .collect();
         assert_eq!(
             waits,
@@ -163,56 +166,60 @@ mod tests {
     #[test]
     fn each_ending_has_its_wait() {
         let ms = Duration::from_millis;
+        // (end, its wait, the wait of a failure after it, metric reason),
+        // each after seven failures in a row (the last one waited 1280 ms).
+        let reset = ms(20);
         let cases = [
-            (StreamEnd::Clean, ms(0), INITIAL, "Complete"),
+            (StreamEnd::Clean, ms(0), reset, "Complete"),
             (
                 status(Code::Unknown, "h2 protocol error"),
                 ms(10),
-                INITIAL,
+                reset,
                 "Reconnect",
             ),
-            (status(Code::Cancelled, ""), ms(10), INITIAL, "Reconnect"),
+            (status(Code::Cancelled, ""), ms(10), reset, "Reconnect"),
             (
                 status(Code::DeadlineExceeded, ""),
                 ms(10),
-                INITIAL,
+                reset,
                 "Reconnect",
             ),
             (
                 status(Code::Unavailable, "transport is closing"),
                 ms(10),
-                INITIAL,
+                reset,
                 "Reconnect",
             ),
             (
                 status(Code::Unavailable, "received prior goaway: code: NO_ERROR"),
                 ms(10),
-                INITIAL,
+                reset,
                 "Reconnect",
             ),
             (
                 status(Code::Unavailable, "connection refused"),
-                ms(2000),
-                ms(2000),
+                ms(2560),
+                ms(5120),
                 "Error",
             ),
             (
                 status(Code::PermissionDenied, "authorization failed"),
-                ms(2000),
-                ms(2000),
+                ms(2560),
+                ms(5120),
                 "Error",
             ),
             (
                 StreamEnd::ConnectionFailed,
-                ms(2000),
-                ms(2000),
+                ms(2560),
+                ms(5120),
                 "ConnectionError",
             ),
         ];
         for (end, wait, next, reason) in cases {
-            let mut backoff = Backoff { current: ms(1000) };
-            assert_eq!(backoff.after(&end, 0.0), wait, "{end:?}");
-            assert_eq!(backoff.current, next, "{end:?}");
+            let mut reconnect = Reconnect { failures: 7 };
+            assert_eq!(reconnect.after(&end, 0.0), wait, "{end:?}");
+            let failure = StreamEnd::ConnectionFailed;
+            assert_eq!(reconnect.after(&failure, 0.0), next, "{end:?}");
             assert_eq!(end.reason(), reason, "{end:?}");
         }
     }
@@ -220,11 +227,15 @@ mod tests {
     #[test]
     fn jitter_only_shortens() {
         let ms = Duration::from_millis;
-        let mut backoff = Backoff { current: MAX };
-        assert_eq!(backoff.after(&StreamEnd::ConnectionFailed, 0.0), MAX);
-        assert_eq!(backoff.after(&StreamEnd::ConnectionFailed, 1.0), ms(12_000));
-        assert_eq!(backoff.after(&StreamEnd::ConnectionFailed, f64::NAN), MAX);
-        assert_eq!(backoff.after(&StreamEnd::Clean, 0.7), Duration::ZERO);
-        assert_eq!(backoff.after(&status(Code::Cancelled, ""), 0.5), ms(9));
+        // Eleven failures in a row: the wait is at the cap.
+        let mut reconnect = Reconnect { failures: 11 };
+        assert_eq!(reconnect.after(&StreamEnd::ConnectionFailed, 0.0), MAX);
+        assert_eq!(
+            reconnect.after(&StreamEnd::ConnectionFailed, 1.0),
+            ms(12_000)
+        );
+        assert_eq!(reconnect.after(&StreamEnd::ConnectionFailed, f64::NAN), MAX);
+        assert_eq!(reconnect.after(&StreamEnd::Clean, 0.7), Duration::ZERO);
+        assert_eq!(reconnect.after(&status(Code::Cancelled, ""), 0.5), ms(9));
     }
 }
