@@ -13,12 +13,12 @@ use tonic::{Code, Request, Status, Streaming};
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER};
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
-use ztunnel_control_plane::xds::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use ztunnel_proto::envoy::config::core::v3::Node;
 use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use ztunnel_proto::istio::security::Authorization;
 use ztunnel_proto::istio::workload::{Address, address};
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 #[path = "support/ca_client.rs"]
 mod ca_client;

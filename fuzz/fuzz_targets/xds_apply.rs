@@ -15,10 +15,9 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryResponse;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use ztunnel_proxy::state::State;
-use ztunnel_proxy::xds::{
-    ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, KnownVersions, apply_changes, decide,
-};
+use ztunnel_proxy::xds::{KnownVersions, apply_changes, decide};
 
 fuzz_target!(|data: &[u8]| {
     let Some((selector, rest)) = data.split_first() else {

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use prost::Message;
-use ztunnel_control_plane::xds::ResourceType;
 use ztunnel_control_plane::xds::cache::{Known, MeshResources, changes_since};
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource};
+use ztunnel_proto::xds_types::ResourceKind;
 use ztunnel_proxy::state::State;
 use ztunnel_proxy::xds::{KnownVersions, apply_changes, decide};
 
@@ -19,7 +19,7 @@ pub fn check_served_to_proxy(snapshot: &MeshSnapshot, trust_domain: &str) {
     let resources = MeshResources::build(snapshot, trust_domain, &MeshResources::empty());
     let mut state = State::new();
     let mut known = KnownVersions::new();
-    for kind in ResourceType::ALL {
+    for kind in ResourceKind::ALL {
         let (entries, removed) =
             changes_since(Known::Versions(&HashMap::new()), resources.get(kind));
         assert!(removed.is_empty());

@@ -1,10 +1,15 @@
 //! Generated code for the wire contract with Istio components: the CA
 //! service, ZDS, the workload and authorization APIs, and the delta xDS
-//! subset. The `.proto` sources under `proto/` are written from WIRE.md; this
-//! crate holds no logic. Module paths mirror the protobuf packages, because
-//! generated code refers to other packages by relative path.
+//! subset, plus the contract's few named constants that both sides use (the
+//! xDS type URLs in `xds_types.rs`, the HBONE port in `ports.rs`). The
+//! `.proto` sources under `proto/` are written from WIRE.md; this crate holds
+//! no logic. Module paths mirror the protobuf packages, because generated code
+//! refers to other packages by relative path.
 
 #![forbid(unsafe_code)]
+
+pub mod ports;
+pub mod xds_types;
 
 /// Packages under `istio.*`.
 pub mod istio {

@@ -7,13 +7,14 @@
 //! The local workload file's format lives in `config/local.rs`; the xDS
 //! client's settings are parsed in `config/xds.rs`.
 
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::control_plane::ControlPlaneError;
 
@@ -314,7 +315,11 @@ struct Args {
     )]
     inbound_plaintext_addr: SocketAddr,
     /// Inbound HBONE listener.
-    #[arg(long, env = "ZTUNNEL_INBOUND_ADDR", default_value = "[::]:15008")]
+    #[arg(
+        long,
+        env = "ZTUNNEL_INBOUND_ADDR",
+        default_value_t = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), HBONE_PORT)
+    )]
     inbound_addr: SocketAddr,
     /// Admin listener (keep it on localhost).
     #[arg(long, env = "ZTUNNEL_ADMIN_ADDR", default_value = "127.0.0.1:15000")]

@@ -11,10 +11,14 @@
 //! - `xds/client.rs`: the task that moves messages and calls the above;
 //! - `xds/metrics.rs`: connection, message and NACK counters.
 //!
+//! The type URLs and [`ResourceKind`] are the wire contract's, shared with
+//! the control plane: `ztunnel_proto::xds_types`.
+//!
 //! Dialing, TLS and credential headers are `control_plane.rs`'s; the
 //! resource conversions are `state.rs`'s and `rbac/proto.rs`'s.
 //!
 //! [`State`]: crate::state::State
+//! [`ResourceKind`]: ztunnel_proto::xds_types::ResourceKind
 
 use crate::control_plane::ControlPlaneError;
 
@@ -31,42 +35,6 @@ pub use client::XdsClient;
 pub use metrics::XdsMetrics;
 pub use reconnect::{Reconnect, StreamEnd};
 pub use request::{ack, initial_requests, nack, node};
-
-/// Type URL of workloads and services (WIRE.md §7).
-pub const ADDRESS_TYPE_URL: &str = "type.googleapis.com/istio.workload.Address";
-
-/// Type URL of authorization policies (WIRE.md §7).
-pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
-
-/// The resource types this client subscribes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ResourceKind {
-    /// `istio.workload.Address`: a workload or a service.
-    Address,
-    /// `istio.security.Authorization`: a policy.
-    Authorization,
-}
-
-impl ResourceKind {
-    /// Every type, in the order of the initial requests (Address first).
-    pub const ALL: [ResourceKind; 2] = [ResourceKind::Address, ResourceKind::Authorization];
-
-    /// The type URL on the wire.
-    pub fn type_url(self) -> &'static str {
-        match self {
-            ResourceKind::Address => ADDRESS_TYPE_URL,
-            ResourceKind::Authorization => AUTHORIZATION_TYPE_URL,
-        }
-    }
-
-    /// The type a response's `type_url` names; `None` for one we do not
-    /// handle (logged and ACKed).
-    pub fn from_type_url(type_url: &str) -> Option<ResourceKind> {
-        ResourceKind::ALL
-            .into_iter()
-            .find(|kind| kind.type_url() == type_url)
-    }
-}
 
 /// Why the xDS client cannot be built.
 #[derive(Debug, thiserror::Error)]

@@ -42,9 +42,8 @@ use ztunnel_proto::envoy::service::discovery::v3::{
 };
 use ztunnel_proto::istio::security as wire_policy;
 use ztunnel_proto::istio::workload as wire;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
-const ADDRESS: &str = "type.googleapis.com/istio.workload.Address";
-const AUTHORIZATION: &str = "type.googleapis.com/istio.security.Authorization";
 const HOUR: Duration = Duration::from_secs(3600);
 /// Bounds every wait for the proxy: start-up, a reply, a reconnect.
 const WAIT: Duration = Duration::from_secs(30);
@@ -379,7 +378,7 @@ fn workload(uid: &str, address: Vec<u8>, version: &str) -> Resource {
         name: uid.into(),
         version: version.into(),
         resource: Some(prost_types::Any {
-            type_url: ADDRESS.into(),
+            type_url: ADDRESS_TYPE_URL.into(),
             value: address.encode_to_vec(),
         }),
         ..Default::default()
@@ -398,7 +397,7 @@ fn policy(name: &str, version: &str) -> Resource {
         name: format!("default/{name}"),
         version: version.into(),
         resource: Some(prost_types::Any {
-            type_url: AUTHORIZATION.into(),
+            type_url: AUTHORIZATION_TYPE_URL.into(),
             value: policy.encode_to_vec(),
         }),
         ..Default::default()
@@ -456,7 +455,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     let second = session.request().await;
     assert_eq!(
         (first.type_url.as_str(), second.type_url.as_str()),
-        (ADDRESS, AUTHORIZATION)
+        (ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL)
     );
     let node = first.node.as_ref().unwrap();
     assert_eq!(
@@ -490,7 +489,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     assert_eq!(not_ready.0, 503, "{}", not_ready.1);
     let ack = session
         .push(
-            ADDRESS,
+            ADDRESS_TYPE_URL,
             "a1",
             vec![
                 workload("w-1", vec![10, 1, 0, 1], "1"),
@@ -505,7 +504,12 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     assert!(body.contains("istio.security.Authorization"), "{body}");
     assert!(!body.contains("istio.workload.Address"), "{body}");
     let ack = session
-        .push(AUTHORIZATION, "p1", vec![policy("allow-all", "1")], &[])
+        .push(
+            AUTHORIZATION_TYPE_URL,
+            "p1",
+            vec![policy("allow-all", "1")],
+            &[],
+        )
         .await;
     assert!(ack.error_detail.is_none());
     eventually("ready after both ACKs", || async {
@@ -519,7 +523,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     // One bad resource: NACKed with the exact detail; the rest applies.
     let nack = session
         .push(
-            ADDRESS,
+            ADDRESS_TYPE_URL,
             "a2",
             vec![
                 workload("w-3", vec![10, 1, 0, 3], "2"),
@@ -537,7 +541,9 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     assert_eq!(workload_uids(&ztunnel).await, ["w-2", "w-3"]);
     let (_, metrics) = get(ztunnel.stats, "/metrics").await.unwrap();
     assert!(
-        metrics.contains(&format!("ztunnel_xds_nacks_total{{url=\"{ADDRESS}\"}} 1")),
+        metrics.contains(&format!(
+            "ztunnel_xds_nacks_total{{url=\"{ADDRESS_TYPE_URL}\"}} 1"
+        )),
         "{metrics}"
     );
     assert!(metrics.contains("ztunnel_xds_connected 1"), "{metrics}");
@@ -556,7 +562,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     );
     let first = session.request().await;
     let second = session.request().await;
-    assert_eq!(first.type_url, ADDRESS);
+    assert_eq!(first.type_url, ADDRESS_TYPE_URL);
     assert!(first.node.is_some());
     assert_eq!(
         first.initial_resource_versions,
@@ -573,7 +579,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     );
 
     // The server trusts its removals across the reconnect.
-    let ack = session.push(ADDRESS, "a3", vec![], &["w-2"]).await;
+    let ack = session.push(ADDRESS_TYPE_URL, "a3", vec![], &["w-2"]).await;
     assert!(ack.error_detail.is_none());
     assert_eq!(workload_uids(&ztunnel).await, ["w-3"]);
     let (_, metrics) = get(ztunnel.stats, "/metrics").await.unwrap();

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
+use ztunnel_proto::ports::HBONE_PORT;
 use ztunnel_test_support::cluster::{Binaries, Cluster, ConfigSource, Pod, PodSpec};
 use ztunnel_test_support::wait;
 
@@ -35,8 +36,6 @@ const UNMESHED: &str = "bench-direct";
 /// The node of the clients and the node of the servers.
 const CLIENT_NODE: &str = "node-a";
 const SERVER_NODE: &str = "node-b";
-/// ztunnel's inbound HBONE port in each pod (WIRE.md §1).
-const HBONE_PORT: u16 = 15008;
 /// How long a load-generator server gets to bind.
 const SERVER_START: Duration = Duration::from_secs(10);
 

@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_proto::ports::HBONE_PORT;
 
 use super::netns::{self, NetnsError};
 
@@ -186,7 +187,7 @@ pub fn desired_rules(family: Family, settings: &RuleSettings) -> Vec<TableRules>
         "-A {OUTPUT_CHAIN} -d {probe}/{host_prefix} -p tcp -m tcp -j ACCEPT"
     )); // row 9
     nat.push(format!(
-        "-A {PREROUTING_CHAIN} ! -d {loopback} -p tcp -m tcp ! --dport 15008 -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15006"
+        "-A {PREROUTING_CHAIN} ! -d {loopback} -p tcp -m tcp ! --dport {HBONE_PORT} -m mark ! --mark {ZTUNNEL_MARK} -j REDIRECT --to-ports 15006"
     )); // row 10
     if settings.dns_capture {
         nat.push(format!(

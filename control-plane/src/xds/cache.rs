@@ -17,10 +17,10 @@ use bytes::Bytes;
 use prost::Message;
 use prost_types::Any;
 use ztunnel_proto::envoy::service::discovery::v3::Resource;
+use ztunnel_proto::xds_types::ResourceKind;
 
 use ztunnel_mesh::MeshSnapshot;
 
-use super::ResourceType;
 use super::resources;
 
 /// Bytes of the content hash kept in a version: 64 bits make a collision
@@ -30,7 +30,7 @@ const VERSION_BYTES: usize = 8;
 /// Both types' resources of one snapshot.
 #[derive(Debug, Clone)]
 pub struct MeshResources {
-    /// Indexed by [`ResourceType::index`].
+    /// Indexed by [`ResourceKind::index`].
     sets: [Arc<ResourceSet>; 2],
 }
 
@@ -38,7 +38,7 @@ impl MeshResources {
     /// No resources: the state before the first snapshot.
     pub fn empty() -> Self {
         MeshResources {
-            sets: ResourceType::ALL.map(|kind| Arc::new(ResourceSet::empty(kind))),
+            sets: ResourceKind::ALL.map(|kind| Arc::new(ResourceSet::empty(kind))),
         }
     }
 
@@ -63,11 +63,11 @@ impl MeshResources {
     }
 
     /// The resources of one type.
-    pub fn get(&self, kind: ResourceType) -> &Arc<ResourceSet> {
+    pub fn get(&self, kind: ResourceKind) -> &Arc<ResourceSet> {
         let [addresses, authorizations] = &self.sets;
         match kind {
-            ResourceType::Address => addresses,
-            ResourceType::Authorization => authorizations,
+            ResourceKind::Address => addresses,
+            ResourceKind::Authorization => authorizations,
         }
     }
 }
@@ -76,7 +76,7 @@ impl MeshResources {
 #[derive(Debug)]
 pub struct ResourceSet {
     /// The type.
-    kind: ResourceType,
+    kind: ResourceKind,
     /// Bumped on every build that changes something; a client that was
     /// sent this generation has exactly these resources.
     generation: u64,
@@ -111,7 +111,7 @@ pub struct Changes {
 
 impl ResourceSet {
     /// An empty set, generation 0.
-    pub fn empty(kind: ResourceType) -> Self {
+    pub fn empty(kind: ResourceKind) -> Self {
         ResourceSet {
             kind,
             generation: 0,
@@ -180,7 +180,7 @@ impl ResourceSet {
     }
 
     /// The type.
-    pub fn kind(&self) -> ResourceType {
+    pub fn kind(&self) -> ResourceKind {
         self.kind
     }
 

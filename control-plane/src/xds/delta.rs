@@ -22,8 +22,8 @@
 use std::sync::Arc;
 
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use ztunnel_proto::xds_types::ResourceKind;
 
-use super::ResourceType;
 use super::cache::{Entry, Known, MeshResources, ResourceSet, changes_since};
 
 /// The state of one stream.
@@ -33,7 +33,7 @@ pub struct DeltaStream {
     id: u64,
     /// Responses sent so far; the second part of every nonce.
     responses: u64,
-    /// Per type (by [`ResourceType::index`]): the set this client was last
+    /// Per type (by [`ResourceKind::index`]): the set this client was last
     /// brought to, once it has subscribed.
     sent: [Option<Arc<ResourceSet>>; 2],
 }
@@ -58,7 +58,7 @@ pub enum RequestKind {
     /// The first request of a served type; answered.
     Subscribe {
         /// The type.
-        kind: ResourceType,
+        kind: ResourceKind,
         /// How many versions the client listed as already held.
         known: usize,
     },
@@ -68,17 +68,17 @@ pub enum RequestKind {
     /// subscription is already a wildcard, so nothing to do.
     Resubscribe {
         /// The type.
-        kind: ResourceType,
+        kind: ResourceKind,
     },
     /// The client accepted a response.
     Ack {
         /// The type.
-        kind: ResourceType,
+        kind: ResourceKind,
     },
     /// The client rejected (some of) a response.
     Nack {
         /// The type.
-        kind: ResourceType,
+        kind: ResourceKind,
         /// The client's `error_detail.message`: `<name>: <reason>; ...`.
         detail: String,
     },
@@ -104,7 +104,7 @@ impl DeltaStream {
         request: &DeltaDiscoveryRequest,
         current: &MeshResources,
     ) -> (RequestKind, Option<Push>) {
-        let kind = ResourceType::from_type_url(&request.type_url);
+        let kind = ResourceKind::from_type_url(&request.type_url);
         let subscribed = kind.is_some_and(|kind| self.sent[kind.index()].is_some());
         match (kind, request.response_nonce.is_empty()) {
             (None, true) => {
@@ -142,7 +142,7 @@ impl DeltaStream {
     /// per type that differs from what this client was sent.
     pub fn on_resources(&mut self, current: &MeshResources) -> Vec<Push> {
         let mut responses = Vec::new();
-        for kind in ResourceType::ALL {
+        for kind in ResourceKind::ALL {
             let set = current.get(kind);
             let Some(sent) = &self.sent[kind.index()] else {
                 continue;
@@ -158,8 +158,8 @@ impl DeltaStream {
     }
 
     /// The types this stream has subscribed to.
-    pub fn subscribed(&self) -> impl Iterator<Item = ResourceType> + '_ {
-        ResourceType::ALL
+    pub fn subscribed(&self) -> impl Iterator<Item = ResourceKind> + '_ {
+        ResourceKind::ALL
             .into_iter()
             .filter(|kind| self.sent[kind.index()].is_some())
     }

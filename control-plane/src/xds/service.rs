@@ -35,6 +35,7 @@ use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::codegen::{BoxFuture, Service};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::ca::CaConfig;
 use crate::ca::authenticator::Authenticator;
@@ -44,7 +45,6 @@ use crate::ca::metrics::CaMetrics;
 use crate::ca::service::bounded_for_log as bounded;
 use ztunnel_mesh::{MeshSnapshot, PodRegistry};
 
-use super::ResourceType;
 use super::cache::MeshResources;
 use super::delta::{DeltaStream, Push, RequestKind};
 use super::wire::{PushFrames, RequestDecoder, ResponseBody, WireError};
@@ -374,7 +374,7 @@ impl StreamTask {
 
     /// Sends one response and counts it; false when the client is gone.
     async fn send(&mut self, push: Push) -> bool {
-        let kind = ResourceType::from_type_url(&push.type_url);
+        let kind = ResourceKind::from_type_url(&push.type_url);
         let (resources, removed) = (push.resources.len(), push.removed.len());
         let frames = match PushFrames::new(push) {
             Ok(frames) => frames,

@@ -7,11 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ztunnel_certs::identity::Identity;
+use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::state::{Destination, InboundProtocol, Service, State, Workload, select_upstream};
-
-/// The port every HBONE workload accepts tunnels on (WIRE.md §1).
-pub const HBONE_PORT: u16 = 15008;
 
 /// Ports a connection must never be sent back to: ztunnel's own listeners.
 pub const PROXY_PORTS: [u16; 3] = [15001, 15006, HBONE_PORT];

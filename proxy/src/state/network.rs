@@ -14,8 +14,9 @@ use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
 
-/// HBONE port of a gateway or waypoint when none is given (WIRE.md §1).
-pub const DEFAULT_HBONE_PORT: u16 = 15008;
+// `state.rs` re-exports this name; every use in the crate names
+// `ztunnel_proto::ports::HBONE_PORT`, the one definition of the port.
+pub use ztunnel_proto::ports::HBONE_PORT as DEFAULT_HBONE_PORT;
 
 /// An IP address inside one network. Two networks may reuse the same IPs, so
 /// an IP alone does not name an endpoint.

@@ -23,11 +23,11 @@ use ztunnel_proto::envoy::service::discovery::v3::{
 };
 use ztunnel_proto::istio::security::Authorization;
 use ztunnel_proto::istio::workload::Address;
+use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::rbac::Policy;
 use crate::state::{AddressResource, NamespacedHostname, State};
 
-use super::ResourceKind;
 use super::request;
 
 /// The resources accepted so far, name → version, per type: what a

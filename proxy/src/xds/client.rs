@@ -20,6 +20,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_proto::envoy::config::core::v3::Node;
 use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::config::XdsSettings;
 use crate::control_plane::{
@@ -29,11 +30,11 @@ use crate::discovery::SharedState;
 use crate::drain::DrainWatcher;
 use crate::readiness::{BlockReady, Ready};
 
+use super::XdsError;
 use super::apply::{self, Applied, KnownVersions};
 use super::metrics::XdsMetrics;
 use super::reconnect::{Reconnect, StreamEnd};
 use super::request;
-use super::{ResourceKind, XdsError};
 
 /// Largest response decoded (WIRE.md §7): a full push of a large cluster's
 /// workloads runs to tens of MiB; 200 MiB is istio/ztunnel's limit.

@@ -8,10 +8,10 @@ use prost_types::value::Kind;
 use ztunnel_proto::envoy::config::core::v3::Node;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use ztunnel_proto::google::rpc::Status;
+use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::config::NodeSettings;
 
-use super::ResourceKind;
 use super::apply::{KnownVersions, Rejection};
 
 /// The node type istiod expects of a ztunnel (the first part of the id).

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use prost_types::value::Kind;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, ResourceKind};
 
 use super::*;
 use crate::config::NodeSettings;
@@ -172,15 +173,4 @@ impl DeltaDiscoveryRequestShape {
             versions: request.initial_resource_versions.len(),
         }
     }
-}
-
-#[test]
-fn type_urls_map_to_kinds() {
-    for kind in ResourceKind::ALL {
-        assert_eq!(ResourceKind::from_type_url(kind.type_url()), Some(kind));
-    }
-    assert_eq!(
-        ResourceKind::from_type_url("type.googleapis.com/istio.workload.Workload"),
-        None
-    );
 }

@@ -34,15 +34,15 @@ fn versions_follow_content_and_unchanged_sets_are_kept() {
         &MeshResources::empty(),
     );
     let again = build(&pods(&[("b", "10.0.0.2"), ("a", "10.0.0.1")]), &one);
-    let addresses = one.get(ResourceType::Address);
+    let addresses = one.get(ResourceKind::Address);
     assert_eq!(addresses.generation(), 1);
     assert!(
-        Arc::ptr_eq(addresses, again.get(ResourceType::Address)),
+        Arc::ptr_eq(addresses, again.get(ResourceKind::Address)),
         "same content (in another order) is the same set"
     );
     assert!(Arc::ptr_eq(
-        one.get(ResourceType::Authorization),
-        again.get(ResourceType::Authorization)
+        one.get(ResourceKind::Authorization),
+        again.get(ResourceKind::Authorization)
     ));
 
     let fresh = build(
@@ -50,7 +50,7 @@ fn versions_follow_content_and_unchanged_sets_are_kept() {
         &MeshResources::empty(),
     );
     let version = |set: &MeshResources, name: &str| {
-        set.get(ResourceType::Address)
+        set.get(ResourceKind::Address)
             .get(name)
             .unwrap()
             .version
@@ -65,7 +65,7 @@ fn versions_follow_content_and_unchanged_sets_are_kept() {
     assert_ne!(version(&one, "a"), version(&one, "b"));
 
     let moved = build(&pods(&[("a", "10.0.0.9"), ("c", "10.0.0.3")]), &one);
-    let set = moved.get(ResourceType::Address);
+    let set = moved.get(ResourceKind::Address);
     assert_eq!(set.generation(), 2);
     assert_ne!(version(&moved, "a"), version(&one, "a"));
     let changes = set.changes();
@@ -79,7 +79,7 @@ fn versions_follow_content_and_unchanged_sets_are_kept() {
         ("c", &entry.version)
     );
     let any = resource.resource.unwrap();
-    assert_eq!(any.type_url, crate::xds::ADDRESS_TYPE_URL);
+    assert_eq!(any.type_url, ztunnel_proto::xds_types::ADDRESS_TYPE_URL);
     assert!(ztunnel_proto::istio::workload::Address::decode(any.value.as_slice()).is_ok());
 }
 
@@ -97,7 +97,7 @@ fn a_client_is_sent_what_differs_from_what_it_knows() {
         &pods(&[("a", "10.0.0.11"), ("b", "10.0.0.22"), ("d", "10.0.0.4")]),
         &g2,
     );
-    let [s1, s2, s3] = [&g1, &g2, &g3].map(|g| g.get(ResourceType::Address).as_ref());
+    let [s1, s2, s3] = [&g1, &g2, &g3].map(|g| g.get(ResourceKind::Address).as_ref());
     let version = |set: &ResourceSet, name: &str| set.get(name).unwrap().version.clone();
 
     let reconnect: HashMap<String, String> = [

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use ztunnel_proto::google::rpc::Status;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 use super::*;
-use crate::xds::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use ztunnel_mesh::{MeshFile, MeshSnapshot};
 
 fn build(ips: &[(&str, &str)], policies: &[&str], previous: &MeshResources) -> MeshResources {
@@ -70,7 +70,7 @@ fn initial_requests_are_always_answered() {
     assert_eq!(
         kind,
         RequestKind::Subscribe {
-            kind: ResourceType::Address,
+            kind: ResourceKind::Address,
             known: 0
         }
     );
@@ -104,13 +104,13 @@ fn initial_requests_are_always_answered() {
         (kind, response),
         (
             RequestKind::Resubscribe {
-                kind: ResourceType::Address
+                kind: ResourceKind::Address
             },
             None
         ),
         "a second request without a nonce is a subscription change"
     );
-    assert_eq!(stream.subscribed().collect::<Vec<_>>(), ResourceType::ALL);
+    assert_eq!(stream.subscribed().collect::<Vec<_>>(), ResourceKind::ALL);
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn a_reconnect_is_sent_only_what_changed_while_away() {
         &["p"],
         &MeshResources::empty(),
     );
-    let addresses = resources.get(ResourceType::Address);
+    let addresses = resources.get(ResourceKind::Address);
     let a_version = addresses.get("a").unwrap().version.clone();
     let mut stream = DeltaStream::new(1);
     let known = [("a", a_version.as_str()), ("b", "0000"), ("gone", "1234")];
@@ -128,7 +128,7 @@ fn a_reconnect_is_sent_only_what_changed_while_away() {
     assert_eq!(
         kind,
         RequestKind::Subscribe {
-            kind: ResourceType::Address,
+            kind: ResourceKind::Address,
             known: 3
         }
     );
@@ -196,7 +196,7 @@ fn acks_and_nacks_change_nothing_sent() {
         (kind, response),
         (
             RequestKind::Ack {
-                kind: ResourceType::Address
+                kind: ResourceKind::Address
             },
             None
         )
@@ -209,7 +209,7 @@ fn acks_and_nacks_change_nothing_sent() {
         (kind, response),
         (
             RequestKind::Nack {
-                kind: ResourceType::Address,
+                kind: ResourceKind::Address,
                 detail: "a: failed to parse address".into()
             },
             None

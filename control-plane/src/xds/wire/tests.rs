@@ -3,6 +3,7 @@
 //! back.
 
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource};
+use ztunnel_proto::xds_types::ADDRESS_TYPE_URL;
 
 use super::*;
 
@@ -25,7 +26,7 @@ fn entry(name: &str, payload_bytes: usize) -> Arc<Entry> {
 
 fn push(resources: Vec<Arc<Entry>>, removed: &[&str]) -> Push {
     Push {
-        type_url: "type.googleapis.com/istio.workload.Address".into(),
+        type_url: ADDRESS_TYPE_URL.into(),
         nonce: "3-9".into(),
         resources,
         removed: removed.iter().map(|name| Arc::from(*name)).collect(),
@@ -63,10 +64,7 @@ fn a_push_is_one_grpc_message_in_bounded_chunks() {
         let (chunks, response) =
             unframe(PushFrames::new(push(resources.clone(), removed)).unwrap());
         assert!(chunks >= min_chunks, "{case}: {chunks} chunks");
-        assert_eq!(
-            response.type_url, "type.googleapis.com/istio.workload.Address",
-            "{case}"
-        );
+        assert_eq!(response.type_url, ADDRESS_TYPE_URL, "{case}");
         assert_eq!(response.nonce, "3-9", "{case}");
         assert_eq!(response.removed_resources, removed, "{case}");
         assert_eq!(response.resources.len(), count, "{case}");

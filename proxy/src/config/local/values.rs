@@ -13,11 +13,11 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visitor};
 use ztunnel_certs::identity::Identity;
+use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::rbac::StringMatch;
 use crate::state::{
-    Cidr, DEFAULT_HBONE_PORT, GatewayAddress, GatewayDestination, NamespacedHostname,
-    NetworkAddress, NetworkCidr,
+    Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
 
 /// A value written as one string in the file.
@@ -193,8 +193,9 @@ pub(super) struct GatewayForm {
     hbone_mtls_port: u16,
 }
 
+/// The HBONE port of a gateway that names none (WIRE.md §1).
 fn default_hbone_port() -> u16 {
-    DEFAULT_HBONE_PORT
+    HBONE_PORT
 }
 
 impl From<GatewayForm> for GatewayAddress {

@@ -6,9 +6,9 @@ use std::net::{IpAddr, Ipv6Addr};
 use prost::Message;
 use ztunnel_proto::istio::security as wire_policy;
 use ztunnel_proto::istio::workload as wire;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 use super::*;
-use crate::xds::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()

@@ -1,7 +1,7 @@
-//! Scale measurement of the control plane's delta xDS (not run in CI):
+//! `ztunnel-xds-scale`: the control plane's delta xDS at scale (not in CI):
 //!
 //! ```text
-//! cargo run --release -p ztunnel-control-plane --example xds_scale [pods] [clients] [rounds]
+//! cargo run --release -p ztunnel-benches --bin ztunnel-xds-scale [pods] [clients] [rounds]
 //! ```
 //!
 //! Writes a mesh file of `pods` pods (default 10,000) over 100 nodes and
@@ -42,10 +42,10 @@ use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::xds::cache::MeshResources;
-use ztunnel_control_plane::xds::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use ztunnel_mesh::{FileRegistry, PodRegistry};
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 /// Nodes, each with one node agent pod.
 const NODES: usize = 100;
@@ -75,7 +75,7 @@ struct ClientPlan {
 }
 
 fn main() -> ExitCode {
-    error_chain::exit_code("xds_scale", run())
+    error_chain::exit_code("ztunnel-xds-scale", run())
 }
 
 fn run() -> anyhow::Result<()> {
