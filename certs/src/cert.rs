@@ -176,14 +176,6 @@ impl Certificate {
     pub fn is_ca(&self) -> bool {
         self.is_ca
     }
-
-    /// When to fetch a replacement: at half-life,
-    /// `not_before + (not_after - not_before) / 2`, as ztunnel does, so a CA
-    /// outage of up to half the lifetime goes unnoticed. If that moment has
-    /// already passed, the answer is `now`: refresh immediately.
-    pub fn refresh_at(&self, now: SystemTime) -> SystemTime {
-        half_life(self.not_before, self.not_after, now)
-    }
 }
 
 impl fmt::Debug for Certificate {
@@ -284,11 +276,6 @@ impl WorkloadCertificate {
         self.leaf.identity()
     }
 
-    /// When to fetch a replacement; see [`Certificate::refresh_at`].
-    pub fn refresh_at(&self, now: SystemTime) -> SystemTime {
-        self.leaf.refresh_at(now)
-    }
-
     /// The TLS server configuration that presents this certificate and
     /// accepts clients of its trust domain ([`tls::server_config`]), built
     /// once per certificate.
@@ -376,14 +363,6 @@ fn system_time(seconds: i64) -> Result<SystemTime, CertError> {
         UNIX_EPOCH.checked_sub(offset)
     };
     time.ok_or(CertError::ValidityOutOfRange)
-}
-
-/// The half-life of the window `[not_before, not_after]`, or `now` if that
-/// has passed. An inverted window has no life: its half-life is `not_before`.
-fn half_life(not_before: SystemTime, not_after: SystemTime, now: SystemTime) -> SystemTime {
-    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
-    let half = not_before.checked_add(lifetime / 2).unwrap_or(not_after);
-    half.max(now)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -16,10 +16,8 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
-use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use ztunnel_certs::cert::{Certificate, WorkloadCertificate};
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::drain::DrainWatcher;
@@ -55,8 +53,8 @@ pub enum AdminError {
 
 /// What `/config_dump` shows: workloads, services, policies and
 /// certificates, as the proxy's state renders them. Implementations must
-/// never include private keys; [`certificate_dump`] gives the safe view of
-/// a certificate.
+/// never include private keys: a certificate shows its identity and
+/// validity only.
 pub trait ConfigDump: Send + Sync {
     /// The current configuration as JSON.
     fn config_dump(&self) -> serde_json::Value;
@@ -72,63 +70,6 @@ pub struct Admin {
     /// Called by `POST /quitquitquit`; it should start the drain (e.g. by
     /// waking the task that owns the `DrainTrigger`) and return at once.
     pub quit: Arc<dyn Fn() + Send + Sync>,
-}
-
-/// The safe view of one certificate: identities and validity, no keys.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct CertificateView {
-    /// The SPIFFE identities of its URI SANs.
-    pub identities: Vec<String>,
-    /// Start of validity, RFC 3339.
-    pub not_before: String,
-    /// Expiry, RFC 3339.
-    pub not_after: String,
-    /// Whether it is a CA certificate.
-    pub is_ca: bool,
-}
-
-/// A workload certificate as `/config_dump` shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct CertificateDump {
-    /// The identity the certificate was issued for.
-    pub identity: Option<String>,
-    /// When the proxy will fetch a replacement, RFC 3339.
-    pub refresh_at: String,
-    /// The leaf, then the intermediates.
-    pub chain: Vec<CertificateView>,
-}
-
-/// The dump of a workload certificate, never its private key.
-pub fn certificate_dump(certificate: &WorkloadCertificate, now: SystemTime) -> CertificateDump {
-    let chain = std::iter::once(certificate.leaf())
-        .chain(certificate.intermediates())
-        .map(certificate_view)
-        .collect();
-    CertificateDump {
-        identity: certificate.identity().map(ToString::to_string),
-        refresh_at: rfc3339(certificate.refresh_at(now)),
-        chain,
-    }
-}
-
-fn certificate_view(certificate: &Certificate) -> CertificateView {
-    CertificateView {
-        identities: certificate
-            .identities()
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-        not_before: rfc3339(certificate.not_before()),
-        not_after: rfc3339(certificate.not_after()),
-        is_ca: certificate.is_ca(),
-    }
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    time::OffsetDateTime::from(at)
-        .format(&time::format_description::well_known::Rfc3339)
-        // Only years past 9999 fail to format; certificates do not get there.
-        .unwrap_or_else(|_| "out of range".to_owned())
 }
 
 impl Admin {

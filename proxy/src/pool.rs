@@ -341,19 +341,6 @@ impl Pool {
         }
     }
 
-    /// Established connections for `key`, for tests and the admin view.
-    pub fn connections(&self, key: &PoolKey) -> Vec<HboneConnection> {
-        let inner = self.lock();
-        let slots = inner.keys.get(key).map(Vec::as_slice).unwrap_or_default();
-        slots
-            .iter()
-            .filter_map(|slot| match &slot.state {
-                SlotState::Open { connection, .. } => Some(connection.clone()),
-                SlotState::Dialing { .. } => None,
-            })
-            .collect()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // The lock guards plain bookkeeping that every step leaves
         // consistent, so a panic elsewhere does not make it unusable.

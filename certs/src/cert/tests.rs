@@ -71,63 +71,7 @@ fn leaf(ca: &TestCa, sans: Vec<SanType>) -> (String, PrivateKeyDer<'static>) {
 }
 
 #[test]
-fn refresh_at_is_half_life_or_now_once_that_has_passed() {
-    let start = unix(1_000_000);
-    let cases = [
-        // (not_before, not_after, now, expected)
-        ("fresh cert", start, start + DAY, start, start + DAY / 2),
-        (
-            "before half-life",
-            start,
-            start + DAY,
-            start + DAY / 4,
-            start + DAY / 2,
-        ),
-        (
-            "at half-life",
-            start,
-            start + DAY,
-            start + DAY / 2,
-            start + DAY / 2,
-        ),
-        (
-            "past half-life",
-            start,
-            start + DAY,
-            start + DAY * 3 / 4,
-            start + DAY * 3 / 4,
-        ),
-        (
-            "expired",
-            start,
-            start + DAY,
-            start + DAY * 2,
-            start + DAY * 2,
-        ),
-        (
-            "clock behind not_before",
-            start,
-            start + DAY,
-            unix(0),
-            start + DAY / 2,
-        ),
-        (
-            "odd lifetime",
-            start,
-            start + Duration::from_secs(3),
-            start,
-            start + Duration::from_millis(1500),
-        ),
-        ("zero lifetime", start, start, unix(0), start),
-        ("inverted window", start + DAY, start, unix(0), start + DAY),
-    ];
-    for (name, not_before, not_after, now, expected) in cases {
-        assert_eq!(half_life(not_before, not_after, now), expected, "{name}");
-    }
-}
-
-#[test]
-fn refresh_at_reads_the_certificate_validity() {
+fn the_validity_window_is_read_from_the_certificate() {
     let root = ca("root", None);
     let not_before = unix(1_700_000_000);
     let not_after = not_before + DAY;
@@ -140,8 +84,6 @@ fn refresh_at_reads_the_certificate_validity() {
     let cert = Certificate::from_pem(&pem).unwrap();
     assert_eq!(cert.not_before(), not_before);
     assert_eq!(cert.not_after(), not_after);
-    assert_eq!(cert.refresh_at(not_before), not_before + DAY / 2);
-    assert_eq!(cert.refresh_at(not_after), not_after);
 }
 
 #[test]
