@@ -4,5 +4,7 @@
 //! and reports what every proxy spent. Criterion micro-benches are in
 //! `benches/`.
 
+#![warn(missing_docs)]
+
 pub mod harness;
 pub mod loadgen;

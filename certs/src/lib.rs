@@ -8,6 +8,7 @@
 //! others share.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod cert;
 pub mod csr;

@@ -9,6 +9,7 @@
 // Denied, not forbidden: registering the ZDS socket with tokio's reactor
 // (`agent/zds/socket.rs`) is the one unsafe call, allowed where it is made.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod agent;
 pub mod event;

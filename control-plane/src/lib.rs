@@ -7,6 +7,7 @@
 //! `ztunnel-certs`'.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod ca;
 pub mod kubernetes;

@@ -1,6 +1,8 @@
 //! What more than one fuzz target checks. The targets themselves are in
 //! `fuzz_targets/`.
 
+#![warn(missing_docs)]
+
 use std::collections::HashMap;
 
 use prost::Message;

@@ -15,6 +15,7 @@
 //! across entries are `snapshot.rs`'s.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::fmt;
 use std::marker::PhantomData;

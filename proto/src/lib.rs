@@ -7,6 +7,7 @@
 //! refers to other packages by relative path.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod ports;
 pub mod xds_types;

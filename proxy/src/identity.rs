@@ -1,5 +1,5 @@
 //! Workload identities: the certificates this proxy presents, fetched from
-//! the CA and kept fresh (issue 3 "Identity manager", WIRE.md §3).
+//! the CA and kept fresh (WIRE.md §3).
 //!
 //! `ca_client` talks to the CA; `manager` caches, prioritises and refreshes,
 //! as the async shell around `entry`, the pure state machine of one

@@ -1,9 +1,14 @@
 //! The node proxy (`ztunnel`): outbound capture, HBONE tunnel, inbound
-//! authorization. Built in issue 3.
+//! authorization.
 //!
-//! The pure core so far: `state` (workloads, services, policies and upstream
+//! The pure core: `state` (workloads, services, policies and upstream
 //! selection), `rbac` (L4 authorization), `config` (the local config file)
-//! and `xds/apply.rs` (an xDS response to state changes and its ACK/NACK).
+//! and `xds/apply.rs` (an xDS response to state changes and its ACK/NACK),
+//! beside the decisions of each task (`outbound/route.rs`,
+//! `inbound/decision.rs`, `pool`'s `choose`, `identity/schedule.rs`,
+//! `inpod/zds/session.rs`). Tasks move bytes and call these.
+
+#![warn(missing_docs)]
 
 pub mod accept;
 pub mod access_log;

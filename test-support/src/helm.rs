@@ -269,7 +269,10 @@ impl Rendered {
 /// A container as the chart writes it.
 #[derive(Debug, Clone)]
 pub struct Container {
+    /// The `command` list: which of our binaries the chart starts.
     pub command: Vec<String>,
+    /// The `args` list: the flags a test passes to run the binary as the
+    /// chart does.
     pub args: Vec<String>,
     /// Literal `env` entries, in order.
     pub env: Vec<(String, String)>,

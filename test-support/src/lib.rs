@@ -6,6 +6,7 @@
 //! product.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod ca;
 pub mod cluster;

@@ -21,7 +21,7 @@ const GIGABYTE: f64 = 1e9;
 /// One speed target.
 #[derive(Debug, Clone, Copy)]
 pub struct Target {
-    /// What it is, as the issue states it.
+    /// What it is, in words, as the report's table names it.
     pub label: &'static str,
     /// The figures it applies to; each must meet it.
     pub figures: &'static [&'static str],
@@ -34,7 +34,7 @@ pub struct Target {
     pub unit: &'static str,
 }
 
-/// The targets of the first round of speed work (issue 5).
+/// The speed targets the report checks every run's figures against.
 pub const TARGETS: &[Target] = &[
     Target {
         label: "one-stream throughput through the tunnel, share of direct",

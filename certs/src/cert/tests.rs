@@ -1,3 +1,7 @@
+//! Parsing certificates into their facts (identities, validity, CA flag)
+//! and turning CA responses into workload certificates, with the refusals
+//! of WIRE.md §2 and §3.
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::string::Ia5String;

@@ -46,7 +46,8 @@ pub struct PodRecord {
     /// The inode of that netns when it was recorded: a procfs path can come
     /// to name another netns once its process exits and the pid is reused,
     /// so the path alone does not say the pod's netns is still there.
-    /// Absent in records written before it was kept.
+    /// `None` when the record has no inode (the field is optional on disk):
+    /// then the path alone is checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns_inode: Option<u64>,
     /// The pod's addresses, from the CNI result.

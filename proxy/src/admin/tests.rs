@@ -1,3 +1,5 @@
+//! The admin server's request parsing: query values for `/logging`.
+
 use super::*;
 
 #[test]

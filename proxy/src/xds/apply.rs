@@ -7,7 +7,7 @@
 //! Rules:
 //! - a resource that fails to decode or convert is rejected: it is named in
 //!   the NACK as `<name>: <reason>` (joined with `; `), not applied, and its
-//!   version is not recorded (a previously accepted version stays);
+//!   version is not recorded (the version accepted before it stays);
 //! - the good resources and the removals of the same response still apply;
 //! - a response of a type we do not handle changes nothing and is ACKed;
 //! - removals come after the resources of the same response, and a removal
