@@ -26,8 +26,7 @@ pub(crate) mod upstream;
 pub(crate) mod workload;
 
 pub use network::{
-    Cidr, DEFAULT_HBONE_PORT, GatewayAddress, GatewayDestination, NamespacedHostname,
-    NetworkAddress, NetworkCidr,
+    Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
 pub use service::{
     HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, RoutingScope, Service, Visibility,

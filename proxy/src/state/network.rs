@@ -14,10 +14,6 @@ use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
 
-// `state.rs` re-exports this name; every use in the crate names
-// `ztunnel_proto::ports::HBONE_PORT`, the one definition of the port.
-pub use ztunnel_proto::ports::HBONE_PORT as DEFAULT_HBONE_PORT;
-
 /// An IP address inside one network. Two networks may reuse the same IPs, so
 /// an IP alone does not name an endpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
