@@ -6,6 +6,7 @@
 //!
 //! Pooling of client connections lives in `pool.rs`; copying bytes in `copy.rs`.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -138,6 +139,17 @@ impl FromStr for Authority {
     }
 }
 
+/// The `:authority` text: `ip:port` (IPv6 in brackets) or `host:port`,
+/// which [`Authority::from_str`] reads back.
+impl fmt::Display for Authority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Authority::Address(address) => write!(f, "{address}"),
+            Authority::Hostname { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
 /// Letters, digits, `-` and `.`, labels of 1 to 63 characters, at most 253 in
 /// all, not all digits (that would be a malformed IPv4 address).
 fn is_dns_name(host: &str) -> bool {
@@ -211,7 +223,11 @@ mod tests {
             (":80", Err(AuthorityError::Host)),
         ];
         for (text, expected) in cases {
-            assert_eq!(text.parse::<Authority>(), expected, "{text}");
+            let parsed = text.parse::<Authority>();
+            assert_eq!(parsed, expected, "{text}");
+            if let Ok(authority) = parsed {
+                assert_eq!(authority.to_string(), text, "the text reads back");
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! passed through as plain TCP. One function (`flags`) decides what a
 //! failure means for metrics.
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use crate::access_log::{self, Direction};
 use crate::app::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::copy_bidirectional_until;
 use crate::hbone::{self, HboneError, WorkloadLabels, connect_headers};
+use crate::identity::manager::IdentityError;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::pool::{PoolError, PoolKey};
 use crate::report::{End, Opening, Report};
@@ -25,30 +27,45 @@ pub mod route;
 
 use route::{HboneRoute, Route};
 
-/// Why an outbound connection failed before its bytes flowed.
+/// Why an outbound connection failed before its bytes flowed: every step
+/// of connecting it, in one flat type.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboundError {
-    /// The local workload is not (yet) in the state.
+    /// The local workload is not in the state.
     #[error("unknown source workload")]
     UnknownSource,
     /// The source identity's certificate is not available.
-    #[error("no certificate for the source workload: {0}")]
-    Certificate(String),
-    /// Connecting to the peer or the destination failed.
-    #[error("connect")]
-    Connect(#[from] std::io::Error),
-    /// The connect did not finish in time.
-    #[error("connect timed out")]
-    Timeout,
-    /// The HBONE connection or CONNECT failed.
+    #[error("no certificate for the source workload")]
+    Certificate(#[source] IdentityError),
+    /// The TCP connection to a passthrough destination failed or timed out.
+    #[error("connecting to {addr}")]
+    Connect {
+        /// The destination.
+        addr: SocketAddr,
+        /// What failed; `TimedOut` after [`CONNECT_TIMEOUT`].
+        source: io::Error,
+    },
+    /// The pooled HBONE connection could not be dialled (by this
+    /// connection or by the one it waited for, hence shared), or its
+    /// CONNECT failed.
     #[error("HBONE")]
-    Hbone(#[from] HboneError),
-    /// The pool could not provide a stream.
-    #[error(transparent)]
-    Pool(#[from] PoolError),
+    Tunnel(#[source] Arc<HboneError>),
+    /// Other connections' dials kept filling the pool before this one got
+    /// a stream.
+    #[error("no pooled HBONE connection had room")]
+    PoolContended,
     /// The CONNECT headers could not be built.
-    #[error("headers")]
+    #[error("CONNECT headers")]
     Headers(#[from] hbone::HeaderError),
+}
+
+impl From<PoolError> for OutboundError {
+    fn from(error: PoolError) -> Self {
+        match error {
+            PoolError::Dial(error) => OutboundError::Tunnel(error),
+            PoolError::Contended => OutboundError::PoolContended,
+        }
+    }
 }
 
 /// The `response_flags` of a failure: the one place that maps errors.
@@ -57,17 +74,15 @@ fn flags(error: &OutboundError) -> ResponseFlags {
         OutboundError::UnknownSource | OutboundError::Certificate(_) => {
             ResponseFlags::IdentityError
         }
-        OutboundError::Hbone(HboneError::Tls(_)) => ResponseFlags::TlsFailure,
-        OutboundError::Hbone(HboneError::Status(status)) if status.as_u16() == 401 => {
-            ResponseFlags::Deny
-        }
-        OutboundError::Hbone(HboneError::H2(_)) => ResponseFlags::H2HandshakeFailure,
-        OutboundError::Pool(PoolError::Dial(error)) => match error.as_ref() {
+        OutboundError::Tunnel(error) => match error.as_ref() {
             HboneError::Tls(_) => ResponseFlags::TlsFailure,
             HboneError::H2(_) => ResponseFlags::H2HandshakeFailure,
+            HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,
             _ => ResponseFlags::Connect,
         },
-        _ => ResponseFlags::Connect,
+        OutboundError::Connect { .. }
+        | OutboundError::PoolContended
+        | OutboundError::Headers(_) => ResponseFlags::Connect,
     }
 }
 
@@ -90,7 +105,7 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
-    finish(report, copy(proxy, &mut tcp, &mut upstream).await);
+    report.close_with(&copy(proxy, &mut tcp, &mut upstream).await);
 }
 
 /// Routes a captured connection and connects its upstream. `None` when it
@@ -144,7 +159,13 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                     hbone_addr: None,
                 },
             );
-            (report, dial(proxy, target).await.map(Either::Left))
+            let connected = dial(proxy, target)
+                .await
+                .map_err(|source| OutboundError::Connect {
+                    addr: target,
+                    source,
+                });
+            (report, connected.map(Either::Left))
         }
         Route::Hbone(route) => {
             let destination_identity = route.expected.first();
@@ -174,7 +195,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
     match connected {
         Ok(upstream) => Some((report, upstream)),
         Err(error) => {
-            report.close(0, 0, flags(&error), Some(&error));
+            report.refused(flags(&error), &error);
             None
         }
     }
@@ -196,30 +217,13 @@ where
     copy_bidirectional_until(tcp, upstream, proxy.drain.forced()).await
 }
 
-/// Closes a report with the copy's outcome: app to peer is what the client
-/// sent (received by the server).
-fn finish(report: Report, result: Result<crate::copy::Transferred, crate::copy::CopyError>) {
-    match result {
-        Ok(moved) => report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, None),
-        Err(error) => {
-            let moved = error.transferred();
-            report.close(
-                moved.b_to_a,
-                moved.a_to_b,
-                ResponseFlags::None,
-                Some(&error),
-            );
-        }
-    }
-}
-
-/// A marked TCP connection to `target`, bounded in time.
-async fn dial(proxy: &Proxy, target: SocketAddr) -> Result<TcpStream, OutboundError> {
+/// A marked TCP connection to `target`; a connect that takes longer than
+/// [`CONNECT_TIMEOUT`] fails as `TimedOut`.
+async fn dial(proxy: &Proxy, target: SocketAddr) -> io::Result<TcpStream> {
     let socket = proxy.sockets.tcp_socket(target, None)?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
-        Ok(result) => Ok(result?),
-        Err(_elapsed) => Err(OutboundError::Timeout),
-    }
+    tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
+        .await
+        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
 }
 
 /// Opens a CONNECT stream to `route` on a pooled HBONE connection.
@@ -235,22 +239,24 @@ async fn tunnel(
         .identities
         .fetch_certificate(&identity)
         .await
-        .map_err(|error| OutboundError::Certificate(ErrorChain(&error).to_string()))?;
+        .map_err(OutboundError::Certificate)?;
     let source_ip = source.addresses.first().copied().unwrap_or(client.ip());
     let key = PoolKey::new(identity, route.expected.clone(), route.dial, source_ip);
     // Only a new pooled connection needs a TLS configuration; most
-    // connections reuse one and skip building it.
+    // connections reuse one and skip building it. The whole dial (TCP, TLS
+    // and HTTP/2 handshakes) is bounded; a caller waiting for another's
+    // dial waits at most as long.
     let dial = || async {
         let tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())?;
-        let tcp = dial(proxy, route.dial).await.map_err(|error| match error {
-            OutboundError::Connect(error) => HboneError::Connect(error),
-            _ => HboneError::Connect(std::io::ErrorKind::TimedOut.into()),
-        })?;
-        hbone::connect(tcp, Arc::new(tls), &proxy.h2).await
+        let connect = async {
+            let tcp = dial(proxy, route.dial).await.map_err(HboneError::Connect)?;
+            hbone::connect(tcp, Arc::new(tls), &proxy.h2).await
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .unwrap_or_else(|_elapsed| Err(HboneError::Connect(io::ErrorKind::TimedOut.into())))
     };
-    let checkout = tokio::time::timeout(CONNECT_TIMEOUT, proxy.pool.checkout(&key, dial))
-        .await
-        .map_err(|_elapsed| OutboundError::Timeout)??;
+    let checkout = proxy.pool.checkout(&key, dial).await?;
     let labels = WorkloadLabels {
         cluster_id: &source.cluster_id,
         namespace: &source.namespace,
@@ -263,6 +269,11 @@ async fn tunnel(
     };
     let service = route.service.as_ref().map(|service| &*service.hostname);
     let headers = connect_headers(&labels, client, service)?;
-    let authority = route.authority.to_string();
-    Ok(checkout.send_connect(&authority, headers).await?)
+    let authority = hbone::Authority::Address(route.authority);
+    checkout
+        .send_connect(&authority, headers)
+        .await
+        .map_err(|error| OutboundError::Tunnel(Arc::new(error)))
 }
+#[cfg(test)]
+mod tests;

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use ztunnel_certs::identity::Identity;
 
 use crate::drain::DrainWatcher;
-use crate::hbone::{ActiveStream, H2Stream, HboneConnection, HboneError};
+use crate::hbone::{ActiveStream, Authority, H2Stream, HboneConnection, HboneError};
 
 /// How many times a caller waits for another caller's dial before giving
 /// up: each wait ends with a dial done, so this only trips if dials keep
@@ -231,7 +231,7 @@ impl Checkout {
     /// Sends the CONNECT on the reserved slot.
     pub async fn send_connect(
         self,
-        authority: &str,
+        authority: &Authority,
         headers: HeaderMap,
     ) -> Result<H2Stream, HboneError> {
         self.connection

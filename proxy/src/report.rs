@@ -11,6 +11,7 @@ use std::time::Instant;
 use ztunnel_certs::identity::Identity;
 
 use crate::access_log::{self, ConnectionLog, Direction, Outcome, PeerLog, Peers};
+use crate::copy::{CopyError, Transferred};
 use crate::interner::Interner;
 use crate::metrics::{
     ConnectionMetrics, Metrics, PeerLabels, Reporter, ResponseFlags, SecurityPolicy, ServiceLabels,
@@ -95,15 +96,31 @@ impl Report {
         }
     }
 
-    /// Counts the bytes, closes the connection's metrics with `flags`, and
+    /// Closes the report of a connection that ended before its bytes
+    /// flowed: refused, or its upstream not reached.
+    pub fn refused(self, flags: ResponseFlags, error: &(dyn std::error::Error + '_)) {
+        self.close(Transferred::default(), flags, Some(error));
+    }
+
+    /// Closes the report with the outcome of the connection's copy, the
+    /// client side being the copy's `a`: a clean end, or the copy's error.
+    pub fn close_with(self, result: &Result<Transferred, CopyError>) {
+        match result {
+            Ok(moved) => self.close(*moved, ResponseFlags::None, None),
+            Err(error) => self.close(error.transferred(), ResponseFlags::None, Some(error)),
+        }
+    }
+
+    /// Counts the bytes (`moved.a_to_b` is what the client sent, received
+    /// by the server), closes the connection's metrics with `flags`, and
     /// writes the `connection complete` line.
     pub fn close(
         self,
-        sent: u64,
-        received: u64,
+        moved: Transferred,
         flags: ResponseFlags,
         error: Option<&(dyn std::error::Error + '_)>,
     ) {
+        let (sent, received) = (moved.b_to_a, moved.a_to_b);
         self.metrics.add_sent(sent);
         self.metrics.add_received(received);
         self.metrics.close(flags);

@@ -19,6 +19,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::{ALPN_H2, dummy_server_name, peer_identity};
 
+use crate::hbone::Authority;
 use crate::hbone::stream::{ActiveStream, H2Stream};
 use crate::hbone::{H2Settings, keepalive};
 
@@ -160,7 +161,7 @@ impl HboneConnection {
     /// answer is [`HboneError::Status`].
     pub async fn send_connect(
         &self,
-        authority: &str,
+        authority: &Authority,
         headers: HeaderMap,
     ) -> Result<H2Stream, HboneError> {
         self.send_connect_reserved(self.reserve(), authority, headers)
@@ -178,10 +179,10 @@ impl HboneConnection {
     pub async fn send_connect_reserved(
         &self,
         slot: ActiveStream,
-        authority: &str,
+        authority: &Authority,
         headers: HeaderMap,
     ) -> Result<H2Stream, HboneError> {
-        let uri = Uri::from(authority.parse::<UriAuthority>()?);
+        let uri = Uri::from(UriAuthority::try_from(authority.to_string())?);
         let mut request = Request::builder()
             .method(Method::CONNECT)
             .uri(uri)

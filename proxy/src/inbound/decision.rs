@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use ztunnel_certs::identity::Identity;
 
+use crate::hbone::InboundRefusal;
+use crate::metrics::ResponseFlags;
 use crate::outbound::route::PROXY_PORTS;
 use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, applicable_policies, authorize};
 use crate::state::{State, Workload};
@@ -66,14 +68,45 @@ pub enum Refusal {
     Denied(DenyReason),
 }
 
+/// What a refused inbound connection answers on the wire and how it is
+/// counted: the one mapping of WIRE.md §4's statuses and the metrics'
+/// response flags. A tunnelled connection gets the refusal's `:status`; a
+/// plaintext one is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusalAnswer {
+    /// The HBONE response.
+    pub refusal: InboundRefusal,
+    /// The `response_flags` of its metrics.
+    pub flags: ResponseFlags,
+}
+
+impl RefusalAnswer {
+    /// Admitted, but the application could not be dialled.
+    pub const UNREACHABLE: RefusalAnswer = RefusalAnswer {
+        refusal: InboundRefusal::Unavailable("application unreachable"),
+        flags: ResponseFlags::Connect,
+    };
+}
+
 impl Refusal {
-    /// The HBONE `:status` for this refusal (WIRE.md §4).
-    pub fn status(&self) -> u16 {
-        match self {
-            Refusal::AuthorityMismatch { .. } => 400,
-            Refusal::UnknownWorkload(_) | Refusal::SelfCall => 503,
-            Refusal::Denied(_) => 401,
-        }
+    /// The answer to this refusal.
+    pub fn answer(&self) -> RefusalAnswer {
+        let (refusal, flags) = match self {
+            Refusal::AuthorityMismatch { .. } => (
+                InboundRefusal::BadRequest("authority does not match the destination"),
+                ResponseFlags::Connect,
+            ),
+            Refusal::UnknownWorkload(_) => (
+                InboundRefusal::Unavailable("unknown destination workload"),
+                ResponseFlags::Connect,
+            ),
+            Refusal::SelfCall => (
+                InboundRefusal::Unavailable("recursive call to ztunnel"),
+                ResponseFlags::Connect,
+            ),
+            Refusal::Denied(_) => (InboundRefusal::Denied, ResponseFlags::Deny),
+        };
+        RefusalAnswer { refusal, flags }
     }
 }
 
@@ -196,13 +229,40 @@ policies:
         for (identity, target, status) in cases {
             let refusal = admit(&state, "", |_| true, &arrival(*identity, target)).unwrap_err();
             assert_eq!(
-                refusal.status(),
+                refusal.answer().refusal.status().as_u16(),
                 *status,
                 "{identity:?} → {target}: {refusal}"
             );
         }
         let not_local = admit(&state, "", |_| false, &arrival(client, "198.18.1.10:8080"));
-        assert_eq!(not_local.unwrap_err().status(), 503);
+        let status = not_local.unwrap_err().answer().refusal.status();
+        assert_eq!(status.as_u16(), 503);
+    }
+
+    #[test]
+    fn every_refusal_has_one_status_and_one_flag() {
+        let ip: IpAddr = "198.18.1.10".parse().unwrap();
+        let denied = DenyReason::NotAllowed;
+        let cases = [
+            (
+                Refusal::AuthorityMismatch {
+                    target: "198.18.1.11:80".parse().unwrap(),
+                    local: ip,
+                },
+                400,
+                ResponseFlags::Connect,
+            ),
+            (Refusal::UnknownWorkload(ip), 503, ResponseFlags::Connect),
+            (Refusal::SelfCall, 503, ResponseFlags::Connect),
+            (Refusal::Denied(denied), 401, ResponseFlags::Deny),
+        ];
+        for (refusal, status, flags) in cases {
+            let answer = refusal.answer();
+            assert_eq!(answer.refusal.status().as_u16(), status, "{refusal}");
+            assert_eq!(answer.flags, flags, "{refusal}");
+        }
+        assert_eq!(RefusalAnswer::UNREACHABLE.refusal.status().as_u16(), 503);
+        assert_eq!(RefusalAnswer::UNREACHABLE.flags, ResponseFlags::Connect);
     }
 
     #[test]

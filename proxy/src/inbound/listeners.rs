@@ -24,7 +24,7 @@ use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
     Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
 };
-use crate::inbound::decision::{Admitted, Arrival, Refusal, admit};
+use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit};
 use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
@@ -82,7 +82,7 @@ async fn open_upstream(
     proxy: &Proxy,
     arrival: &Arrival,
     direction_peer: Option<&Identity>,
-) -> Result<Upstream, OpenError> {
+) -> Result<Upstream, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
         admit(&state, "", |workload| proxy.is_local(workload), arrival)
@@ -99,13 +99,10 @@ async fn open_upstream(
         Err(refusal) => {
             let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
-            let flags = match refusal {
-                Refusal::Denied(_) => ResponseFlags::Deny,
-                _ => ResponseFlags::Connect,
-            };
+            let answer = refusal.answer();
             let report = open_report(proxy, arrival, None, direction_peer);
-            report.close(0, 0, flags, Some(&refusal));
-            return Err(OpenError::Refused(refusal));
+            report.refused(answer.flags, &refusal);
+            return Err(answer.refusal);
         }
     };
     let Admitted {
@@ -122,23 +119,19 @@ async fn open_upstream(
         let socket = proxy.sockets.upstream_socket(upstream, arrival.source_ip)?;
         socket.connect(upstream).await
     };
-    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(source)) => {
+    let dialed = tokio::time::timeout(CONNECT_TIMEOUT, dial)
+        .await
+        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()));
+    let stream = match dialed {
+        Ok(stream) => stream,
+        Err(source) => {
+            let answer = RefusalAnswer::UNREACHABLE;
             let error = DialError {
                 addr: upstream,
                 source,
             };
-            report.close(0, 0, ResponseFlags::Connect, Some(&error));
-            return Err(OpenError::Dial);
-        }
-        Err(_elapsed) => {
-            let error = DialError {
-                addr: upstream,
-                source: io::ErrorKind::TimedOut.into(),
-            };
-            report.close(0, 0, ResponseFlags::Connect, Some(&error));
-            return Err(OpenError::Dial);
+            report.refused(answer.flags, &error);
+            return Err(answer.refusal);
         }
     };
     let stop = proxy.drain.stop_token();
@@ -149,14 +142,6 @@ async fn open_upstream(
         stop,
         tracked,
     })
-}
-
-/// An inbound failure before the copy started.
-enum OpenError {
-    /// Not admitted.
-    Refused(Refusal),
-    /// Admitted, but the application could not be dialled.
-    Dial,
 }
 
 fn open_report(
@@ -202,21 +187,10 @@ fn close_report(upstream: &mut Upstream, result: &Result<Transferred, CopyError>
             Err(error) => error.transferred(),
         };
         let error = PolicyClosed(reason.clone());
-        report.close(
-            moved.b_to_a,
-            moved.a_to_b,
-            ResponseFlags::Deny,
-            Some(&error),
-        );
+        report.close(moved, ResponseFlags::Deny, Some(&error));
         return;
     }
-    match result {
-        Ok(moved) => report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, None),
-        Err(error) => {
-            let moved = error.transferred();
-            report.close(moved.b_to_a, moved.a_to_b, ResponseFlags::None, Some(error));
-        }
-    }
+    report.close_with(result);
 }
 
 /// An open connection a policy re-check no longer allows.
@@ -245,15 +219,7 @@ impl InboundHandler for HboneInbound {
             local_ip: canonical(request.local_addr).ip(),
             target: canonical(*target),
         };
-        match open_upstream(&self.proxy, &arrival, Some(&request.peer_identity)).await {
-            Ok(upstream) => Ok(upstream),
-            Err(OpenError::Refused(refusal)) => Err(match refusal.status() {
-                400 => InboundRefusal::BadRequest("authority does not match the destination"),
-                401 => InboundRefusal::Denied,
-                _ => InboundRefusal::Unavailable("unknown destination or recursive call"),
-            }),
-            Err(OpenError::Dial) => Err(InboundRefusal::Unavailable("application unreachable")),
-        }
+        open_upstream(&self.proxy, &arrival, Some(&request.peer_identity)).await
     }
 
     fn stop(upstream: &Upstream) -> CancellationToken {
