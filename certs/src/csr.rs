@@ -25,7 +25,7 @@ pub struct CertRequest {
 
 /// Why a CSR could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum CsrError {
+pub enum CsrBuildError {
     /// The crypto library failed to generate a P-256 key pair.
     #[error("generating the ECDSA P-256 key failed")]
     KeyGeneration(#[source] rcgen::Error),
@@ -42,18 +42,20 @@ impl CertRequest {
     /// ECDSA-SHA256. The subject is empty and the SAN extension holds the
     /// identity's URI and nothing else, as istiod expects (it ignores both and
     /// uses only the public key, but other CAs may not).
-    pub fn generate(identity: &Identity) -> Result<CertRequest, CsrError> {
+    pub fn generate(identity: &Identity) -> Result<CertRequest, CsrBuildError> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(CsrError::KeyGeneration)?;
-        let uri = Ia5String::try_from(identity.as_str()).map_err(CsrError::SanEncoding)?;
+            .map_err(CsrBuildError::KeyGeneration)?;
+        let uri = Ia5String::try_from(identity.as_str()).map_err(CsrBuildError::SanEncoding)?;
 
         let mut params = CertificateParams::default();
         // rcgen's default subject is a placeholder CN; the CSR must carry none.
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(uri)];
 
-        let csr = params.serialize_request(&key).map_err(CsrError::Encoding)?;
-        let csr_pem = csr.pem().map_err(CsrError::Encoding)?;
+        let csr = params
+            .serialize_request(&key)
+            .map_err(CsrBuildError::Encoding)?;
+        let csr_pem = csr.pem().map_err(CsrBuildError::Encoding)?;
         Ok(CertRequest {
             csr_pem,
             private_key: PrivatePkcs8KeyDer::from(key.serialize_der()),

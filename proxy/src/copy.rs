@@ -39,7 +39,7 @@ pub struct Transferred {
 
 /// Which way the failing bytes were going.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
+pub enum Way {
     /// From `a` to `b`.
     AToB,
     /// From `b` to `a`.
@@ -54,7 +54,7 @@ pub enum CopyError {
     #[error("reading ({direction:?}) failed after {transferred:?}")]
     Read {
         /// The direction whose source failed.
-        direction: Direction,
+        direction: Way,
         /// Bytes moved before the failure.
         transferred: Transferred,
         /// The underlying error.
@@ -64,7 +64,7 @@ pub enum CopyError {
     #[error("writing ({direction:?}) failed after {transferred:?}")]
     Write {
         /// The direction whose destination failed.
-        direction: Direction,
+        direction: Way,
         /// Bytes moved before the failure.
         transferred: Transferred,
         /// The underlying error.
@@ -145,8 +145,8 @@ where
             },
         };
         match (forward, backward) {
-            (Poll::Ready(Err(failure)), _) => Poll::Ready(Err(fail(Direction::AToB, failure))),
-            (_, Poll::Ready(Err(failure))) => Poll::Ready(Err(fail(Direction::BToA, failure))),
+            (Poll::Ready(Err(failure)), _) => Poll::Ready(Err(fail(Way::AToB, failure))),
+            (_, Poll::Ready(Err(failure))) => Poll::Ready(Err(fail(Way::BToA, failure))),
             (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(Ok(transferred)),
             _ => Poll::Pending,
         }

@@ -1,90 +1,20 @@
-//! The proxy's shared view of workloads, services and policies, and the
-//! local file it may come from (reloaded when it changes). The file and
-//! delta xDS (`xds.rs`) feed the same [`State`] through [`SharedState`],
-//! whose change counters tell watchers that something changed: any change
-//! (certificate prefetch), or a change to what authorization depends on
-//! (the policy re-check of open connections).
+//! The local config file as a source of the proxy's state: loaded at
+//! start-up, then watched and reloaded when its content changes, through
+//! the same [`SharedState`] that delta xDS (`xds.rs`) writes.
 //!
 //! The file's format lives in `config/local.rs`; the store in `state.rs`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::config::local::{self, LocalConfigError};
-use crate::state::State;
+use crate::state::{SharedState, State};
 
 /// How often the local file is checked for changes. A second is quick
 /// enough for an operator's edit and costs one small read.
 pub const LOCAL_FILE_POLL: Duration = Duration::from_secs(1);
-
-/// The state every task reads, plus change counters.
-#[derive(Clone)]
-pub struct SharedState {
-    state: Arc<RwLock<State>>,
-    /// Ticks on every change.
-    version: watch::Sender<u64>,
-    /// Ticks when policies or workloads changed, the inputs of authorization,
-    /// so that a service-only update does not re-check every connection.
-    authorization: watch::Sender<u64>,
-}
-
-impl SharedState {
-    /// Wraps an initial state.
-    pub fn new(state: State) -> Self {
-        SharedState {
-            state: Arc::new(RwLock::new(state)),
-            version: watch::Sender::new(0),
-            authorization: watch::Sender::new(0),
-        }
-    }
-
-    /// A read view. Hold it briefly: writers wait for it.
-    pub fn read(&self) -> RwLockReadGuard<'_, State> {
-        // A panic while writing leaves the state as it was before the write
-        // started or after it ended; reading it stays sound.
-        self.state
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Changes the state and tells every watcher, the policy re-check
-    /// included.
-    pub fn update(&self, change: impl FnOnce(&mut State)) {
-        self.apply(change, true);
-    }
-
-    /// Changes the state and tells watchers; the policy re-check only when
-    /// `authorization_changed`. Returns what `change` returns.
-    pub fn apply<R>(&self, change: impl FnOnce(&mut State) -> R, authorization_changed: bool) -> R {
-        let result = {
-            let mut state = self
-                .state
-                .write()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            change(&mut state)
-        };
-        self.version.send_modify(|version| *version += 1);
-        if authorization_changed {
-            self.authorization.send_modify(|version| *version += 1);
-        }
-        result
-    }
-
-    /// A receiver that sees every change after this call.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.version.subscribe()
-    }
-
-    /// A receiver that sees every change to policies or workloads after
-    /// this call.
-    pub fn subscribe_authorization(&self) -> watch::Receiver<u64> {
-        self.authorization.subscribe()
-    }
-}
 
 /// Loads the local file at start-up: an invalid file is a start-up error
 /// naming the file, line and problem.

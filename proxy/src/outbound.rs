@@ -13,10 +13,10 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
-use crate::app::{CONNECT_TIMEOUT, Proxy};
+use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::copy_bidirectional_until;
 use crate::hbone::{self, HboneError, WorkloadLabels, connect_headers};
-use crate::identity::manager::IdentityError;
+use crate::identity::manager::FetchError;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::pool::{PoolError, PoolKey};
 use crate::report::{End, Opening, Report};
@@ -36,7 +36,7 @@ pub enum OutboundError {
     UnknownSource,
     /// The source identity's certificate is not available.
     #[error("no certificate for the source workload")]
-    Certificate(#[source] IdentityError),
+    Certificate(#[source] FetchError),
     /// The TCP connection to a passthrough destination failed or timed out.
     #[error("connecting to {addr}")]
     Connect {
@@ -110,7 +110,11 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
 
 /// Routes a captured connection and connects its upstream. `None` when it
 /// failed; the failure is logged and its report closed already.
-async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Report, Upstream)> {
+async fn open(
+    proxy: &Proxy,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+) -> Option<(Report, OutboundStream)> {
     let target = match original_destination(tcp) {
         Ok(target) => target,
         Err(error) => {
@@ -203,7 +207,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
 
 /// Where an outbound connection's bytes go: a plain TCP connection or an
 /// HBONE stream. One type, so the copy (and the task) is one shape.
-type Upstream = Either<TcpStream, hbone::H2Stream>;
+type OutboundStream = Either<TcpStream, hbone::H2Stream>;
 
 /// Copies until both sides close, or until the proxy's drain is forced.
 async fn copy<U>(

@@ -22,6 +22,7 @@ use crate::rbac::{Policy, Scope};
 mod intern;
 pub(crate) mod network;
 pub(crate) mod service;
+mod shared;
 pub(crate) mod upstream;
 pub(crate) mod workload;
 
@@ -32,7 +33,8 @@ pub use service::{
     HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, RoutingScope, Service, Visibility,
     WeightedWaypoint,
 };
-pub use upstream::{Destination, Upstream, select_upstream};
+pub use shared::SharedState;
+pub use upstream::{Destination, Endpoint, select_upstream};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,

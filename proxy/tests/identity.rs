@@ -22,7 +22,7 @@ use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_mesh::FileRegistry;
 use ztunnel_proxy::identity::ca_client::{CaClient, CaClientConfig, CaClientError};
-use ztunnel_proxy::identity::manager::{CertificateState, IdentityError, IdentityManager};
+use ztunnel_proxy::identity::manager::{CertificateState, FetchError, IdentityManager};
 
 const ZTUNNEL: &str = "spiffe://cluster.local/ns/istio-system/sa/ztunnel";
 /// Runs on node-a, like the ztunnel whose token is used.
@@ -189,9 +189,9 @@ fn start_manager(config: &CaClientConfig) -> (IdentityManager, oneshot::Sender<(
     (manager, stop)
 }
 
-fn status_code(error: &IdentityError) -> Option<Code> {
+fn status_code(error: &FetchError) -> Option<Code> {
     match error {
-        IdentityError::Ca(error) => match error.as_ref() {
+        FetchError::Ca(error) => match error.as_ref() {
             CaClientError::Rpc(status) => Some(status.code()),
             _ => None,
         },
@@ -273,7 +273,7 @@ async fn after_shutdown_cached_certificates_are_served_and_nothing_is_fetched() 
         manager.fetch_certificate(&identity(ZTUNNEL)).await.err()
     })
     .await;
-    assert!(matches!(error, IdentityError::Stopped), "{error:?}");
+    assert!(matches!(error, FetchError::Stopped), "{error:?}");
     let served = manager.fetch_certificate(&identity(APP)).await.unwrap();
     assert!(Arc::ptr_eq(&cached, &served));
 }
@@ -345,7 +345,7 @@ async fn a_cached_certificate_is_served_while_the_ca_is_down() {
     assert!(Arc::ptr_eq(&cached, &served));
     // The CA is really gone: an identity not cached cannot be fetched.
     let error = manager.fetch_certificate(&identity(ZTUNNEL)).await;
-    assert!(matches!(error, Err(IdentityError::Ca(_))), "{error:?}");
+    assert!(matches!(error, Err(FetchError::Ca(_))), "{error:?}");
 }
 
 #[tokio::test]

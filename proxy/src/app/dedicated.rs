@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use ztunnel_certs::error_chain::ErrorChain;
 
+use crate::app;
 use crate::app::start::{Node, Started};
-use crate::app::{self, Proxy};
 use crate::config::WorkloadInfo;
+use crate::context::{self, Proxy};
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
 use crate::inbound::tracker::Tracker;
@@ -54,7 +55,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         Arc::clone(&proxy),
         plaintext_listener,
     ));
-    data.spawn(app::recheck_policies(Arc::clone(&proxy)));
+    data.spawn(context::recheck_policies(Arc::clone(&proxy)));
     data.spawn(
         proxy
             .pool

@@ -7,10 +7,10 @@ use std::time::SystemTime;
 use serde_json::json;
 
 use crate::admin::ConfigDump;
-use crate::discovery::SharedState;
 use crate::identity::manager::IdentityManager;
 use crate::inpod::PodProxies;
 use crate::inpod::workloads::Workloads;
+use crate::state::SharedState;
 
 /// `/config_dump`: workloads, services, policies and certificates (identity
 /// and validity only, never keys).

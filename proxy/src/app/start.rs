@@ -17,7 +17,8 @@ use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
 use crate::app::{self, dedicated, shared};
 use crate::config::{Config, ProxyMode};
-use crate::discovery::{self, SharedState};
+use crate::context;
+use crate::discovery;
 use crate::drain::{self, DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
@@ -25,6 +26,7 @@ use crate::inpod::zds::ProtocolError;
 use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
 use crate::socket::LocalSockets;
+use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
 use crate::xds::{XdsClient, XdsMetrics};
 
@@ -85,7 +87,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let dedicated = match &config.mode {
         ProxyMode::Dedicated(workload) => Some((
             workload.clone(),
-            app::local_identity(&state, workload, &config)?,
+            context::local_identity(&state, workload, &config)?,
         )),
         ProxyMode::Shared => None,
     };

@@ -25,7 +25,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::peer_identity;
 
-use crate::copy::{CopyError, Direction, Transferred, copy_bidirectional_until};
+use crate::copy::{CopyError, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
@@ -292,7 +292,7 @@ async fn open_stream<H: InboundHandler>(
         Err(error) => {
             // The client reset the stream while the upstream was dialed.
             let result = Err(CopyError::Read {
-                direction: Direction::AToB,
+                direction: Way::AToB,
                 transferred: Transferred::default(),
                 source: std::io::Error::other(error),
             });

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 use ztunnel_certs::cert::{CertError, WorkloadCertificate};
-use ztunnel_certs::csr::{CertRequest, CsrError};
+use ztunnel_certs::csr::{CertRequest, CsrBuildError};
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::istio::v1::auth::IstioCertificateRequest;
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
@@ -67,7 +67,7 @@ pub enum CaClientError {
     Connection(#[from] ControlPlaneError),
     /// The key or CSR could not be generated.
     #[error("generating the CSR")]
-    Csr(#[from] CsrError),
+    Csr(#[from] CsrBuildError),
     /// The CA refused the request or could not be reached.
     #[error("CA call failed")]
     Rpc(#[from] tonic::Status),

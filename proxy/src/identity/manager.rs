@@ -69,7 +69,7 @@ impl Validity for WorkloadCertificate {
 
 /// Why no certificate could be handed out.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum IdentityError {
+pub enum FetchError {
     /// The latest fetch failed and no valid certificate is cached; a retry is
     /// scheduled with backoff.
     #[error("no certificate for this identity")]
@@ -162,7 +162,7 @@ impl IdentityManager {
     /// (on the admin runtime); it runs until `shutdown` resolves (e.g.
     /// `async move { drain.signaled().await }`), then cancels fetches in
     /// flight. Cached certificates stay served after that; anything not
-    /// cached fails with [`IdentityError::Stopped`].
+    /// cached fails with [`FetchError::Stopped`].
     pub fn new(
         client: impl CertificateSource,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -190,7 +190,7 @@ impl IdentityManager {
     pub async fn fetch_certificate(
         &self,
         identity: &Identity,
-    ) -> Result<Arc<WorkloadCertificate>, IdentityError> {
+    ) -> Result<Arc<WorkloadCertificate>, FetchError> {
         let deadline = Instant::now() + FETCH_WAIT_LIMIT;
         let mut changed = {
             let mut state = self.shared.lock();
@@ -210,15 +210,15 @@ impl IdentityManager {
         };
         loop {
             match tokio::time::timeout_at(deadline, changed.changed()).await {
-                Err(_) => return Err(IdentityError::Timeout(identity.clone())),
-                Ok(Err(_)) => return Err(IdentityError::Forgotten(identity.clone())),
+                Err(_) => return Err(FetchError::Timeout(identity.clone())),
+                Ok(Err(_)) => return Err(FetchError::Forgotten(identity.clone())),
                 Ok(Ok(())) => {}
             }
             let state = self.shared.lock();
             let slot = state
                 .entries
                 .get(identity)
-                .ok_or_else(|| IdentityError::Forgotten(identity.clone()))?;
+                .ok_or_else(|| FetchError::Forgotten(identity.clone()))?;
             if let Some(answer) = slot.entry.answer(SystemTime::now(), state.stopped) {
                 return answered(answer);
             }
@@ -246,7 +246,7 @@ impl IdentityManager {
 
     /// Drops the identity when its last workload went away: its certificate
     /// is no longer served or refreshed, and waiters get
-    /// [`IdentityError::Forgotten`].
+    /// [`FetchError::Forgotten`].
     pub fn forget(&self, identity: &Identity) {
         let mut state = self.shared.lock();
         let actions = state.step(identity, Event::Forgotten, SystemTime::now());
@@ -276,7 +276,7 @@ impl Shared {
     }
 
     /// Hands what a caller's step left to the task.
-    fn forward(&self, identity: &Identity, actions: Vec<Action>) -> Result<(), IdentityError> {
+    fn forward(&self, identity: &Identity, actions: Vec<Action>) -> Result<(), FetchError> {
         for action in actions {
             let request = Request {
                 identity: identity.clone(),
@@ -284,7 +284,7 @@ impl Shared {
             };
             self.requests
                 .send(request)
-                .map_err(|_| IdentityError::Stopped)?;
+                .map_err(|_| FetchError::Stopped)?;
         }
         Ok(())
     }
@@ -348,11 +348,11 @@ impl Slot {
 /// What a waiter returns for an answer of its entry.
 fn answered(
     answer: Answer<WorkloadCertificate, CaClientError>,
-) -> Result<Arc<WorkloadCertificate>, IdentityError> {
+) -> Result<Arc<WorkloadCertificate>, FetchError> {
     match answer {
         Answer::Certificate(certificate) => Ok(certificate),
-        Answer::Failed(error) => Err(IdentityError::Ca(error)),
-        Answer::Stopped => Err(IdentityError::Stopped),
+        Answer::Failed(error) => Err(FetchError::Ca(error)),
+        Answer::Stopped => Err(FetchError::Stopped),
     }
 }
 

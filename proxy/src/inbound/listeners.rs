@@ -19,7 +19,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
-use crate::app::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
+use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
     Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
@@ -32,7 +32,7 @@ use crate::report::{End, Opening, Report};
 use crate::socket::{canonical, original_destination};
 
 /// An admitted, connected application socket with what its close reports.
-pub struct Upstream {
+pub struct AppConnection {
     stream: TcpStream,
     report: Option<Report>,
     /// Cancelled when the copy must stop now: the drain is forced, or a
@@ -41,7 +41,7 @@ pub struct Upstream {
     tracked: TrackedGuard,
 }
 
-impl AsyncRead for Upstream {
+impl AsyncRead for AppConnection {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -51,7 +51,7 @@ impl AsyncRead for Upstream {
     }
 }
 
-impl AsyncWrite for Upstream {
+impl AsyncWrite for AppConnection {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -82,7 +82,7 @@ async fn open_upstream(
     proxy: &Proxy,
     arrival: &Arrival,
     direction_peer: Option<&Identity>,
-) -> Result<Upstream, InboundRefusal> {
+) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
         admit(&state, "", |workload| proxy.is_local(workload), arrival)
@@ -136,7 +136,7 @@ async fn open_upstream(
     };
     let stop = proxy.drain.stop_token();
     let tracked = proxy.tracker.track(connection, stop.clone());
-    Ok(Upstream {
+    Ok(AppConnection {
         stream,
         report: Some(report),
         stop,
@@ -175,7 +175,7 @@ fn open_report(
 }
 
 /// Closes a report with the copy's outcome; client to server is received.
-fn close_report(upstream: &mut Upstream, result: &Result<Transferred, CopyError>) {
+fn close_report(upstream: &mut AppConnection, result: &Result<Transferred, CopyError>) {
     let Some(report) = upstream.report.take() else {
         return;
     };
@@ -204,9 +204,9 @@ pub struct HboneInbound {
 }
 
 impl InboundHandler for HboneInbound {
-    type Upstream = Upstream;
+    type Upstream = AppConnection;
 
-    async fn open(&self, request: &InboundRequest) -> Result<Upstream, InboundRefusal> {
+    async fn open(&self, request: &InboundRequest) -> Result<AppConnection, InboundRefusal> {
         let Authority::Address(target) = &request.authority else {
             return Err(InboundRefusal::Unavailable(
                 "hostname authorities are not served",
@@ -222,11 +222,11 @@ impl InboundHandler for HboneInbound {
         open_upstream(&self.proxy, &arrival, Some(&request.peer_identity)).await
     }
 
-    fn stop(upstream: &Upstream) -> CancellationToken {
+    fn stop(upstream: &AppConnection) -> CancellationToken {
         upstream.stop.clone()
     }
 
-    fn closed(&self, mut upstream: Upstream, result: Result<Transferred, CopyError>) {
+    fn closed(&self, mut upstream: AppConnection, result: Result<Transferred, CopyError>) {
         close_report(&mut upstream, &result);
     }
 }

@@ -16,9 +16,9 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use ztunnel_certs::identity::Identity;
 
-use crate::app::{self, Proxy};
+use crate::app;
 use crate::config::Config;
-use crate::discovery::SharedState;
+use crate::context::{self, Proxy};
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
@@ -31,6 +31,7 @@ use crate::inpod::{PodInfo, PodProxies, StartError};
 use crate::metrics::Metrics;
 use crate::outbound;
 use crate::pool::Pool;
+use crate::state::SharedState;
 use crate::state::{InboundProtocol, State};
 
 /// What every pod's proxy shares: configuration, state, certificates and
@@ -150,7 +151,7 @@ impl Workloads {
         tokio::spawn(outbound::serve(Arc::clone(&proxy), outbound));
         tokio::spawn(listeners::serve_plaintext(Arc::clone(&proxy), plaintext));
         tokio::spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound));
-        tokio::spawn(app::recheck_policies(Arc::clone(&proxy)));
+        tokio::spawn(context::recheck_policies(Arc::clone(&proxy)));
         tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
         drop(runtime);
         Ok(trigger)

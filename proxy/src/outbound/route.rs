@@ -29,7 +29,7 @@ pub enum Route {
         service: Option<Arc<Service>>,
     },
     /// Not at all.
-    Refuse(Refusal),
+    Refuse(RouteRefusal),
 }
 
 /// An HBONE tunnel to open.
@@ -49,7 +49,7 @@ pub struct HboneRoute {
 
 /// Why an outbound connection is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum RouteRefusal {
     /// The destination is one of the proxy's own ports on loopback.
     #[error("attempted recursive call to ourselves")]
     SelfCall,
@@ -62,7 +62,7 @@ pub enum Refusal {
 /// `pick` spreads connections to a service across its endpoints.
 pub fn route(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Route {
     if dst.ip().is_loopback() && PROXY_PORTS.contains(&dst.port()) {
-        return Route::Refuse(Refusal::SelfCall);
+        return Route::Refuse(RouteRefusal::SelfCall);
     }
     match select_upstream(state, network, dst, pick) {
         Destination::Workload(upstream) => match upstream.protocol() {
@@ -80,7 +80,7 @@ pub fn route(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Route 
             },
         },
         Destination::NoHealthyEndpoint { service } => {
-            Route::Refuse(Refusal::NoHealthyEndpoint(service.hostname.clone()))
+            Route::Refuse(RouteRefusal::NoHealthyEndpoint(service.hostname.clone()))
         }
         // A port the service does not declare reaches the VIP as is, as an
         // unknown destination would.
@@ -186,13 +186,13 @@ services:
         );
 
         let cases: &[(&str, Route)] = &[
-            ("127.0.0.1:15001", Route::Refuse(Refusal::SelfCall)),
-            ("127.0.0.1:15006", Route::Refuse(Refusal::SelfCall)),
-            ("127.0.0.1:15008", Route::Refuse(Refusal::SelfCall)),
-            ("[::1]:15008", Route::Refuse(Refusal::SelfCall)),
+            ("127.0.0.1:15001", Route::Refuse(RouteRefusal::SelfCall)),
+            ("127.0.0.1:15006", Route::Refuse(RouteRefusal::SelfCall)),
+            ("127.0.0.1:15008", Route::Refuse(RouteRefusal::SelfCall)),
+            ("[::1]:15008", Route::Refuse(RouteRefusal::SelfCall)),
             (
                 "198.19.0.30:80",
-                Route::Refuse(Refusal::NoHealthyEndpoint(
+                Route::Refuse(RouteRefusal::NoHealthyEndpoint(
                     "sick.default.svc.cluster.local".into(),
                 )),
             ),

@@ -21,7 +21,7 @@ fn every_outbound_failure_maps_to_one_flag() {
     let cases = [
         (OutboundError::UnknownSource, ResponseFlags::IdentityError),
         (
-            OutboundError::Certificate(IdentityError::Stopped),
+            OutboundError::Certificate(FetchError::Stopped),
             ResponseFlags::IdentityError,
         ),
         (

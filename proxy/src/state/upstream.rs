@@ -19,7 +19,7 @@ use super::workload::{HealthStatus, InboundProtocol, Workload};
 pub enum Destination {
     /// A known workload: the destination IP is its own, or it was picked as
     /// an endpoint of the service VIP dialled.
-    Workload(Upstream),
+    Workload(Endpoint),
     /// A service VIP whose service has no endpoint to send to: none healthy,
     /// or none on the caller's network.
     NoHealthyEndpoint {
@@ -39,7 +39,7 @@ pub enum Destination {
 
 /// A workload to connect to, and how it was reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Upstream {
+pub struct Endpoint {
     /// The destination workload.
     pub workload: Arc<Workload>,
     /// Its address and port to dial: for a service, the endpoint's IP and the
@@ -49,7 +49,7 @@ pub struct Upstream {
     pub service: Option<Arc<Service>>,
 }
 
-impl Upstream {
+impl Endpoint {
     /// How the workload takes traffic: HBONE tunnel or plain TCP.
     pub fn protocol(&self) -> InboundProtocol {
         self.workload.protocol
@@ -83,7 +83,7 @@ impl Upstream {
 pub fn select_upstream(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Destination {
     let ip = dst.ip().to_canonical();
     if let Some(workload) = state.workload_by_address(network, ip) {
-        return Destination::Workload(Upstream {
+        return Destination::Workload(Endpoint {
             workload: workload.clone(),
             addr: SocketAddr::new(ip, dst.port()),
             service: None,
@@ -146,7 +146,7 @@ fn select_endpoint(
         .filter(|port| *port != 0)
         .or(Some(service_target).filter(|port| *port != 0))
         .unwrap_or(service_port);
-    Destination::Workload(Upstream {
+    Destination::Workload(Endpoint {
         workload: workload.clone(),
         addr: SocketAddr::new(ip, target_port),
         service: Some(service.clone()),

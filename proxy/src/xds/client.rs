@@ -26,9 +26,9 @@ use crate::config::XdsSettings;
 use crate::control_plane::{
     ControlPlaneError, Credentials, Dialer, TokenSource, client_tls_config,
 };
-use crate::discovery::SharedState;
 use crate::drain::DrainWatcher;
 use crate::readiness::{BlockReady, Ready};
+use crate::state::SharedState;
 
 use super::XdsError;
 use super::apply::{self, Applied, KnownVersions};

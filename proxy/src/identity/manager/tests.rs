@@ -102,7 +102,7 @@ async fn at_most_eight_fetches_run_at_once_and_waiting_connections_jump_the_queu
     );
     fake.release.add_permits(1_000);
     let error = waiting.await.unwrap().unwrap_err();
-    assert!(matches!(error, IdentityError::Ca(_)), "{error:?}");
+    assert!(matches!(error, FetchError::Ca(_)), "{error:?}");
     fake.wait_for_calls(13).await;
     assert_eq!(
         fake.most_running.load(Ordering::SeqCst),
@@ -123,7 +123,7 @@ async fn concurrent_waiters_share_one_fetch_and_a_failure_schedules_a_retry() {
     fake.wait_for_calls(1).await;
     fake.release.add_permits(1);
     for waiter in waiters {
-        assert!(matches!(waiter.await.unwrap(), Err(IdentityError::Ca(_))));
+        assert!(matches!(waiter.await.unwrap(), Err(FetchError::Ca(_))));
     }
     assert_eq!(
         fake.calls(),
@@ -157,7 +157,7 @@ async fn a_forgotten_identity_fails_its_waiters() {
     fake.wait_for_calls(1).await;
     manager.forget(&identity(1));
     let error = waiter.await.unwrap().unwrap_err();
-    assert!(matches!(error, IdentityError::Forgotten(_)), "{error:?}");
+    assert!(matches!(error, FetchError::Forgotten(_)), "{error:?}");
     assert!(manager.snapshot().is_empty());
     fake.release.add_permits(1_000);
 }

@@ -1,0 +1,165 @@
+//! What the data path's connection handlers share: the [`Proxy`] of one
+//! served workload (state, certificates, metrics, sockets, pool, tracker,
+//! drain), its time limits, how it finds the workload it serves, and the
+//! policy re-check of its open connections. Outbound (`outbound.rs`) and
+//! inbound (`inbound/`) depend on this module; `app` only assembles it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use ztunnel_certs::identity::{Identity, IdentityError};
+
+use crate::config::{Config, WorkloadInfo};
+use crate::drain::DrainWatcher;
+use crate::hbone::H2Settings;
+use crate::identity::manager::IdentityManager;
+use crate::inbound::tracker::Tracker;
+use crate::metrics::{Metrics, Reporter};
+use crate::pool::Pool;
+use crate::socket::SocketFactory;
+use crate::state::{SharedState, State, Workload};
+
+/// How long a peer may take to finish the TLS handshake: bounds the sockets
+/// a slow or hostile client can hold open before it is identified.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long dialing an upstream (application or peer ztunnel) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every connection handler of one proxied workload shares.
+pub struct Proxy {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Workloads, services and policies.
+    pub state: SharedState,
+    /// Certificates.
+    pub identities: IdentityManager,
+    /// Traffic metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where sockets come from.
+    pub sockets: Arc<dyn SocketFactory>,
+    /// HBONE HTTP/2 settings.
+    pub h2: H2Settings,
+    /// Outbound HBONE connections.
+    pub pool: Pool,
+    /// Open inbound connections, for policy re-checks.
+    pub tracker: Tracker,
+    /// The workload this proxy serves.
+    pub workload: WorkloadInfo,
+    /// Ends every task.
+    pub drain: DrainWatcher,
+}
+
+impl Proxy {
+    /// The served workload as the state knows it now.
+    pub fn local_workload(&self) -> Option<Arc<Workload>> {
+        self.local_workload_in(&self.state.read())
+    }
+
+    /// [`Proxy::local_workload`] in a state the caller already holds: the
+    /// state's lock must not be taken twice by one reader.
+    pub fn local_workload_in(&self, state: &State) -> Option<Arc<Workload>> {
+        find_node_workload(state, &self.workload, self.config.node_name.as_deref())
+    }
+
+    /// The served workload, waiting up to `local_workload_wait` for the
+    /// control plane to describe it: a new pod sends (and is sent to) as
+    /// soon as its network is up, which can be before the push that names
+    /// it arrives. `None` after the wait, logged and counted.
+    pub async fn wait_for_local_workload(&self, reporter: Reporter) -> Option<Arc<Workload>> {
+        if let Some(workload) = self.local_workload() {
+            return Some(workload);
+        }
+        // Subscribed before looking again, so a push in between is seen.
+        let mut changes = self.state.subscribe();
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.local_workload_wait;
+        loop {
+            if let Some(workload) = self.local_workload() {
+                self.metrics.record_workload_wait(reporter, true);
+                tracing::debug!(
+                    namespace = %self.workload.namespace,
+                    name = %self.workload.name,
+                    waited = ?started.elapsed(),
+                    "the local workload arrived"
+                );
+                return Some(workload);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                // The deadline, or the state's sender gone (shutting down).
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        self.metrics.record_workload_wait(reporter, false);
+        tracing::warn!(
+            namespace = %self.workload.namespace,
+            name = %self.workload.name,
+            waited = ?self.config.local_workload_wait,
+            "the control plane has not described this pod's workload yet; connection refused"
+        );
+        None
+    }
+
+    /// Whether `workload` is the one this proxy serves.
+    pub fn is_local(&self, workload: &Workload) -> bool {
+        *workload.namespace == *self.workload.namespace && *workload.name == *self.workload.name
+    }
+
+    /// A random number that spreads connections over endpoints.
+    pub fn pick(&self) -> u64 {
+        rand::rng().random()
+    }
+}
+
+/// The state's workload for `info`: same namespace, name and service
+/// account, among the workloads of `node` when it is set (`NODE_NAME`), the
+/// in-pod match of WIRE.md §5.
+pub fn find_node_workload(
+    state: &State,
+    info: &WorkloadInfo,
+    node: Option<&str>,
+) -> Option<Arc<Workload>> {
+    state
+        .local_workload(&info.namespace, &info.name, &info.service_account, node)
+        .cloned()
+}
+
+/// The identity a local workload runs as: its workload's when the state
+/// knows it (among `NODE_NAME`'s), else built from the configured trust
+/// domain, namespace and service account.
+pub fn local_identity(
+    state: &State,
+    info: &WorkloadInfo,
+    config: &Config,
+) -> Result<Identity, IdentityError> {
+    match find_node_workload(state, info, config.node_name.as_deref()) {
+        Some(workload) => Ok(workload.identity.clone()),
+        None => Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
+    }
+}
+
+/// Re-checks open inbound connections whenever policies or workloads
+/// change (a file reload, an xDS update), closing those no longer allowed
+/// (each closure logged and counted).
+pub async fn recheck_policies(proxy: Arc<Proxy>) {
+    let mut changes = proxy.state.subscribe_authorization();
+    let drain = proxy.drain.clone();
+    loop {
+        tokio::select! {
+            () = drain.signaled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+        let closed = proxy.tracker.recheck(&proxy.state.read());
+        for closed in closed {
+            tracing::info!(
+                src.addr = %closed.connection.source_ip,
+                dst.workload = %closed.connection.destination_workload,
+                reason = %closed.reason,
+                "connection closed: no longer allowed by policy"
+            );
+            proxy.metrics.record_policy_close(Reporter::Destination);
+        }
+    }
+}
