@@ -65,11 +65,11 @@ pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Res
 
 /// Loads the initial state: from the local file when configured (an invalid
 /// file fails start-up), else empty until xDS delivers it.
-pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<discovery::FileDigest>)> {
+pub fn initial_state(config: &Config) -> anyhow::Result<(State, Option<discovery::FileVersion>)> {
     match &config.local_xds_path {
         Some(path) => {
-            let (state, digest) = discovery::load_local_file(path)?;
-            Ok((state, Some(digest)))
+            let (state, version) = discovery::load_local_file(path)?;
+            Ok((state, Some(version)))
         }
         None => Ok((State::new(), None)),
     }

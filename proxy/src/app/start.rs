@@ -81,7 +81,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .build()?;
 
     let config = Arc::new(config);
-    let (state, digest) = app::initial_state(&config)?;
+    let (state, version) = app::initial_state(&config)?;
     // The dedicated workload's identity is the CA client's own; the shared
     // mode impersonates every pod.
     let dedicated = match &config.mode {
@@ -101,11 +101,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
     control.spawn(manager_task);
-    if let (Some(path), Some(digest)) = (config.local_xds_path.clone(), digest) {
+    if let (Some(path), Some(version)) = (config.local_xds_path.clone(), version) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(
             path,
-            digest,
+            version,
             state.clone(),
             discovery::LOCAL_FILE_POLL,
             async move { stop.signaled().await },
