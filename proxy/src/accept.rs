@@ -20,6 +20,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::backoff::{Backoff, Jitter};
 use crate::drain::DrainWatcher;
 use crate::metrics::Metrics;
 
@@ -62,11 +63,19 @@ pub fn classify(error: &io::Error) -> AcceptErrorKind {
     }
 }
 
+/// The pauses: no jitter, since listeners do not fail in step the way
+/// clients of one server do.
+const PAUSES: Backoff = Backoff {
+    initial: MIN_PAUSE,
+    max: MAX_PAUSE,
+    multiplier: 2,
+    jitter: Jitter::None,
+};
+
 /// The pause after the `repeated`-th error in a row that would repeat
 /// (1 for the first): [`MIN_PAUSE`] doubled each time, at most [`MAX_PAUSE`].
 pub fn pause(repeated: u32) -> Duration {
-    let doublings = repeated.saturating_sub(1).min(16);
-    MIN_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE)
+    PAUSES.wait(repeated, 0.0)
 }
 
 /// Accepts on `listener`, named `name` in logs and metrics, and hands each

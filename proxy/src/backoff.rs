@@ -4,7 +4,8 @@
 //!
 //! The users keep their own count and their own settings: the identity
 //! manager's CA retries (`identity/schedule.rs`), the xDS reconnect
-//! (`xds/reconnect.rs`) and the ZDS connect and reconnect (`inpod/zds.rs`).
+//! (`xds/reconnect.rs`), the ZDS connect and reconnect (`inpod/zds.rs`), and
+//! a listener's pause after an accept error (`accept.rs`).
 //! When to count a failure and when to start over is theirs to decide.
 
 use std::time::Duration;

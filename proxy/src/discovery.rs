@@ -123,6 +123,7 @@ pub async fn watch_local_file(
         match local::parse(&text, &path) {
             Ok(config) => {
                 shared.update(|state| config.apply(state));
+                crate::memory::give_back();
                 tracing::info!(path = %path.display(), "local config file reloaded");
             }
             Err(error) => {

@@ -26,6 +26,7 @@ pub mod identity;
 pub mod inbound;
 pub mod inpod;
 pub mod interner;
+pub mod memory;
 pub mod metrics;
 pub mod outbound;
 pub mod pool;

@@ -23,6 +23,7 @@ use crate::drain::{self, DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
 use crate::inpod::zds::ProtocolError;
+use crate::memory;
 use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
 use crate::socket::LocalSockets;
@@ -82,6 +83,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let config = Arc::new(config);
     let (state, version) = app::initial_state(&config)?;
+    // The file's parse freed far more than the state keeps.
+    memory::give_back();
     // The dedicated workload's identity is the CA client's own; the shared
     // mode impersonates every pod.
     let dedicated = match &config.mode {

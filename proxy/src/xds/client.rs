@@ -36,6 +36,10 @@ use super::metrics::XdsMetrics;
 use super::reconnect::{Reconnect, StreamEnd};
 use super::request;
 
+/// Resources in one response from which the memory its decoding freed is
+/// given back to the system at once (`memory.rs`).
+const LARGE_RESPONSE: usize = 1000;
+
 /// Largest response decoded (WIRE.md §7): a full push of a large cluster's
 /// workloads runs to tens of MiB; 200 MiB is istio/ztunnel's limit.
 const MAX_MESSAGE_BYTES: usize = 200 * 1024 * 1024;
@@ -211,6 +215,11 @@ impl XdsClient {
             )
         };
         self.known.record(kind, update.versions);
+        // A large response (the first of a stream, a big push) decoded and
+        // converted far more than the state keeps.
+        if applied.updated + applied.removed >= LARGE_RESPONSE {
+            crate::memory::give_back();
+        }
         self.metrics.record_resources(
             kind.type_url(),
             applied.updated,
