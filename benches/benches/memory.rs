@@ -11,7 +11,12 @@
 //! on top, which the harness's resident-memory figure (`--mesh-size`)
 //! includes.
 //!
-//! `cargo bench -p ztunnel-benches --bench memory` prints one line.
+//! The same figure for the path the harness's `--mesh-size` takes: a local
+//! config file of workloads on other nodes, parsed and loaded as ztunnel
+//! does at start-up, with the peak the load reached (what the parse
+//! allocates and frees on the way, which the allocator may keep).
+//!
+//! `cargo bench -p ztunnel-benches --bench memory` prints two lines.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -24,11 +29,15 @@ struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+/// The highest `LIVE` since it was last reset.
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
 // SAFETY: every call is forwarded unchanged to the system allocator; the
 // counter is only arithmetic on the sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        let live = LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        PEAK.fetch_max(live + layout.size() as isize, Ordering::Relaxed);
         // SAFETY: the caller's contract is passed on as is.
         unsafe { System.alloc(layout) }
     }
@@ -40,10 +49,9 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        let grown = new_size as isize - layout.size() as isize;
+        let live = LIVE.fetch_add(grown, Ordering::Relaxed);
+        PEAK.fetch_max(live + grown, Ordering::Relaxed);
         // SAFETY: the caller's contract is passed on as is.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -59,7 +67,38 @@ fn held_by<T>(build: impl FnOnce() -> T) -> (T, isize) {
     (value, LIVE.load(Ordering::Relaxed) - before)
 }
 
+/// The live heap after loading a local file with `count` workloads on other
+/// nodes, as the harness's `--mesh-size` writes it, and what the load
+/// allocated at its peak.
+fn local_file_load(count: usize) -> (isize, isize) {
+    use ztunnel_test_support::cluster::{ConfigSource, MeshFile};
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = MeshFile::new(
+        dir.path().join("mesh.yaml"),
+        ConfigSource::LocalFile,
+        &[],
+        &[],
+    )
+    .unwrap();
+    file.set_remote_workloads(count).unwrap();
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let (state, version) = ztunnel_proxy::discovery::load_local_file(file.path()).unwrap();
+    let held = LIVE.load(Ordering::Relaxed) - before;
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    drop((state, version));
+    (held, peak)
+}
+
 fn main() {
+    let (empty, _) = local_file_load(0);
+    let (full, peak) = local_file_load(mesh::WORKLOADS as usize);
+    println!(
+        "local file: {} workloads on other nodes (the harness's --mesh-size): {:.0} bytes of heap per workload kept, {:.0} allocated at the load's peak",
+        mesh::WORKLOADS,
+        (full - empty) as f64 / f64::from(mesh::WORKLOADS),
+        peak as f64 / f64::from(mesh::WORKLOADS),
+    );
     let (services_only, base) = held_by(|| mesh::store_of(0));
     let (full, with_workloads) = held_by(|| mesh::store_of(mesh::WORKLOADS));
     let per_workload = (with_workloads - base) as f64 / f64::from(mesh::WORKLOADS);
