@@ -70,6 +70,15 @@ impl Identity {
         format!("{SCHEME}{trust_domain}{NS}{namespace}{SA}{service_account}").parse()
     }
 
+    /// Checks that a namespace and a service account can be parts of an
+    /// identity (with any valid trust domain): what a workload store must
+    /// know before it hands the pair to a proxy, which rejects a workload
+    /// whose identity does not parse.
+    pub fn check_parts(namespace: &str, service_account: &str) -> Result<(), IdentityError> {
+        check_part("namespace", namespace)?;
+        check_part("service account", service_account)
+    }
+
     /// The trust domain, e.g. `cluster.local`.
     pub fn trust_domain(&self) -> &str {
         let end = usize::from(self.trust_domain_end);

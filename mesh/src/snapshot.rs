@@ -14,6 +14,8 @@ use std::net::IpAddr;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::identity::Identity;
 
 use super::pod::{Pod, PodPhase};
 use super::policy::{Policy, PolicyScope};
@@ -185,6 +187,14 @@ impl MeshSnapshot {
                 ("serviceAccount", &pod.service_account),
             ] {
                 non_empty(value, field, item)?;
+            }
+            // Every pod becomes a workload with this identity: a proxy
+            // rejects one whose parts make none.
+            if let Err(error) = Identity::check_parts(&pod.namespace, &pod.service_account) {
+                return Err(MeshError::Identity {
+                    pod: item(),
+                    reason: ErrorChain(&error).to_string(),
+                });
             }
             if pod.uid.contains('/') {
                 return Err(MeshError::SlashInUid {
@@ -366,6 +376,14 @@ pub enum MeshError {
     DuplicateUid {
         /// The uid.
         uid: String,
+    },
+    /// A pod's namespace and service account make no SPIFFE identity.
+    #[error("{pod}: no valid identity: {reason}")]
+    Identity {
+        /// The pod.
+        pod: String,
+        /// Why.
+        reason: String,
     },
     /// A uid with a `/`: it could collide with a service's resource name,
     /// `namespace/hostname`, among the same type's resources.

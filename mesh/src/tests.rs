@@ -367,6 +367,11 @@ fn contradictory_entries_are_refused() {
         ("slash in uid", pod("a", "n/a", "10.0.0.1"), "contains '/'"),
         ("empty uid", pod("a", "''", "10.0.0.1"), "uid is empty"),
         (
+            "no identity",
+            "- {name: a, namespace: 'n+1', uid: ua, serviceAccount: s, ips: [10.0.0.1]}\n".into(),
+            "pod n+1/a: no valid identity: identity namespace contains a forbidden character",
+        ),
+        (
             "selector and endpoints",
             service(", selector: {app: a}, endpoints: [ua]"),
             "both set",

@@ -122,6 +122,10 @@ pub enum ProblemReason {
         /// The field, e.g. `metadata.uid`.
         field: &'static str,
     },
+    /// A pod's namespace and service account make no SPIFFE identity
+    /// (names the API server would not accept); the pod is left out.
+    #[error("no valid identity: {0}")]
+    InvalidIdentity(String),
     /// A pod uid with a `/`, which could collide with a service resource
     /// name; the pod is left out.
     #[error("uid {uid:?} contains '/'")]
@@ -208,6 +212,7 @@ impl ProblemReason {
         match self {
             ProblemReason::MissingField { .. }
             | ProblemReason::SlashInUid { .. }
+            | ProblemReason::InvalidIdentity(_)
             | ProblemReason::Duplicate
             | ProblemReason::DuplicateUid { .. } => Effect::Dropped,
             ProblemReason::TargetRefNotSent

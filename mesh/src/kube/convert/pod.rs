@@ -9,6 +9,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod as KubePod, PodSpec};
+use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::identity::Identity;
 
 use super::{ConvertSettings, Outcome, ProblemReason, labels, name_and_namespace, value};
 use crate::{Locality, Pod, PodPhase, WorkloadProtocol, WorkloadType};
@@ -84,6 +86,11 @@ pub(super) fn pod(
         .and_then(|spec| spec.node_name.clone())
         .filter(|node| !node.is_empty());
     let service_account = service_account(object).to_owned();
+    if let Err(error) = Identity::check_parts(&namespace, &service_account) {
+        return Outcome::left_out(ProblemReason::InvalidIdentity(
+            ErrorChain(&error).to_string(),
+        ));
+    }
     let native_tunnel = value(&metadata.labels, TUNNEL_LABEL)
         .is_some_and(|tunnels| tunnels.split(',').any(|tunnel| tunnel.trim() == "http"));
     let redirected = value(&metadata.annotations, REDIRECTION_ANNOTATION) == Some("enabled");

@@ -120,6 +120,40 @@ fn a_pod_without_uid_is_reported_and_the_rest_kept() {
 }
 
 #[test]
+fn a_pod_whose_names_make_no_identity_is_left_out() {
+    // Found by the k8s_convert fuzz target: a namespace with a '+' (which
+    // the API server never admits) became a workload the proxy rejects.
+    let conversion = convert(
+        &objects(vec![
+            kube_pod("sho+p", "web-0", "10.0.0.1", json!({})),
+            kube_pod("shop", "web-1", "10.0.0.2", json!({})),
+            kube_pod(
+                "shop",
+                "web-2",
+                "10.0.0.3",
+                json!({"spec": {"serviceAccountName": "a/b"}}),
+            ),
+        ]),
+        &ConvertSettings::default(),
+    );
+    assert_eq!(pod_names(&conversion), ["shop/web-1"]);
+    let problems: Vec<String> = conversion
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "Pod sho+p/web-0: no valid identity: identity namespace contains a forbidden character",
+            "Pod shop/web-2: no valid identity: identity service account contains a forbidden character",
+        ]
+    );
+    assert_eq!(conversion.problems[0].reason.effect(), Effect::Dropped);
+    MeshSnapshot::new(conversion.mesh).unwrap();
+}
+
+#[test]
 fn contradicting_pods_are_resolved_in_name_order_and_the_mesh_still_loads() {
     let host = json!({"spec": {"hostNetwork": true}});
     let done = json!({"status": {"phase": "Succeeded"}});
