@@ -93,10 +93,14 @@ impl Admin {
     }
 
     fn config_dump(&self) -> Response<Body> {
-        match serde_json::to_vec_pretty(&self.config.config_dump()) {
+        let response = match serde_json::to_vec_pretty(&self.config.config_dump()) {
             Ok(json) => with_type(StatusCode::OK, json, "application/json"),
             Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
-        }
+        };
+        // The dump of a large mesh is a JSON tree of tens of MB, built and
+        // freed on this thread: give it back rather than keep it resident.
+        crate::memory::give_back();
+        response
     }
 
     fn logging(&self, query: &str) -> Response<Body> {
