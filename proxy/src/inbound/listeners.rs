@@ -7,6 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -238,9 +239,20 @@ struct PendingHandshake {
     gauge: Gauge,
 }
 
+/// Pending handshakes (over all listeners, as the gauge counts them) from
+/// which their end counts as the end of a flood, whose memory is then given
+/// back to the system.
+const FLOOD: i64 = 256;
+
+/// Whether the pending handshakes reached [`FLOOD`] since they were last
+/// all done.
+static FLOODED: AtomicBool = AtomicBool::new(false);
+
 impl PendingHandshake {
     fn new(permit: OwnedSemaphorePermit, gauge: Gauge) -> Self {
-        gauge.inc();
+        if gauge.inc() + 1 >= FLOOD {
+            FLOODED.store(true, Ordering::Relaxed);
+        }
         Self {
             _permit: permit,
             gauge,
@@ -250,7 +262,12 @@ impl PendingHandshake {
 
 impl Drop for PendingHandshake {
     fn drop(&mut self) {
-        self.gauge.dec();
+        // The last pending handshake of a flood: the tasks of thousands of
+        // silent connections were freed on this worker, and the allocator
+        // would keep their pages until it needs them again.
+        if self.gauge.dec() == 1 && FLOODED.swap(false, Ordering::Relaxed) {
+            crate::memory::give_back();
+        }
     }
 }
 
