@@ -42,6 +42,11 @@ const REGISTRY_POLL: Duration = Duration::from_millis(100);
 /// How long the Kubernetes source may take to list everything once.
 const SOURCE_READY: Duration = Duration::from_secs(30);
 
+/// Binding the CA's address again when it is still in use: how many
+/// retries, and the pause before each (one second in all).
+const BIND_TRIES: u32 = 20;
+const BIND_RETRY: Duration = Duration::from_millis(50);
+
 /// A pod whose token a test mints.
 #[derive(Debug, Clone)]
 pub struct PodRef<'a> {
@@ -160,10 +165,22 @@ impl TestCa {
         };
         let addr = self.addr;
         // std's bind sets SO_REUSEADDR, so a restart binds the address
-        // again at once, whatever connections of the last run linger.
-        let listener = ns
-            .run(move || std::net::TcpListener::bind(addr))?
-            .context("binding the CA")?;
+        // again whatever connections of the last run linger. On a loaded
+        // machine the last run's listener was once seen still bound just
+        // after its thread ended (EADDRINUSE): a few short retries, bounded
+        // in count and time, ride that out.
+        let mut tries = 0;
+        let listener = loop {
+            match ns.run(move || std::net::TcpListener::bind(addr))? {
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::AddrInUse && tries < BIND_TRIES =>
+                {
+                    tries += 1;
+                    std::thread::sleep(BIND_RETRY);
+                }
+                bound => break bound.context("binding the CA")?,
+            }
+        };
         listener.set_nonblocking(true)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
