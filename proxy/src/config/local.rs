@@ -106,6 +106,26 @@ struct FileForm {
     policies: Vec<policy::PolicyForm>,
 }
 
+/// The YAML parse, on a thread of its own when one can be started: its
+/// scratch allocations (the parser's events, several times the size of
+/// what is kept) then come from that thread's heap, given back whole when
+/// the thread ends, rather than sharing pages with the state built from
+/// the result, which would keep them resident.
+fn parse_apart(text: &str) -> Result<FileForm, serde_yaml_ng::Error> {
+    std::thread::scope(|scope| {
+        let parser = std::thread::Builder::new()
+            .name("local-config-parse".into())
+            .spawn_scoped(scope, || serde_yaml_ng::from_str(text));
+        match parser {
+            Ok(parser) => parser
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: parse here.
+            Err(_) => serde_yaml_ng::from_str(text),
+        }
+    })
+}
+
 /// Reads and parses the file at `path`.
 pub fn load(path: &Path) -> Result<LocalConfig, LocalConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
@@ -125,7 +145,7 @@ pub fn parse(text: &str, path: &Path) -> Result<LocalConfig, LocalConfigError> {
     if !has_content {
         return Ok(LocalConfig::default());
     }
-    let file: FileForm = serde_yaml_ng::from_str(text).map_err(|error| {
+    let file: FileForm = parse_apart(text).map_err(|error| {
         let location = error.location();
         LocalConfigError::Syntax {
             path: path.to_owned(),
