@@ -376,7 +376,12 @@ async fn a_pod_moving_node_revokes_the_node_agent_authorization() {
         "{name: app-a, namespace: default, uid: uid-app, serviceAccount: app, nodeName: node-b",
     );
     assert_ne!(moved, PODS);
-    std::fs::write(&ca.mesh, moved).unwrap();
+    // Written aside and renamed into place: a plain write truncates the
+    // file first, and a poll that read it empty (no pods, so ztunnel-a
+    // denied too) once ended the wait below early.
+    let staged = ca.mesh.with_extension("staged");
+    std::fs::write(&staged, moved).unwrap();
+    std::fs::rename(&staged, &ca.mesh).unwrap();
     // The registry polls every 20 ms; give it up to 10 s.
     let mut last = Ok(Default::default());
     for _ in 0..500 {
