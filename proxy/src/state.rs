@@ -113,9 +113,6 @@ impl TryFrom<&proto::Address> for AddressResource {
     }
 }
 
-/// A pod's namespace and name.
-type PodName = (Arc<str>, Arc<str>);
-
 /// The store. Values are behind `Arc` so that a lookup result outlives the
 /// next update without copying.
 ///
@@ -125,9 +122,12 @@ type PodName = (Arc<str>, Arc<str>);
 #[derive(Clone, Debug, Default)]
 pub struct State {
     workloads: HashMap<Arc<str>, Arc<Workload>>,
-    /// (namespace, name) → uids of the workloads with that pod name: how
-    /// a proxy finds the workload it serves without scanning the mesh.
-    workload_by_name: HashMap<PodName, Vec<Arc<str>>>,
+    /// Pod name → uids of the workloads with that name, in any namespace:
+    /// how a proxy finds the workload it serves without scanning the mesh.
+    /// Keyed by the name alone so that a lookup borrows the caller's `&str`
+    /// (a name is rarely reused across namespaces; the namespace is checked
+    /// among the few candidates).
+    workload_by_name: HashMap<Arc<str>, Vec<Arc<str>>>,
     /// The shared copies of what workloads repeat.
     interner: intern::Interner,
     /// network → IP → workload uid. Host-network workloads are left out.
@@ -194,7 +194,7 @@ impl State {
         let workload = Arc::new(workload);
         let uid = workload.uid.clone();
         self.workload_by_name
-            .entry((workload.namespace.clone(), workload.name.clone()))
+            .entry(workload.name.clone())
             .or_default()
             .push(uid.clone());
         if workload.network_mode != NetworkMode::HostNetwork {
@@ -219,11 +219,10 @@ impl State {
     /// Removes the workload with this uid; returns it.
     pub fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let workload = self.workloads.remove(uid)?;
-        let name = (workload.namespace.clone(), workload.name.clone());
-        if let Some(uids) = self.workload_by_name.get_mut(&name) {
+        if let Some(uids) = self.workload_by_name.get_mut(&workload.name) {
             uids.retain(|owner| **owner != *uid);
             if uids.is_empty() {
-                self.workload_by_name.remove(&name);
+                self.workload_by_name.remove(&workload.name);
             }
         }
         if let Some(by_ip) = self.workload_by_address.get_mut(&workload.network) {
@@ -267,17 +266,18 @@ impl State {
     /// match, the one with the lowest uid.
     pub fn local_workload(
         &self,
-        namespace: &Arc<str>,
-        name: &Arc<str>,
+        namespace: &str,
+        name: &str,
         service_account: &str,
         node: Option<&str>,
     ) -> Option<&Arc<Workload>> {
         self.workload_by_name
-            .get(&(namespace.clone(), name.clone()))?
+            .get(name)?
             .iter()
             .filter_map(|uid| self.workloads.get(uid))
             .filter(|workload| {
-                workload.service_account() == service_account
+                *workload.namespace == *namespace
+                    && workload.service_account() == service_account
                     && node.is_none_or(|node| *workload.node == *node)
             })
             .min_by(|a, b| a.uid.cmp(&b.uid))

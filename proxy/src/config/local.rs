@@ -106,12 +106,29 @@ struct FileForm {
     policies: Vec<policy::PolicyForm>,
 }
 
-/// The YAML parse, on a thread of its own when one can be started: its
-/// scratch allocations (the parser's events, several times the size of
-/// what is kept) then come from that thread's heap, given back whole when
-/// the thread ends, rather than sharing pages with the state built from
-/// the result, which would keep them resident.
+/// Reads and parses the file at `path`.
+pub fn load(path: &Path) -> Result<LocalConfig, LocalConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+/// Files from this size (about 200 workloads) are parsed on a thread of
+/// their own ([`parse_apart`]).
+const PARSE_APART_FROM: usize = 64 * 1024;
+
+/// The YAML parse, on a thread of its own when the file is large and a
+/// thread can be started: its scratch allocations (the parser's events,
+/// several times the size of what is kept) then come from that thread's
+/// heap, given back whole when the thread ends, rather than sharing pages
+/// with the state built from the result, which would keep them resident.
 fn parse_apart(text: &str) -> Result<FileForm, serde_yaml_ng::Error> {
+    // A small file's scratch memory is not worth a thread.
+    if text.len() < PARSE_APART_FROM {
+        return serde_yaml_ng::from_str(text);
+    }
     std::thread::scope(|scope| {
         let parser = std::thread::Builder::new()
             .name("local-config-parse".into())
@@ -124,15 +141,6 @@ fn parse_apart(text: &str) -> Result<FileForm, serde_yaml_ng::Error> {
             Err(_) => serde_yaml_ng::from_str(text),
         }
     })
-}
-
-/// Reads and parses the file at `path`.
-pub fn load(path: &Path) -> Result<LocalConfig, LocalConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LocalConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse(&text, path)
 }
 
 /// Parses `text`; `path` only names the file in errors. A text with no

@@ -57,10 +57,14 @@ fn a_local_workload_is_found_by_pod_name_service_account_and_node() {
     pod.name = "pod".into();
     pod.node = "node-a".into();
     state.insert_workload(pod.clone());
-    let (namespace, name): (Arc<str>, Arc<str>) = ("default".into(), "pod".into());
+    // The same pod name in another namespace, on the same node.
+    let mut elsewhere = Workload::for_test("uid-elsewhere", "shop", &[]);
+    elsewhere.name = "pod".into();
+    elsewhere.node = "node-a".into();
+    state.insert_workload(elsewhere);
     let find = |state: &State, account: &str, node: Option<&str>| {
         state
-            .local_workload(&namespace, &name, account, node)
+            .local_workload("default", "pod", account, node)
             .map(|workload| workload.uid.to_string())
     };
 
