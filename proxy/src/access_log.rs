@@ -69,6 +69,9 @@ pub struct ConnectionLog {
     pub peers: Arc<Peers>,
     /// Outbound or inbound.
     pub direction: Direction,
+    /// Whether the connection took the same-node path: handed inside the
+    /// proxy from one served pod to another, without the HBONE tunnel.
+    pub same_node: bool,
 }
 
 /// How a connection ended.
@@ -115,6 +118,7 @@ macro_rules! connection_event {
             dst.identity = log.peers.dst.identity.as_deref(),
             dst.cluster = log.peers.dst.cluster.as_deref(),
             direction = log.direction.as_str(),
+            path = log.same_node.then_some("same-node"),
             $($($extra)*)?
             $message
         )

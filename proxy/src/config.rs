@@ -126,6 +126,11 @@ pub struct InpodSettings {
     /// Whether the wildcard address is the dual-stack `[::]` rather than
     /// `0.0.0.0`.
     pub ipv6_enabled: bool,
+    /// Whether a connection between two pods this proxy serves is handed
+    /// from the client's outbound side to the server's inbound side in the
+    /// process (policy, logs and metrics as over HBONE) instead of going
+    /// through a TLS and HTTP/2 tunnel to the proxy's own 15008.
+    pub same_node_shortcut: bool,
 }
 
 /// Connection pool limits.
@@ -366,6 +371,11 @@ struct Args {
     /// Listen on the dual-stack `[::]` (true) or on `0.0.0.0` (false) in pods.
     #[arg(long, env = "IPV6_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
     ipv6_enabled: bool,
+    /// Shared mode: connections between two pods of this node skip the
+    /// HBONE tunnel and are handed to the destination's inbound side in the
+    /// process (false: every meshed connection goes over HBONE).
+    #[arg(long, env = "SAME_NODE_SHORTCUT", default_value_t = true, action = clap::ArgAction::Set)]
+    same_node_shortcut: bool,
 }
 
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
@@ -539,6 +549,7 @@ impl Args {
                 port_reuse: self.inpod_port_reuse,
                 original_source: self.enable_orig_src,
                 ipv6_enabled: self.ipv6_enabled,
+                same_node_shortcut: self.same_node_shortcut,
             },
         })
     }

@@ -4,7 +4,8 @@
 //! policy re-check of its open connections. Outbound (`outbound.rs`) and
 //! inbound (`inbound/`) depend on this module; `app` only assembles it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use rand::Rng;
@@ -18,7 +19,7 @@ use crate::inbound::tracker::Tracker;
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::Pool;
 use crate::socket::SocketFactory;
-use crate::state::{SharedState, State, Workload};
+use crate::state::{Service, SharedState, State, Workload};
 
 /// How long a peer may take to finish the TLS handshake: bounds the sockets
 /// a slow or hostile client can hold open before it is identified.
@@ -49,6 +50,9 @@ pub struct Proxy {
     pub workload: WorkloadInfo,
     /// Ends every task.
     pub drain: DrainWatcher,
+    /// The other pods this process serves, for the same-node path; `None`
+    /// when there is no such path (dedicated mode, or the setting off).
+    pub local_pods: Option<Arc<LocalPods>>,
 }
 
 impl Proxy {
@@ -110,6 +114,86 @@ impl Proxy {
     /// A random number that spreads connections over endpoints.
     pub fn pick(&self) -> u64 {
         rand::rng().random()
+    }
+
+    /// The proxy of `destination` when a connection to it can take the
+    /// same-node path: the pod is served by this process and not draining,
+    /// and neither it nor the dialled service sends its traffic through a
+    /// waypoint (which only the network path reaches).
+    pub fn same_node_destination(
+        &self,
+        destination: &Workload,
+        service: Option<&Service>,
+    ) -> Option<Arc<Proxy>> {
+        let pods = self.local_pods.as_ref()?;
+        if destination.waypoint.is_some()
+            || service.is_some_and(|service| service.waypoint.is_some())
+        {
+            return None;
+        }
+        if let Some(node) = self.config.node_name.as_deref()
+            && *destination.node != *node
+        {
+            return None;
+        }
+        pods.get(&destination.namespace, &destination.name)
+            .filter(|proxy| !proxy.drain.is_draining())
+    }
+}
+
+/// The proxies of the pods served on this node, by namespace and pod name:
+/// where a connection on the same-node path finds its destination's
+/// inbound side. Entries are weak, so a stopped pod's proxy is freed with
+/// its last connection whether or not its entry is gone yet.
+#[derive(Default)]
+pub struct LocalPods {
+    pods: RwLock<ByNamespace>,
+}
+
+/// Pod proxies by namespace, then by pod name.
+type ByNamespace = HashMap<Arc<str>, HashMap<Arc<str>, Weak<Proxy>>>;
+
+impl LocalPods {
+    /// Serves `info`'s pod with `proxy` from now on, in place of any
+    /// earlier proxy of a pod of that name.
+    pub fn insert(&self, info: &WorkloadInfo, proxy: &Arc<Proxy>) {
+        self.write()
+            .entry(Arc::clone(&info.namespace))
+            .or_default()
+            .insert(Arc::clone(&info.name), Arc::downgrade(proxy));
+    }
+
+    /// Forgets `proxy` as `info`'s pod, unless another proxy replaced it.
+    pub fn remove(&self, info: &WorkloadInfo, proxy: &Weak<Proxy>) {
+        let mut pods = self.write();
+        let Some(names) = pods.get_mut(&*info.namespace) else {
+            return;
+        };
+        if names
+            .get(&*info.name)
+            .is_some_and(|entry| Weak::ptr_eq(entry, proxy))
+        {
+            names.remove(&*info.name);
+        }
+        if names.is_empty() {
+            pods.remove(&*info.namespace);
+        }
+    }
+
+    /// The live proxy of the pod `namespace`/`name`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Proxy>> {
+        self.pods
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(namespace)?
+            .get(name)?
+            .upgrade()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, ByNamespace> {
+        // Each change is one insert or remove: a panic elsewhere leaves the
+        // map consistent.
+        self.pods.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

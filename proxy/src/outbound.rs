@@ -1,5 +1,6 @@
 //! Outbound: connections a workload makes, captured on 15001. Each is routed
-//! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool, or
+//! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool,
+//! handed to another pod this proxy serves (`outbound/same_node.rs`), or
 //! passed through as plain TCP. One function (`flags`) decides what a
 //! failure means for metrics.
 
@@ -15,8 +16,9 @@ use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::copy_bidirectional_until;
-use crate::hbone::{self, HboneError, WorkloadLabels, connect_headers};
+use crate::hbone::{self, HboneError, InboundRefusal, WorkloadLabels, connect_headers};
 use crate::identity::manager::FetchError;
+use crate::inbound::listeners::AppConnection;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::pool::{PoolError, PoolKey};
 use crate::report::{End, Opening, Report};
@@ -24,6 +26,7 @@ use crate::socket::{canonical, original_destination};
 use crate::state::Workload;
 
 pub mod route;
+mod same_node;
 
 use route::{HboneRoute, Route};
 
@@ -57,6 +60,10 @@ pub enum OutboundError {
     /// The CONNECT headers could not be built.
     #[error("CONNECT headers")]
     Headers(#[from] hbone::HeaderError),
+    /// The destination, a pod this proxy serves, refused the connection on
+    /// the same-node path, as its HBONE server would have answered.
+    #[error("refused by the destination on the same node")]
+    SameNode(#[source] InboundRefusal),
 }
 
 impl From<PoolError> for OutboundError {
@@ -80,6 +87,12 @@ fn flags(error: &OutboundError) -> ResponseFlags {
             HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,
             _ => ResponseFlags::Connect,
         },
+        OutboundError::SameNode(refusal) => match refusal {
+            InboundRefusal::Denied => ResponseFlags::Deny,
+            InboundRefusal::BadRequest(_) | InboundRefusal::Unavailable(_) => {
+                ResponseFlags::Connect
+            }
+        },
         OutboundError::Connect { .. }
         | OutboundError::PoolContended
         | OutboundError::Headers(_) => ResponseFlags::Connect,
@@ -102,19 +115,29 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     // dial for a new pooled connection, the CONNECT exchange) needs far more
     // state than the copy, and an unboxed future would carry it in every
     // open connection's task for the connection's whole life.
-    let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
+    let Some((report, upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
-    report.close_with(&copy(proxy, &mut tcp, &mut upstream).await);
+    match upstream {
+        Connected::Network(mut upstream) => {
+            report.close_with(&copy(proxy, &mut tcp, &mut upstream).await);
+        }
+        Connected::SameNode(app) => same_node::copy(proxy, report, &mut tcp, app).await,
+    }
+}
+
+/// The other end of an outbound connection.
+enum Connected {
+    /// Over the network: a TCP connection or an HBONE stream.
+    Network(OutboundStream),
+    /// The application of another pod this proxy serves, admitted by that
+    /// pod's inbound side.
+    SameNode(AppConnection),
 }
 
 /// Routes a captured connection and connects its upstream. `None` when it
 /// failed; the failure is logged and its report closed already.
-async fn open(
-    proxy: &Proxy,
-    tcp: &TcpStream,
-    peer: SocketAddr,
-) -> Option<(Report, OutboundStream)> {
+async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Report, Connected)> {
     let target = match original_destination(tcp) {
         Ok(target) => target,
         Err(error) => {
@@ -161,6 +184,7 @@ async fn open(
                     },
                     service: service.as_deref(),
                     hbone_addr: None,
+                    same_node: false,
                 },
             );
             let connected = dial(proxy, target)
@@ -169,10 +193,14 @@ async fn open(
                     addr: target,
                     source,
                 });
-            (report, connected.map(Either::Left))
+            (
+                report,
+                connected.map(|tcp| Connected::Network(Either::Left(tcp))),
+            )
         }
         Route::Hbone(route) => {
             let destination_identity = route.expected.first();
+            let same_node = proxy.same_node_destination(&route.workload, route.service.as_deref());
             let report = Report::open(
                 &proxy.metrics,
                 Opening {
@@ -190,10 +218,20 @@ async fn open(
                     },
                     service: route.service.as_deref(),
                     hbone_addr: Some(route.dial),
+                    same_node: same_node.is_some(),
                 },
             );
-            let connected = tunnel(proxy, source.as_deref(), peer, &route).await;
-            (report, connected.map(Either::Right))
+            let connected = match same_node {
+                Some(destination) => {
+                    same_node::open(proxy, &destination, source.as_deref(), peer, &route)
+                        .await
+                        .map(Connected::SameNode)
+                }
+                None => tunnel(proxy, source.as_deref(), peer, &route)
+                    .await
+                    .map(|stream| Connected::Network(Either::Right(stream))),
+            };
+            (report, connected)
         }
     };
     match connected {

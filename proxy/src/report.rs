@@ -57,6 +57,9 @@ pub struct Opening<'a> {
     pub service: Option<&'a Service>,
     /// The HBONE address the tunnel went to, when tunnelled.
     pub hbone_addr: Option<SocketAddr>,
+    /// Whether the connection takes the same-node path (logged as
+    /// `path="same-node"`).
+    pub same_node: bool,
 }
 
 impl Report {
@@ -87,6 +90,7 @@ impl Report {
             dst_hbone_addr: opening.hbone_addr,
             peers: PEERS.intern(peers),
             direction: opening.direction,
+            same_node: opening.same_node,
         };
         access_log::opened(&log);
         Report {

@@ -16,8 +16,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ztunnel_proto::ports::HBONE_PORT as HBONE;
 use ztunnel_test_support::cluster::{
-    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes, tail,
+    self, AccessEntry, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy,
+    still_echoes, tail,
 };
 use ztunnel_test_support::wait;
 
@@ -77,6 +79,18 @@ fn eventually(check: impl FnMut() -> bool) -> bool {
     wait::until(Duration::from_secs(20), check)
 }
 
+/// The `connection complete` entries of `node`'s access log for
+/// connections to `pod`, in `direction`.
+fn entries_to(cluster: &Cluster, node: &str, pod: &str, direction: &str) -> Vec<AccessEntry> {
+    cluster
+        .node(node)
+        .unwrap()
+        .access_log()
+        .into_iter()
+        .filter(|entry| entry.direction == direction && entry.dst_workload.as_deref() == Some(pod))
+        .collect()
+}
+
 /// Whether a node's ztunnel delivered a connection to `pod` under
 /// `identity`, as its access log says.
 fn delivered_as(cluster: &Cluster, node: &str, pod: &str, identity: &str) -> bool {
@@ -122,11 +136,11 @@ fn pods_talk_over_hbone_within_and_across_nodes_and_deny_policies_apply_from_a_l
         "node-b metrics count the mTLS connection from the client"
     );
 
-    // Within node a: through the same ztunnel, still over HBONE.
+    // Within node a: through the same ztunnel, on the same-node path.
     assert!(echoes(&cluster, "client", "server-a"));
     assert!(
         eventually(|| delivered_as(&cluster, "node-a", "server-a", &client_identity)),
-        "same-node traffic is tunnelled and admitted with the client identity"
+        "same-node traffic is admitted with the client identity"
     );
 
     // A deny policy closes the open connection and refuses new ones; the
@@ -174,6 +188,18 @@ fn deleting_a_pod_closes_its_connections_and_listeners_and_spares_the_others() {
         closed_by_peer(&mut open, Duration::from_secs(10)),
         "the deleted pod's connection is closed"
     );
+    // It was a same-node connection: both of node-a's sides report its end.
+    for direction in ["outbound", "inbound"] {
+        assert!(
+            eventually(|| {
+                entries_to(&cluster, "node-a", "server-a", direction)
+                    .iter()
+                    .any(|entry| entry.path.as_deref() == Some("same-node") && entry.bytes_recv > 0)
+            }),
+            "node-a reports the closed {direction} side:\n{}",
+            tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+        );
+    }
     assert!(
         eventually(|| !node_a(&cluster).contains(&uid)),
         "node-a no longer serves the pod"
@@ -225,4 +251,128 @@ fn a_pod_outside_ambient_namespaces_is_left_alone() {
     assert!(!plain.listens_on(15008), "no proxy in the pod");
     // It still talks to meshed pods, as plain TCP they accept on 15006.
     assert!(echoes(&cluster, "plain-b", "server-b"));
+}
+
+#[test]
+fn same_node_pods_talk_without_the_tunnel_under_the_same_policy_logs_and_metrics() {
+    let Some(mut cluster) = start("same_node_path") else {
+        return;
+    };
+    let client_identity = cluster.pod("client").unwrap().spec.identity();
+    let server_a = cluster.pod("server-a").unwrap();
+    let mut open = cluster
+        .pod("client")
+        .unwrap()
+        .connect(app(&cluster, "server-a"))
+        .unwrap();
+    assert!(still_echoes(&mut open));
+    assert_eq!(
+        server_a.established_on(HBONE).unwrap(),
+        0,
+        "no tunnel reaches the server pod's 15008"
+    );
+    assert!(echoes(&cluster, "client", "server-a"));
+    let same_node = |entry: &AccessEntry| entry.path.as_deref() == Some("same-node");
+    assert!(
+        eventually(|| entries_to(&cluster, "node-a", "server-a", "inbound")
+            .iter()
+            .any(|entry| same_node(entry)
+                && entry.src_identity.as_deref() == Some(client_identity.as_str()))),
+        "the destination side admits the client identity on the same-node path:\n{}",
+        tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+    );
+    assert!(
+        entries_to(&cluster, "node-a", "server-a", "outbound")
+            .iter()
+            .any(|entry| same_node(entry) && entry.dst_hbone_addr.is_some()),
+        "the source side logs the same-node path"
+    );
+    let (_, metrics) = cluster
+        .node("node-a")
+        .unwrap()
+        .http_get(15020, "/metrics")
+        .unwrap();
+    for reporter in ["source", "destination"] {
+        assert!(
+            metrics.lines().any(|line| {
+                line.starts_with("istio_tcp_connections_opened_total")
+                    && line.contains(&format!("reporter=\"{reporter}\""))
+                    && line.contains(&format!("source_principal=\"{client_identity}\""))
+                    && line.contains("destination_workload=\"server-a\"")
+                    && line.contains("connection_security_policy=\"mutual_tls\"")
+            }),
+            "node-a counts the connection as {reporter}, over mTLS as a tunnel would"
+        );
+    }
+
+    // A destination on the other node still goes over HBONE.
+    assert!(echoes(&cluster, "client", "server-b"));
+    assert!(
+        eventually(|| !entries_to(&cluster, "node-b", "server-b", "inbound").is_empty()),
+        "node-b admits the cross-node connection"
+    );
+    let crossed = entries_to(&cluster, "node-a", "server-b", "outbound");
+    assert!(!crossed.is_empty() && crossed.iter().all(|entry| !same_node(entry)));
+
+    // A deny policy closes the open same-node connection on its re-check
+    // and refuses new ones; another pod still reaches the server.
+    cluster
+        .mesh()
+        .set_policies(&deny_policy("default", "client"))
+        .unwrap();
+    assert!(
+        closed_by_peer(&mut open, Duration::from_secs(10)),
+        "the re-check closes the open same-node connection"
+    );
+    assert!(!echoes(&cluster, "client", "server-a"));
+    assert!(
+        eventually(|| entries_to(&cluster, "node-a", "server-a", "outbound")
+            .iter()
+            .any(|entry| same_node(entry)
+                && entry
+                    .error
+                    .as_deref()
+                    .is_some_and(|error| error.contains("refused")))),
+        "the refused connection is logged on the source side:\n{}",
+        tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+    );
+    assert!(echoes(&cluster, "server-b", "server-a"));
+}
+
+#[test]
+fn with_the_shortcut_off_same_node_traffic_goes_over_hbone() {
+    let Some(mut cluster) = start("same_node_off") else {
+        return;
+    };
+    cluster.set_ztunnel_env("SAME_NODE_SHORTCUT", "false");
+    cluster.kill_ztunnel("node-a").unwrap();
+    cluster.start_ztunnel("node-a").unwrap();
+    cluster.node("node-a").unwrap().wait_ready().unwrap();
+    let client_identity = cluster.pod("client").unwrap().spec.identity();
+    let target = app(&cluster, "server-a");
+    let mut open = None;
+    assert!(
+        eventually(|| {
+            open = cluster.pod("client").unwrap().connect(target).ok();
+            open.as_mut().is_some_and(still_echoes)
+        }),
+        "the restarted ztunnel serves the pods again:\n{}",
+        tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+    );
+    assert!(
+        cluster
+            .pod("server-a")
+            .unwrap()
+            .established_on(HBONE)
+            .unwrap()
+            >= 1,
+        "the connection is tunnelled to the server pod's 15008"
+    );
+    drop(open);
+    assert!(
+        eventually(|| delivered_as(&cluster, "node-a", "server-a", &client_identity)),
+        "admitted with the client identity over mTLS"
+    );
+    let logged = entries_to(&cluster, "node-a", "server-a", "inbound");
+    assert!(logged.iter().all(|entry| entry.path.is_none()));
 }

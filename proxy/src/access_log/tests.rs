@@ -51,6 +51,7 @@ fn inbound_mtls() -> ConnectionLog {
         src_addr: "10.0.0.1:40000".parse().unwrap(),
         dst_addr: "10.0.0.2:8080".parse().unwrap(),
         dst_hbone_addr: Some("10.0.0.2:15008".parse().unwrap()),
+        same_node: false,
         peers: Arc::new(Peers {
             src: PeerLog {
                 workload: Some("client".into()),
@@ -109,6 +110,29 @@ fn a_successful_close_is_one_info_line_with_every_field() {
         line.get("src.cluster").is_none(),
         "missing values are left out"
     );
+    assert!(line.get("path").is_none(), "the network path is not named");
+}
+
+#[test]
+fn a_same_node_connection_says_so() {
+    let log = ConnectionLog {
+        same_node: true,
+        ..inbound_mtls()
+    };
+    let lines = logged("info", || {
+        complete(
+            &log,
+            &Outcome {
+                bytes_sent: 1,
+                bytes_recv: 2,
+                duration: Duration::from_millis(3),
+                error: None,
+            },
+        );
+    });
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["path"], "same-node");
+    assert_eq!(lines[0]["message"], "connection complete");
 }
 
 #[test]

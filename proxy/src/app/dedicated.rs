@@ -41,6 +41,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         tracker: Tracker::default(),
         workload,
         drain: node.drain.clone(),
+        local_pods: None,
     });
 
     let addrs = config.listeners;

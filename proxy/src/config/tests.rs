@@ -72,6 +72,9 @@ fn defaults_follow_istio() {
     assert_eq!(config.max_pending_handshakes, 4096);
     let limited = parse(&["--max-pending-handshakes", "100"]).unwrap();
     assert_eq!(limited.max_pending_handshakes, 100);
+    assert!(config.inpod.same_node_shortcut, "on by default");
+    let off = parse(&["--same-node-shortcut", "false"]).unwrap();
+    assert!(!off.inpod.same_node_shortcut);
 }
 
 #[test]

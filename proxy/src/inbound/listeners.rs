@@ -78,11 +78,22 @@ pub struct DialError {
     source: io::Error,
 }
 
-/// Admits an arrival and dials the application.
-async fn open_upstream(
+impl AppConnection {
+    /// Cancelled when the copy must stop now: the drain is forced, the pod
+    /// left, or a policy re-check no longer allows the connection.
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+}
+
+/// Admits an arrival and dials the application: the inbound side of an
+/// HBONE stream, a plaintext connection, or a same-node connection
+/// (`same_node`, logged as such), decided and reported alike.
+pub(crate) async fn open_upstream(
     proxy: &Proxy,
     arrival: &Arrival,
     direction_peer: Option<&Identity>,
+    same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
@@ -101,7 +112,7 @@ async fn open_upstream(
             let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
             let answer = refusal.answer();
-            let report = open_report(proxy, arrival, None, direction_peer);
+            let report = open_report(proxy, arrival, None, direction_peer, same_node);
             report.refused(answer.flags, &refusal);
             return Err(answer.refusal);
         }
@@ -115,7 +126,7 @@ async fn open_upstream(
     for matched in dry_run {
         tracing::info!(?matched, "dry-run policy matched");
     }
-    let report = open_report(proxy, arrival, Some(&workload), direction_peer);
+    let report = open_report(proxy, arrival, Some(&workload), direction_peer, same_node);
     let dial = async {
         let socket = proxy.sockets.upstream_socket(upstream, arrival.source_ip)?;
         socket.connect(upstream).await
@@ -150,6 +161,7 @@ fn open_report(
     arrival: &Arrival,
     workload: Option<&crate::state::Workload>,
     peer: Option<&Identity>,
+    same_node: bool,
 ) -> Report {
     let state = proxy.state.read();
     let source = state.workload_by_address("", arrival.source_ip).cloned();
@@ -171,12 +183,13 @@ fn open_report(
             },
             service: None,
             hbone_addr: None,
+            same_node,
         },
     )
 }
 
 /// Closes a report with the copy's outcome; client to server is received.
-fn close_report(upstream: &mut AppConnection, result: &Result<Transferred, CopyError>) {
+pub(crate) fn close_report(upstream: &mut AppConnection, result: &Result<Transferred, CopyError>) {
     let Some(report) = upstream.report.take() else {
         return;
     };
@@ -220,7 +233,7 @@ impl InboundHandler for HboneInbound {
             local_ip: canonical(request.local_addr).ip(),
             target: canonical(*target),
         };
-        open_upstream(&self.proxy, &arrival, Some(&request.peer_identity)).await
+        open_upstream(&self.proxy, &arrival, Some(&request.peer_identity), false).await
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {
@@ -406,7 +419,8 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
                 // A refusal closes the connection (dropping it), as istio does.
                 // Boxed: the admission and dial state is freed before the copy,
                 // not carried in the task for the connection's life.
-                let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None)).await else {
+                let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None, false)).await
+                else {
                     return;
                 };
                 let stop = upstream.stop.clone();

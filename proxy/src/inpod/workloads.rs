@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -18,7 +18,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::app;
 use crate::config::Config;
-use crate::context::{self, Proxy};
+use crate::context::{self, LocalPods, Proxy};
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
@@ -60,6 +60,9 @@ pub struct Workloads {
     node: NodeParts,
     h2: H2Settings,
     pods: Mutex<HashMap<Arc<str>, Served>>,
+    /// The pods' proxies by pod name, for the same-node path; `None` when
+    /// the setting turns the path off.
+    local_pods: Option<Arc<LocalPods>>,
 }
 
 /// A pod being served.
@@ -68,16 +71,24 @@ struct Served {
     netns: NetnsId,
     /// Drains this pod alone.
     trigger: DrainTrigger,
+    /// Its proxy, to take out of the same-node registry.
+    proxy: Weak<Proxy>,
 }
 
 impl Workloads {
     /// No pods yet.
     pub fn new(node: NodeParts) -> Workloads {
         let h2 = app::h2_settings(&node.config);
+        let local_pods = node
+            .config
+            .inpod
+            .same_node_shortcut
+            .then(|| Arc::new(LocalPods::default()));
         Workloads {
             node,
             h2,
             pods: Mutex::default(),
+            local_pods,
         }
     }
 
@@ -108,8 +119,13 @@ impl Workloads {
         ]
     }
 
-    /// Binds the pod's listeners and starts its tasks; returns its drain.
-    fn start(&self, pod: &PodInfo, netns: PodNetns) -> Result<DrainTrigger, StartError> {
+    /// Binds the pod's listeners and starts its tasks; returns its drain
+    /// and its proxy.
+    fn start(
+        &self,
+        pod: &PodInfo,
+        netns: PodNetns,
+    ) -> Result<(DrainTrigger, Weak<Proxy>), StartError> {
         let config = &self.node.config;
         let options = ListenerOptions {
             mark: config.packet_mark,
@@ -140,6 +156,7 @@ impl Workloads {
             tracker: Tracker::default(),
             workload: pod.workload.clone(),
             drain: watcher.clone(),
+            local_pods: self.local_pods.clone(),
         });
         let runtime = self.node.data.enter();
         let register = |listener, what| {
@@ -154,7 +171,10 @@ impl Workloads {
         tokio::spawn(context::recheck_policies(Arc::clone(&proxy)));
         tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
         drop(runtime);
-        Ok(trigger)
+        if let Some(local_pods) = &self.local_pods {
+            local_pods.insert(&pod.workload, &proxy);
+        }
+        Ok((trigger, Arc::downgrade(&proxy)))
     }
 
     /// Stops a pod that left, at once. Its certificate is the state's
@@ -166,7 +186,16 @@ impl Workloads {
             namespace = %served.info.workload.namespace,
             "pod proxy stopped"
         );
+        self.forget(&served);
         self.drain_now(served.trigger);
+    }
+
+    /// Takes a pod's proxy out of the same-node registry, so that no new
+    /// connection takes the same-node path to it.
+    fn forget(&self, served: &Served) {
+        if let Some(local_pods) = &self.local_pods {
+            local_pods.remove(&served.info.workload, &served.proxy);
+        }
     }
 
     /// Drains a pod that was removed or replaced, without grace (WIRE.md
@@ -193,15 +222,17 @@ impl PodProxies for Workloads {
         {
             return Ok(());
         }
-        let trigger = self.start(pod, netns)?;
+        let (trigger, proxy) = self.start(pod, netns)?;
         let served = Served {
             info: pod.clone(),
             netns: id,
             trigger,
+            proxy,
         };
         let replaced = self.lock().insert(Arc::clone(&pod.uid), served);
         if let Some(replaced) = replaced {
             tracing::info!(uid = %pod.uid, "pod's network namespace changed: proxy replaced");
+            self.forget(&replaced);
             self.drain_now(replaced.trigger);
         } else {
             tracing::info!(

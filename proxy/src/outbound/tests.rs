@@ -64,6 +64,27 @@ fn every_outbound_failure_maps_to_one_flag() {
 }
 
 #[test]
+fn a_same_node_refusal_maps_like_the_hbone_answer_it_stands_for() {
+    let refusals = [
+        InboundRefusal::Denied,
+        InboundRefusal::BadRequest("authority does not match the destination"),
+        InboundRefusal::Unavailable("application unreachable"),
+    ];
+    for refusal in refusals {
+        let over_hbone = flags(&tunnel(HboneError::Status(refusal.status())));
+        assert_eq!(
+            flags(&OutboundError::SameNode(refusal)),
+            over_hbone,
+            "{refusal:?}"
+        );
+    }
+    assert_eq!(
+        flags(&OutboundError::SameNode(InboundRefusal::Denied)),
+        ResponseFlags::Deny
+    );
+}
+
+#[test]
 fn a_pool_failure_is_the_dial_error_itself_not_a_wrapper() {
     let shared = Arc::new(HboneError::Tls(io_error()));
     let error = OutboundError::from(PoolError::Dial(Arc::clone(&shared)));

@@ -216,6 +216,9 @@ pub struct AccessEntry {
     /// Where an outbound connection was tunnelled over HBONE; `None` when
     /// it went as plain TCP.
     pub dst_hbone_addr: Option<String>,
+    /// `same-node` when the connection was handed inside ztunnel from one
+    /// of its pods to another; `None` when it went over the network.
+    pub path: Option<String>,
     /// Why it failed; `None` when it succeeded.
     pub error: Option<String>,
     /// Bytes from the client.
@@ -246,6 +249,7 @@ impl AccessEntry {
             dst_workload: field("dst.workload"),
             dst_addr: field("dst.addr").unwrap_or_default(),
             dst_hbone_addr: field("dst.hbone_addr"),
+            path: field("path"),
             error: field("error"),
             bytes_recv: number("bytes_recv").unwrap_or(0),
             bytes_sent: number("bytes_sent").unwrap_or(0),

@@ -154,6 +154,19 @@ impl Pod {
             .run(move || TcpStream::connect_timeout(&target, CONNECT_TIMEOUT).is_ok())
             .unwrap_or(false)
     }
+
+    /// How many established TCP connections in the pod have `port` as
+    /// their local port: the tunnels a peer ztunnel holds to its 15008.
+    pub fn established_on(&self, port: u16) -> anyhow::Result<usize> {
+        let filter = format!("( sport = :{port} )");
+        let output = self
+            .ns
+            .exec(&["ss", "-H", "-t", "-n", "state", "established", &filter])?;
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .count())
+    }
 }
 
 /// Whether an open connection to an echo application still echoes.
