@@ -311,8 +311,17 @@ fn same_node_pods_talk_without_the_tunnel_under_the_same_policy_logs_and_metrics
         eventually(|| !entries_to(&cluster, "node-b", "server-b", "inbound").is_empty()),
         "node-b admits the cross-node connection"
     );
+    assert!(
+        eventually(|| !entries_to(&cluster, "node-a", "server-b", "outbound").is_empty()),
+        "node-a reports the cross-node connection"
+    );
     let crossed = entries_to(&cluster, "node-a", "server-b", "outbound");
-    assert!(!crossed.is_empty() && crossed.iter().all(|entry| !same_node(entry)));
+    assert!(
+        crossed
+            .iter()
+            .all(|entry| !same_node(entry) && entry.dst_hbone_addr.is_some()),
+        "tunnelled over HBONE: {crossed:?}"
+    );
 
     // A deny policy closes the open same-node connection on its re-check
     // and refuses new ones; another pod still reaches the server.
