@@ -249,3 +249,6 @@ fn to_io_error(error: h2::Error) -> io::Error {
     }
     io::Error::other(error)
 }
+
+#[cfg(test)]
+mod tests;
