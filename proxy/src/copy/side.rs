@@ -81,8 +81,8 @@ impl<L: Side, R: Side> Side for Either<L, R> {
 }
 
 /// The memory one direction of a copy reads a socket into. It grows with the
-/// traffic and is given back while the direction is idle (see
-/// [`RELEASE_UP_TO`]). Each read's bytes are split off and frozen: the other
+/// traffic from 1 KiB to 256 KiB and, while no bigger than 16 KiB, is given
+/// back whenever the direction waits (`copy.rs` says why). Each read's bytes are split off and frozen: the other
 /// side sends or writes that part as it is, and the rest of the allocation
 /// takes the next read. Once the other side has let go of every part, the
 /// whole allocation is reused from its start.
