@@ -3,14 +3,22 @@
 //! propagated each way, and byte counts for each direction.
 //!
 //! Who the two sides are is the caller's business; this module only moves
-//! bytes. The HBONE stream adapter lives in `hbone/stream.rs`.
+//! bytes. Each direction holds what it read as [`Bytes`] until the other
+//! side has taken it: bytes read from a socket are copied once, into the
+//! direction's [`ReadBuffer`], and an h2 stream sends that memory as it is
+//! and hands over its received frames the same way (`copy/side.rs` for the
+//! two kinds of side, `hbone/stream.rs` for the HBONE one).
 
 use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use bytes::Bytes;
+
+mod side;
+
+pub use side::{ReadBuffer, Side};
 
 /// The buffer a direction starts with. Most mesh connections are small
 /// request/response exchanges or idle keep-alives.
@@ -96,8 +104,8 @@ impl CopyError {
 /// like a clean close (WIRE.md §4).
 pub async fn copy_bidirectional<A, B>(a: &mut A, b: &mut B) -> Result<Transferred, CopyError>
 where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    A: Side + ?Sized,
+    B: Side + ?Sized,
 {
     copy_bidirectional_until(a, b, std::future::pending()).await
 }
@@ -110,8 +118,8 @@ pub async fn copy_bidirectional_until<A, B, S>(
     stop: S,
 ) -> Result<Transferred, CopyError>
 where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    A: Side + ?Sized,
+    B: Side + ?Sized,
     S: Future<Output = ()>,
 {
     let mut a_to_b = OneWay::new();
@@ -126,8 +134,8 @@ where
                 },
             }));
         }
-        let forward = a_to_b.poll(cx, Pin::new(&mut *a), Pin::new(&mut *b));
-        let backward = b_to_a.poll(cx, Pin::new(&mut *b), Pin::new(&mut *a));
+        let forward = a_to_b.poll(cx, &mut *a, &mut *b);
+        let backward = b_to_a.poll(cx, &mut *b, &mut *a);
         let transferred = Transferred {
             a_to_b: a_to_b.moved,
             b_to_a: b_to_a.moved,
@@ -172,99 +180,66 @@ enum Phase {
     Done,
 }
 
-/// One direction of the copy: a buffer that grows when reads fill it.
+/// One direction of the copy: what it read and has not yet written.
 struct OneWay {
-    /// Empty while the direction waits with nothing buffered (see
-    /// [`RELEASE_UP_TO`]); otherwise `size` bytes.
-    buffer: Vec<u8>,
-    /// The buffer's size when it is held.
-    size: usize,
-    /// Start of the bytes read but not yet written.
-    start: usize,
-    /// End of the bytes read but not yet written.
-    end: usize,
+    /// Where a socket source reads to; untouched when the source hands out
+    /// chunks of its own (an h2 stream).
+    buffer: ReadBuffer,
+    /// Read and not yet written. Empty holds no memory, so that the buffer
+    /// can reuse all of its allocation once the destination let go of it.
+    pending: Bytes,
     moved: u64,
     phase: Phase,
-    /// Set when a read filled the buffer: traffic is bulk, so the buffer
-    /// doubles once its bytes are written.
-    grow_after_write: bool,
 }
 
 impl OneWay {
     fn new() -> OneWay {
         OneWay {
-            buffer: Vec::new(),
-            size: INITIAL_BUFFER,
-            start: 0,
-            end: 0,
+            buffer: ReadBuffer::new(),
+            pending: Bytes::new(),
             moved: 0,
             phase: Phase::Copying,
-            grow_after_write: false,
         }
     }
 
     fn poll<R, W>(
         &mut self,
         cx: &mut Context<'_>,
-        mut reader: Pin<&mut R>,
-        mut writer: Pin<&mut W>,
+        reader: &mut R,
+        writer: &mut W,
     ) -> Poll<Result<(), Failure>>
     where
-        R: AsyncRead + ?Sized,
-        W: AsyncWrite + ?Sized,
+        R: Side + ?Sized,
+        W: Side + ?Sized,
     {
         loop {
             match self.phase {
                 Phase::Done => return Poll::Ready(Ok(())),
                 Phase::ShuttingDown => {
-                    ready!(writer.as_mut().poll_shutdown(cx)).map_err(Failure::Write)?;
+                    ready!(Pin::new(&mut *writer).poll_shutdown(cx)).map_err(Failure::Write)?;
                     self.phase = Phase::Done;
                 }
-                Phase::Copying if self.start < self.end => {
-                    let pending = self.buffer.get(self.start..self.end).unwrap_or_default();
-                    let written =
-                        ready!(writer.as_mut().poll_write(cx, pending)).map_err(Failure::Write)?;
-                    if written == 0 {
-                        return Poll::Ready(Err(Failure::Write(io::ErrorKind::WriteZero.into())));
-                    }
-                    self.start += written;
+                Phase::Copying if !self.pending.is_empty() => {
+                    let written = ready!(writer.poll_write_bytes(cx, &mut self.pending))
+                        .map_err(Failure::Write)?;
                     self.moved += written as u64;
+                    if self.pending.is_empty() {
+                        self.pending = Bytes::new();
+                    }
                 }
-                Phase::Copying => {
-                    self.start = 0;
-                    self.end = 0;
-                    if self.buffer.is_empty() {
-                        self.buffer = vec![0; self.size];
-                    }
-                    let mut read_buf = ReadBuf::new(&mut self.buffer);
-                    match reader.as_mut().poll_read(cx, &mut read_buf) {
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(error)) if is_reset(&error) => {}
-                        Poll::Ready(Err(error)) => return Poll::Ready(Err(Failure::Read(error))),
-                        Poll::Pending => {
-                            if self.size <= RELEASE_UP_TO {
-                                self.buffer = Vec::new();
-                            }
-                            // Nothing to read: push out what the writer buffered.
-                            ready!(writer.as_mut().poll_flush(cx)).map_err(Failure::Write)?;
-                            return Poll::Pending;
-                        }
-                    }
-                    let filled = read_buf.filled().len();
-                    if filled == 0 {
+                Phase::Copying => match reader.poll_read_bytes(cx, &mut self.buffer) {
+                    Poll::Ready(Ok(bytes)) if bytes.is_empty() => self.phase = Phase::ShuttingDown,
+                    Poll::Ready(Ok(bytes)) => self.pending = bytes,
+                    Poll::Ready(Err(error)) if is_reset(&error) => {
                         self.phase = Phase::ShuttingDown;
-                        continue;
                     }
-                    self.end = filled;
-                    if filled == self.size && self.size < MAX_BUFFER {
-                        self.grow_after_write = true;
+                    Poll::Ready(Err(error)) => return Poll::Ready(Err(Failure::Read(error))),
+                    Poll::Pending => {
+                        // Nothing to read: push out what the writer buffered.
+                        ready!(Pin::new(&mut *writer).poll_flush(cx)).map_err(Failure::Write)?;
+                        return Poll::Pending;
                     }
-                }
-            }
-            if self.grow_after_write && self.start == self.end {
-                self.grow_after_write = false;
-                self.size = (self.size * 2).min(MAX_BUFFER);
-                self.buffer.resize(self.size, 0);
+                },
             }
         }
     }

@@ -254,7 +254,7 @@ async fn copy<U>(
     upstream: &mut U,
 ) -> Result<crate::copy::Transferred, crate::copy::CopyError>
 where
-    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    U: crate::copy::Side,
 {
     copy_bidirectional_until(tcp, upstream, proxy.drain.forced()).await
 }

@@ -1,6 +1,6 @@
 //! Copy behaviour over in-memory duplex pipes and loopback TCP.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, duplex};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
@@ -167,60 +167,92 @@ async fn a_reset_counts_as_a_close_and_keeps_the_counts() {
     assert_eq!(received, b"bye");
 }
 
-/// Runs one direction to completion over sources that never block.
+/// A side that hands out queued chunks, then EOF when `eof` is set and
+/// waits otherwise; whatever is written to it is taken at once and dropped.
+#[derive(Default)]
+struct Scripted {
+    chunks: std::collections::VecDeque<Vec<u8>>,
+    eof: bool,
+}
+
+impl AsyncRead for Scripted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let Some(mut chunk) = self.chunks.pop_front() else {
+            return if self.eof {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            };
+        };
+        let take = chunk.len().min(buf.remaining());
+        buf.put_slice(&chunk[..take]);
+        if take < chunk.len() {
+            self.chunks.push_front(chunk.split_off(take));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for Scripted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Side for Scripted {}
+
+/// Runs one direction to completion over sides that never block.
 fn run_one_way(source: &[u8]) -> OneWay {
     let mut way = OneWay::new();
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    let mut reader = source;
-    let mut writer = tokio::io::sink();
-    // A slice reader and the sink never pend, so one poll runs to the end.
-    match way.poll(&mut cx, Pin::new(&mut reader), Pin::new(&mut writer)) {
+    let mut reader = Scripted {
+        chunks: [source.to_vec()].into(),
+        eof: true,
+    };
+    let mut writer = Scripted::default();
+    // Neither side pends, so one poll runs to the end.
+    match way.poll(&mut cx, &mut reader, &mut writer) {
         Poll::Ready(Ok(())) => way,
         Poll::Ready(Err(_)) => panic!("copying to a sink failed"),
-        Poll::Pending => panic!("a slice reader pended"),
+        Poll::Pending => panic!("a scripted reader with EOF pended"),
     }
 }
 
 #[test]
 fn bulk_traffic_grows_the_buffer_to_the_cap() {
     let way = run_one_way(&pattern(4 * MAX_BUFFER));
-    assert_eq!(way.buffer.len(), MAX_BUFFER);
+    assert_eq!(way.buffer.size(), MAX_BUFFER);
     assert_eq!(way.moved, 4 * MAX_BUFFER as u64);
 }
 
 #[test]
 fn small_traffic_keeps_the_small_buffer() {
     let way = run_one_way(b"ping");
-    assert_eq!(way.buffer.len(), INITIAL_BUFFER);
+    assert_eq!(way.buffer.size(), INITIAL_BUFFER);
     assert_eq!(way.moved, 4);
 }
 
-/// A reader that hands out queued chunks and then waits, never at EOF.
-struct Queued(std::collections::VecDeque<Vec<u8>>);
-
-impl AsyncRead for Queued {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let Some(mut chunk) = self.0.pop_front() else {
-            return Poll::Pending;
-        };
-        let take = chunk.len().min(buf.remaining());
-        buf.put_slice(&chunk[..take]);
-        if take < chunk.len() {
-            self.0.push_front(chunk.split_off(take));
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// Polls one direction until it waits for more to read.
-fn poll_until_waiting(way: &mut OneWay, reader: &mut Queued) {
+fn poll_until_waiting(way: &mut OneWay, reader: &mut Scripted) {
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    let mut writer = tokio::io::sink();
-    match way.poll(&mut cx, Pin::new(reader), Pin::new(&mut writer)) {
+    let mut writer = Scripted::default();
+    match way.poll(&mut cx, reader, &mut writer) {
         Poll::Pending => {}
         Poll::Ready(result) => panic!("a direction without EOF ended: {:?}", result.is_ok()),
     }
@@ -229,25 +261,21 @@ fn poll_until_waiting(way: &mut OneWay, reader: &mut Queued) {
 #[test]
 fn a_waiting_direction_holds_no_small_buffer_but_keeps_a_bulk_one() {
     let mut way = OneWay::new();
-    let mut reader = Queued(Default::default());
+    let mut reader = Scripted::default();
     poll_until_waiting(&mut way, &mut reader);
-    assert_eq!(
-        way.buffer.capacity(),
-        0,
+    assert!(
+        !way.buffer.holds_room(),
         "an idle connection holds no buffer"
     );
 
-    reader.0.push_back(b"ping".to_vec());
+    reader.chunks.push_back(b"ping".to_vec());
     poll_until_waiting(&mut way, &mut reader);
     assert_eq!(way.moved, 4);
-    assert_eq!(way.buffer.capacity(), 0, "nothing is held between requests");
+    assert!(!way.buffer.holds_room(), "nothing is held between requests");
 
-    reader.0.push_back(pattern(4 * MAX_BUFFER));
+    reader.chunks.push_back(pattern(4 * MAX_BUFFER));
     poll_until_waiting(&mut way, &mut reader);
     assert_eq!(way.moved, 4 + 4 * MAX_BUFFER as u64);
-    assert_eq!(
-        way.buffer.len(),
-        MAX_BUFFER,
-        "bulk traffic keeps its buffer"
-    );
+    assert_eq!(way.buffer.size(), MAX_BUFFER);
+    assert!(way.buffer.holds_room(), "bulk traffic keeps its buffer");
 }

@@ -25,7 +25,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::peer_identity;
 
-use crate::copy::{CopyError, Transferred, Way, copy_bidirectional_until};
+use crate::copy::{CopyError, Side, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
@@ -99,8 +99,9 @@ impl InboundRefusal {
 /// the upstream, then hear how it ended.
 pub trait InboundHandler: Send + Sync + 'static {
     /// The connected upstream; a wrapper type can carry per-tunnel context
-    /// (start time, policy watch) through to [`InboundHandler::closed`].
-    type Upstream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// (start time, policy watch) through to [`InboundHandler::closed`]. A
+    /// socket or a socket's wrapper is a [`Side`] with `impl Side for T {}`.
+    type Upstream: Side + Send + 'static;
 
     /// Authorizes `request` and connects the upstream. The client gets its
     /// 200 only once this returns `Ok`.

@@ -1,10 +1,12 @@
 //! One HBONE tunnel as a byte stream: an h2 CONNECT stream's send and receive
-//! halves behind tokio's `AsyncRead` + `AsyncWrite`, so that `copy.rs` treats
-//! it like a socket.
+//! halves as a copy [`Side`] that hands out received frames and sends the
+//! copy's bytes without copying them, and behind tokio's `AsyncRead` +
+//! `AsyncWrite` for any other reader or writer.
 //!
 //! Flow control: received data is released to the peer as soon as it is
-//! handed to the reader (at most one DATA frame is held here), and writes wait
-//! for send capacity, so neither side buffers beyond the h2 windows.
+//! handed to the reader (at most one DATA frame is held by the reader), and
+//! writes wait for send capacity, so neither side buffers beyond the h2
+//! windows.
 
 use std::io;
 use std::pin::Pin;
@@ -15,6 +17,8 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::copy::{ReadBuffer, Side};
 
 /// A tunnel over one h2 stream. Dropping it without shutting down resets the
 /// stream (RST_STREAM CANCEL).
@@ -75,6 +79,89 @@ impl H2Stream {
     pub fn reset(&mut self, reason: Reason) {
         self.send.send_reset(reason);
     }
+
+    /// The next received bytes, their window handed back to the peer; empty
+    /// at the end of the stream or after a graceful reset.
+    fn poll_received(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        if !self.unread.is_empty() {
+            return Poll::Ready(Ok(std::mem::take(&mut self.unread)));
+        }
+        // Bounded: each turn takes one frame off the stream's queue.
+        loop {
+            match ready!(self.recv.poll_data(cx)) {
+                None => return Poll::Ready(Ok(Bytes::new())),
+                Some(Ok(data)) => {
+                    // Hand the window back now: the frame is the reader's,
+                    // and holding one frame is all the buffering it does.
+                    self.recv
+                        .flow_control()
+                        .release_capacity(data.len())
+                        .map_err(to_io_error)?;
+                    // An empty frame before END_STREAM is not the end.
+                    if !data.is_empty() {
+                        return Poll::Ready(Ok(data));
+                    }
+                }
+                Some(Err(error)) if is_graceful_reset(&error) => {
+                    return Poll::Ready(Ok(Bytes::new()));
+                }
+                Some(Err(error)) => return Poll::Ready(Err(to_io_error(error))),
+            }
+        }
+    }
+
+    /// Sends a prefix of `data` as large as the send capacity allows, up to
+    /// `max_write`; returns its length. `data` is not empty.
+    fn poll_send(&mut self, cx: &mut Context<'_>, data: &mut Bytes) -> Poll<io::Result<usize>> {
+        let capacity = ready!(self.poll_send_capacity(cx, data.len()))?;
+        // Zero-copy: the prefix shares `data`'s memory.
+        self.send
+            .send_data(data.split_to(capacity), false)
+            .map_err(to_io_error)?;
+        Poll::Ready(Ok(capacity))
+    }
+
+    /// Asks for capacity to send `len` bytes (at most `max_write`, so that one
+    /// send never asks for more than one frame carries) and waits until some
+    /// is granted; returns how much may be sent now, between 1 and that.
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<usize>> {
+        let wanted = len.min(self.max_write);
+        self.send.reserve_capacity(wanted);
+        // Bounded: each turn either returns or has just been woken by new
+        // capacity, and h2 never reports capacity it does not have twice.
+        loop {
+            let capacity = self.send.capacity().min(wanted);
+            if capacity > 0 {
+                return Poll::Ready(Ok(capacity));
+            }
+            match ready!(self.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => return Poll::Ready(Err(to_io_error(error))),
+                // The stream can no longer send: the peer reset it.
+                None => return Poll::Ready(Err(closed_error(&mut self.send, cx))),
+            }
+        }
+    }
+}
+
+/// The copy's fast path: received frames are handed out as they are, and
+/// the copy's bytes are sent as they are, split at the send capacity.
+impl Side for H2Stream {
+    fn poll_read_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        _buffer: &mut ReadBuffer,
+    ) -> Poll<io::Result<Bytes>> {
+        self.poll_received(cx)
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        bytes: &mut Bytes,
+    ) -> Poll<io::Result<usize>> {
+        self.poll_send(cx, bytes)
+    }
 }
 
 impl AsyncRead for H2Stream {
@@ -85,20 +172,7 @@ impl AsyncRead for H2Stream {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if this.unread.is_empty() {
-            match ready!(this.recv.poll_data(cx)) {
-                None => return Poll::Ready(Ok(())),
-                Some(Ok(data)) => {
-                    // Hand the window back now: the frame is ours, and holding
-                    // one frame is the only buffering this side does.
-                    this.recv
-                        .flow_control()
-                        .release_capacity(data.len())
-                        .map_err(to_io_error)?;
-                    this.unread = data;
-                }
-                Some(Err(error)) if is_graceful_reset(&error) => return Poll::Ready(Ok(())),
-                Some(Err(error)) => return Poll::Ready(Err(to_io_error(error))),
-            }
+            this.unread = ready!(this.poll_received(cx))?;
         }
         let take = this.unread.len().min(buf.remaining());
         buf.put_slice(this.unread.get(..take).unwrap_or_default());
@@ -116,25 +190,12 @@ impl AsyncWrite for H2Stream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        // Only what is sent is copied: as much as the capacity takes.
         let this = &mut *self;
-        let wanted = buf.len().min(this.max_write);
-        this.send.reserve_capacity(wanted);
-        // Bounded: each turn either returns or has just been woken by new
-        // capacity, and h2 never reports capacity it does not have twice.
-        loop {
-            let capacity = this.send.capacity().min(wanted);
-            if capacity > 0 {
-                let chunk = Bytes::copy_from_slice(buf.get(..capacity).unwrap_or_default());
-                this.send.send_data(chunk, false).map_err(to_io_error)?;
-                return Poll::Ready(Ok(capacity));
-            }
-            match ready!(this.send.poll_capacity(cx)) {
-                Some(Ok(_)) => continue,
-                Some(Err(error)) => return Poll::Ready(Err(to_io_error(error))),
-                // The stream can no longer send: the peer reset it.
-                None => return Poll::Ready(Err(closed_error(&mut this.send, cx))),
-            }
-        }
+        let capacity = ready!(this.poll_send_capacity(cx, buf.len()))?;
+        let chunk = Bytes::copy_from_slice(buf.get(..capacity).unwrap_or_default());
+        this.send.send_data(chunk, false).map_err(to_io_error)?;
+        Poll::Ready(Ok(capacity))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -188,3 +249,6 @@ fn to_io_error(error: h2::Error) -> io::Error {
     }
     io::Error::other(error)
 }
+
+#[cfg(test)]
+mod tests;

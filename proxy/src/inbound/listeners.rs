@@ -68,6 +68,8 @@ impl AsyncWrite for AppConnection {
     }
 }
 
+impl crate::copy::Side for AppConnection {}
+
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
 #[error("dialing the application at {addr}")]
