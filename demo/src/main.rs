@@ -334,49 +334,67 @@ fn wait_until(check: impl FnMut() -> bool) -> bool {
 }
 
 /// Who talked to whom, from the destination ztunnels' access logs: the
-/// verified identity, the connections and bytes, and the decision. Lines
-/// with the same source, destination and outcome are added up.
+/// verified identity, the path the connection took (`hbone` between
+/// nodes, `same-node` within one, `tcp` for plain TCP), the connections and
+/// bytes, and the decision. Lines with the same source, destination, path
+/// and outcome are added up.
 fn print_report(cluster: &Cluster) {
-    let mut rows: Vec<(String, String, String, String, u64, u64, u64)> = Vec::new();
+    /// One line of the table.
+    struct Row {
+        key: [String; 5],
+        connections: u64,
+        received: u64,
+        sent: u64,
+    }
+    let mut rows: Vec<Row> = Vec::new();
     for node in &cluster.nodes {
         for entry in node.access_log() {
             if entry.direction != "inbound" {
                 continue;
             }
-            let key = (
+            let path = match (&entry.path, &entry.src_identity) {
+                (Some(path), _) => path.clone(),
+                (None, Some(_)) => "hbone".to_owned(),
+                (None, None) => "tcp".to_owned(),
+            };
+            let key = [
                 node.name.clone(),
                 entry
                     .src_identity
                     .unwrap_or_else(|| "(none: plain TCP)".to_owned()),
                 entry.dst_workload.unwrap_or_else(|| "?".to_owned()),
+                path,
                 match entry.error {
                     Some(error) if error.contains("denied") => format!("denied: {error}"),
                     Some(error) => format!("closed: {error}"),
                     None => "allowed".to_owned(),
                 },
-            );
-            let (received, sent) = (entry.bytes_recv, entry.bytes_sent);
-            match rows
-                .iter_mut()
-                .find(|row| (&row.0, &row.1, &row.2, &row.3) == (&key.0, &key.1, &key.2, &key.3))
-            {
+            ];
+            match rows.iter_mut().find(|row| row.key == key) {
                 Some(row) => {
-                    row.4 += 1;
-                    row.5 += received;
-                    row.6 += sent;
+                    row.connections += 1;
+                    row.received += entry.bytes_recv;
+                    row.sent += entry.bytes_sent;
                 }
-                None => rows.push((key.0, key.1, key.2, key.3, 1, received, sent)),
+                None => rows.push(Row {
+                    key,
+                    connections: 1,
+                    received: entry.bytes_recv,
+                    sent: entry.bytes_sent,
+                }),
             }
         }
     }
     println!("\nWho talked to whom, as each destination ztunnel logged it");
     println!(
-        "{:<7} {:<42} {:<7} {:>5} {:>6} {:>6}  decision",
-        "node", "source identity (verified over mTLS)", "to pod", "conns", "bytes>", "bytes<"
+        "{:<7} {:<42} {:<7} {:<9} {:>5} {:>6} {:>6}  decision",
+        "node", "source identity (verified)", "to pod", "path", "conns", "bytes>", "bytes<"
     );
-    for (node, source, pod, outcome, connections, received, sent) in rows {
+    for row in rows {
+        let [node, source, pod, path, outcome] = row.key;
         println!(
-            "{node:<7} {source:<42} {pod:<7} {connections:>5} {received:>6} {sent:>6}  {outcome}"
+            "{node:<7} {source:<42} {pod:<7} {path:<9} {:>5} {:>6} {:>6}  {outcome}",
+            row.connections, row.received, row.sent
         );
     }
 }
