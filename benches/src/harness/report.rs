@@ -145,7 +145,7 @@ impl Report {
             .count();
         let _ = writeln!(
             page,
-            "- {rounds_a} round(s) per build, {} s per timed run, {} idle connections (fewer on the tcp path when the open-files limit is too low for two descriptors each: see idle.held); {} workloads on other nodes besides the test pods; medians over rounds; ztunnel env {:?}\n",
+            "- {rounds_a} round(s) per build, {} s per timed run, {} idle connections (fewer on the tcp and same-node paths when the open-files limit is too low for two descriptors each: see idle.held); {} workloads on other nodes besides the test pods; medians over rounds; ztunnel env {:?}\n",
             self.sizing.duration_s,
             self.sizing.idle_connections,
             self.sizing.mesh_size,
