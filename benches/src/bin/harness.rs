@@ -5,13 +5,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use ztunnel_benches::harness::{self, Options, Path3, Scenario, Sizing};
 use ztunnel_certs::error_chain;
 
-/// Benchmarks ztunnel on three paths (direct, plain TCP through both
-/// proxies, HBONE) in a two-node in-pod mesh on this machine.
+/// Benchmarks ztunnel on four paths (direct, plain TCP through both
+/// proxies, HBONE between the nodes, HBONE within one node) in a two-node
+/// in-pod mesh on this machine.
 #[derive(Debug, Parser)]
 #[command(name = "ztunnel-bench", version)]
 struct Args {
@@ -21,7 +22,8 @@ struct Args {
     #[arg(long)]
     ztunnel: Option<PathBuf>,
     /// A second build (B): rounds alternate A B A B and the report gives
-    /// B/A pair by pair.
+    /// B/A pair by pair. May be the same binary as A, with --env-a or
+    /// --env-b setting the two apart.
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Rounds per build; figures are medians over rounds.
@@ -40,9 +42,13 @@ struct Args {
         default_value = "idle,connect,stream1,stream8,rr"
     )]
     scenarios: Vec<String>,
-    /// Comma-separated paths: direct, tcp, hbone. Figures relative to
-    /// direct need direct.
-    #[arg(long, value_delimiter = ',', default_value = "direct,tcp,hbone")]
+    /// Comma-separated paths: direct, tcp, hbone, same-node. Figures
+    /// relative to direct need direct.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "direct,tcp,hbone,same-node"
+    )]
     paths: Vec<String>,
     /// A few seconds per scenario, one round, few idle connections: proves
     /// every scenario runs and yields numbers (the CI smoke run). Overrides
@@ -53,6 +59,17 @@ struct Args {
     /// ZTUNNEL_WORKER_THREADS=2.
     #[arg(long = "env")]
     env: Vec<String>,
+    /// `KEY=VALUE` set in build A's ztunnels only, after --env
+    /// (repeatable); needs a build B (--compare or --env-b), e.g.
+    /// `--compare X --env-a SAME_NODE_SHORTCUT=false` for the same build
+    /// with a setting off on A.
+    #[arg(long = "env-a")]
+    env_a: Vec<String>,
+    /// `KEY=VALUE` set in build B's ztunnels only, after --env
+    /// (repeatable). Without --compare, B is build A's binary: the same
+    /// build, A B A B, with this setting changed on B.
+    #[arg(long = "env-b", visible_alias = "compare-env")]
+    env_b: Vec<String>,
     /// Workloads on other nodes added to the proxies' configuration (at
     /// most 65,536): the size of the mesh, against which per-connection
     /// costs and memory are measured.
@@ -85,14 +102,9 @@ fn run() -> anyhow::Result<()> {
         .iter()
         .map(|name| Path3::parse(name).with_context(|| format!("unknown path {name}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let ztunnel_env = args
-        .env
-        .iter()
-        .map(|pair| match pair.split_once('=') {
-            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
-            _ => bail!("--env {pair}: expected KEY=VALUE"),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ztunnel_env = settings("--env", &args.env)?;
+    let env_a = settings("--env-a", &args.env_a)?;
+    let env_b = settings("--env-b", &args.env_b)?;
     let sizing = if args.quick {
         Sizing {
             duration_s: 1.0,
@@ -117,6 +129,8 @@ fn run() -> anyhow::Result<()> {
         paths,
         sizing,
         ztunnel_env,
+        env_a,
+        env_b,
         out_dir: args.out,
         stem: args.name,
     };
@@ -134,6 +148,16 @@ fn run() -> anyhow::Result<()> {
         println!("wrote {}", file.display());
     }
     Ok(())
+}
+
+/// The `KEY=VALUE` settings given to `flag`.
+fn settings(flag: &str, pairs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    pairs
+        .iter()
+        .map(|pair| {
+            harness::parse_env(pair).with_context(|| format!("{flag} {pair}: expected KEY=VALUE"))
+        })
+        .collect()
 }
 
 /// Open files every process of the topology may hold: a proxy on the plain
@@ -166,5 +190,45 @@ fn raise_open_files_limit() {
         eprintln!(
             "bench: open files limited to {hard}; 10k idle connections on the tcp path need about 20,100"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_side_settings_are_taken_from_their_flags() {
+        let args = Args::try_parse_from([
+            "ztunnel-bench",
+            "--ztunnel",
+            "x",
+            "--compare",
+            "x",
+            "--env",
+            "ZTUNNEL_WORKER_THREADS=2",
+            "--env-a",
+            "SAME_NODE_SHORTCUT=false",
+            "--compare-env",
+            "SAME_NODE_SHORTCUT=true",
+            "--env-b",
+            "RUST_LOG=warn",
+            "--paths",
+            "same-node,hbone",
+        ])
+        .unwrap();
+        assert_eq!(args.env, ["ZTUNNEL_WORKER_THREADS=2"]);
+        assert_eq!(args.env_a, ["SAME_NODE_SHORTCUT=false"]);
+        assert_eq!(args.env_b, ["SAME_NODE_SHORTCUT=true", "RUST_LOG=warn"]);
+        let paths: Vec<Option<Path3>> = args.paths.iter().map(|name| Path3::parse(name)).collect();
+        assert_eq!(paths, [Some(Path3::SameNode), Some(Path3::Hbone)]);
+        assert!(settings("--env-a", &["NO_VALUE".to_owned()]).is_err());
+    }
+
+    #[test]
+    fn every_path_runs_by_default() {
+        let args = Args::try_parse_from(["ztunnel-bench"]).unwrap();
+        let names: Vec<&str> = Path3::ALL.iter().map(|path| path.name()).collect();
+        assert_eq!(args.paths, names);
     }
 }

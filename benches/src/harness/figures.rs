@@ -1,6 +1,8 @@
 //! From runs to figures: every number the harness reports is a named value
 //! (`<path>.<scenario>.<figure>`, with `client.`/`server.` for one proxy's
-//! share), derived from the load generator's result and the proxies' costs.
+//! share and `both.` for every proxy on the path together), derived from
+//! the load generator's result and the proxies' costs. A CPU figure has its
+//! user and system parts beside it (`<figure>.user`, `<figure>.sys`).
 //! Rounds are combined by median, and A/B pairs by ratio. The targets of the
 //! speed work are stated here, against these names.
 
@@ -8,13 +10,14 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::harness::scenario::{Run, Scenario};
+use crate::harness::scenario::{ProxyCost, Run, Scenario};
+use crate::harness::topology::{Path3, ProxyRole};
 
 /// Figures of one round: name → value.
 pub type Figures = BTreeMap<String, f64>;
 
-/// The two proxies, in the order of [`Run::proxies`].
-const PROXIES: [&str; 2] = ["client", "server"];
+/// The suffixes of a CPU figure's user and system parts.
+pub const CPU_PARTS: [&str; 2] = ["user", "sys"];
 /// Bytes in a (decimal) gigabyte, the unit of "CPU seconds per GB".
 const GIGABYTE: f64 = 1e9;
 
@@ -116,7 +119,11 @@ pub fn of_round(runs: &[Run]) -> Figures {
     for run in runs {
         of_run(run, &mut figures);
     }
-    for path in ["tcp", "hbone"] {
+    for path in Path3::ALL
+        .into_iter()
+        .filter(|path| *path != Path3::Direct)
+        .map(Path3::name)
+    {
         let ratio = |top: &str, bottom: &str| -> Option<f64> {
             let (top, bottom) = (figures.get(top)?, figures.get(bottom)?);
             (*bottom > 0.0).then(|| top / bottom)
@@ -186,7 +193,8 @@ fn of_run(run: &Run, figures: &mut Figures) {
         }
     };
     let held = field("held");
-    if let Some((units, name, scale)) = per_unit.filter(|(units, ..)| *units > 0.0) {
+    let per_unit = per_unit.filter(|(units, ..)| *units > 0.0);
+    if let Some((units, name, scale)) = per_unit {
         let ends = [
             ("app_client", run.endpoints.client_cpu_s),
             ("app_server", run.endpoints.server_cpu_s),
@@ -198,9 +206,20 @@ fn of_run(run: &Run, figures: &mut Figures) {
             );
         }
     }
-    for (proxy, cost) in PROXIES.iter().zip(&run.proxies) {
-        if let Some((units, name, scale)) = per_unit.filter(|(units, ..)| *units > 0.0) {
-            put(&format!("{proxy}.{name}"), Some(cost.cpu_s * scale / units));
+    let per_connection = |cost: &ProxyCost| -> Option<f64> {
+        let held = held.filter(|held| *held > 0.0)?;
+        let grown = cost.holding_rss_kib?.saturating_sub(cost.before_rss_kib) as f64;
+        Some(grown / held)
+    };
+    for cost in &run.proxies {
+        let proxy = cost.role.name();
+        if let Some((units, name, scale)) = per_unit {
+            let cpu = [cost.cpu_s, cost.cpu_user_s, cost.cpu_system_s];
+            put_cpu(
+                &mut put,
+                &format!("{proxy}.{name}"),
+                cpu.map(|s| s * scale / units),
+            );
         }
         put(
             &format!("{proxy}.steady_rss_kib"),
@@ -210,11 +229,36 @@ fn of_run(run: &Run, figures: &mut Figures) {
             &format!("{proxy}.peak_rss_kib"),
             Some(cost.peak_rss_kib as f64),
         );
-        if let (Some(holding), Some(held)) = (cost.holding_rss_kib, held.filter(|held| *held > 0.0))
-        {
-            let grown = holding.saturating_sub(cost.before_rss_kib) as f64;
-            put(&format!("{proxy}.kib_per_connection"), Some(grown / held));
+        put(&format!("{proxy}.kib_per_connection"), per_connection(cost));
+    }
+    // Every proxy on the path together: what the same-node path's one
+    // proxy is compared against.
+    let separate = run.proxies.iter().all(|cost| cost.role != ProxyRole::Both);
+    if run.path != Path3::Direct && separate && !run.proxies.is_empty() {
+        if let Some((units, name, scale)) = per_unit {
+            let mut cpu = [0.0; 3];
+            for cost in &run.proxies {
+                for (sum, part) in
+                    cpu.iter_mut()
+                        .zip([cost.cpu_s, cost.cpu_user_s, cost.cpu_system_s])
+                {
+                    *sum += part * scale / units;
+                }
+            }
+            put_cpu(&mut put, &format!("both.{name}"), cpu);
         }
+        let grown: Option<f64> = run.proxies.iter().map(per_connection).sum();
+        put("both.kib_per_connection", grown);
+    }
+}
+
+/// Puts a CPU figure, `[total, user, system]`, as `name` with its parts
+/// beside it.
+fn put_cpu(put: &mut impl FnMut(&str, Option<f64>), name: &str, cpu: [f64; 3]) {
+    let [total, user, system] = cpu;
+    put(name, Some(total));
+    for (part, value) in CPU_PARTS.iter().zip([user, system]) {
+        put(&format!("{name}.{part}"), Some(value));
     }
 }
 
@@ -255,21 +299,46 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::harness::scenario::{Endpoints, ProxyCost};
-    use crate::harness::topology::Path3;
+    use crate::harness::scenario::Endpoints;
 
-    fn run(scenario: Scenario, path: Path3, load: Value, cpu_s: [f64; 2]) -> Run {
-        let cost = |cpu_s| ProxyCost {
+    /// A proxy's cost: three quarters of its CPU in user space.
+    fn cost(role: ProxyRole, cpu_s: f64) -> ProxyCost {
+        ProxyCost {
+            role,
             cpu_s,
+            cpu_user_s: cpu_s * 0.75,
+            cpu_system_s: cpu_s * 0.25,
+            steady_rss_kib: 20_000,
+            peak_rss_kib: 30_000,
             before_rss_kib: 10_000,
             holding_rss_kib: Some(50_000),
-            ..ProxyCost::default()
-        };
+        }
+    }
+
+    fn run(scenario: Scenario, path: Path3, load: Value, cpu_s: [f64; 2]) -> Run {
         Run {
             scenario,
             path,
             load,
-            proxies: [cost(cpu_s[0]), cost(cpu_s[1])],
+            proxies: vec![
+                cost(ProxyRole::Client, cpu_s[0]),
+                cost(ProxyRole::Server, cpu_s[1]),
+            ],
+            endpoints: Endpoints::default(),
+        }
+    }
+
+    /// Whether `figure` is `expected`, up to rounding.
+    fn close(figure: f64, expected: f64) -> bool {
+        (figure - expected).abs() <= expected.abs() * 1e-9
+    }
+
+    fn same_node(scenario: Scenario, load: Value, cpu_s: f64) -> Run {
+        Run {
+            scenario,
+            path: Path3::SameNode,
+            load,
+            proxies: vec![cost(ProxyRole::Both, cpu_s)],
             endpoints: Endpoints::default(),
         }
     }
@@ -336,6 +405,72 @@ mod tests {
             !figures.contains_key("direct.stream1.client.cpu_s_per_gb")
                 || figures["direct.stream1.client.cpu_s_per_gb"] == 0.0
         );
+        // No proxy is in the way on the direct path, so none together.
+        assert!(!figures.contains_key("direct.rr.both.cpu_us_per_request"));
+    }
+
+    #[test]
+    fn cpu_figures_carry_their_user_and_system_parts() {
+        let figures = of_round(&[run(
+            Scenario::Connect,
+            Path3::Hbone,
+            json!({"connections_made": 1000.0}),
+            [0.2, 0.4],
+        )]);
+        for (name, total) in [
+            ("hbone.connect.client.cpu_us_per_connection", 200.0),
+            ("hbone.connect.server.cpu_us_per_connection", 400.0),
+            ("hbone.connect.both.cpu_us_per_connection", 600.0),
+        ] {
+            assert!(close(figures[name], total), "{name}");
+            assert!(
+                close(figures[&format!("{name}.user")], total * 0.75),
+                "{name}"
+            );
+            assert!(
+                close(figures[&format!("{name}.sys")], total * 0.25),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_node_proxy_is_counted_once_as_both_ends() {
+        let figures = of_round(&[
+            same_node(
+                Scenario::Rr,
+                json!({"requests": 1000.0, "latency_us": {"p50": 40.0}}),
+                0.05,
+            ),
+            same_node(Scenario::Idle, json!({"held": 10000.0}), 0.0),
+        ]);
+        assert!(close(figures["same-node.rr.both.cpu_us_per_request"], 50.0));
+        assert!(close(
+            figures["same-node.rr.both.cpu_us_per_request.user"],
+            37.5
+        ));
+        assert_eq!(figures["same-node.rr.both.steady_rss_kib"], 20_000.0);
+        assert_eq!(figures["same-node.idle.both.kib_per_connection"], 4.0);
+        assert!(
+            !figures
+                .keys()
+                .any(|name| name.contains(".client.") || name.contains(".server.")),
+            "{figures:?}"
+        );
+    }
+
+    #[test]
+    fn both_sums_memory_per_connection_over_the_two_proxies() {
+        let figures = of_round(&[run(
+            Scenario::Idle,
+            Path3::Tcp,
+            json!({"held": 10000.0}),
+            [0.0, 0.0],
+        )]);
+        assert_eq!(figures["tcp.idle.client.kib_per_connection"], 4.0);
+        assert_eq!(figures["tcp.idle.both.kib_per_connection"], 8.0);
+        // Resident memory of two processes is not summed.
+        assert!(!figures.contains_key("tcp.idle.both.steady_rss_kib"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The comparison plot: one SVG with a bar chart per headline figure, the
-//! three paths side by side (and each proxy where the figure is per proxy),
-//! so a reader sees at a glance what the tunnel costs against direct.
+//! paths side by side (and each proxy where the figure is per proxy), so a
+//! reader sees at a glance what the tunnel costs against direct. Same-node
+//! CPU bars are its one proxy's, beside the two of the other paths.
 
 use std::path::Path;
 
@@ -48,6 +49,7 @@ fn panels(figures: &Figures) -> Vec<Panel> {
                 ("tcp", "tcp.stream1.gbit_per_s"),
                 ("hbone", "hbone.stream1.gbit_per_s"),
                 ("hbone ×8", "hbone.stream8.gbit_per_s"),
+                ("same-node", "same-node.stream1.gbit_per_s"),
             ]),
         },
         Panel {
@@ -56,6 +58,7 @@ fn panels(figures: &Figures) -> Vec<Panel> {
                 ("direct", "direct.rr.p50_us"),
                 ("tcp", "tcp.rr.p50_us"),
                 ("hbone", "hbone.rr.p50_us"),
+                ("same-node", "same-node.rr.p50_us"),
             ]),
         },
         Panel {
@@ -65,6 +68,7 @@ fn panels(figures: &Figures) -> Vec<Panel> {
                 ("tcp server", "tcp.stream1.server.cpu_s_per_gb"),
                 ("hbone client", "hbone.stream1.client.cpu_s_per_gb"),
                 ("hbone server", "hbone.stream1.server.cpu_s_per_gb"),
+                ("same-node", "same-node.stream1.both.cpu_s_per_gb"),
             ]),
         },
         Panel {
@@ -74,6 +78,11 @@ fn panels(figures: &Figures) -> Vec<Panel> {
                 ("rr server", "hbone.rr.server.cpu_us_per_request"),
                 ("conn client", "hbone.connect.client.cpu_us_per_connection"),
                 ("conn server", "hbone.connect.server.cpu_us_per_connection"),
+                ("rr same-node", "same-node.rr.both.cpu_us_per_request"),
+                (
+                    "conn same-node",
+                    "same-node.connect.both.cpu_us_per_connection",
+                ),
             ]),
         },
     ]

@@ -1,5 +1,6 @@
-//! What a proxy process spent, read from `/proc`: CPU time (user + system,
-//! every thread, also those that exited) and resident memory (now and peak).
+//! What a proxy process spent, read from `/proc`: CPU time (user and
+//! system, every thread, also those that exited) and resident memory (now
+//! and peak).
 //! Sampling during a run is in `harness/scenario.rs`.
 
 use std::path::PathBuf;
@@ -19,6 +20,31 @@ pub struct Process {
     pub pid: u32,
 }
 
+/// CPU time of a process, in seconds, split as the kernel counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    /// In user space (`utime`).
+    pub user_s: f64,
+    /// In the kernel on its behalf (`stime`), including softirq work done
+    /// in its context.
+    pub system_s: f64,
+}
+
+impl CpuTime {
+    /// User and system together.
+    pub fn total_s(self) -> f64 {
+        self.user_s + self.system_s
+    }
+
+    /// What was spent from `before` to `self`.
+    pub fn since(self, before: CpuTime) -> CpuTime {
+        CpuTime {
+            user_s: self.user_s - before.user_s,
+            system_s: self.system_s - before.system_s,
+        }
+    }
+}
+
 /// Memory figures of a process, in KiB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Memory {
@@ -30,9 +56,9 @@ pub struct Memory {
 }
 
 impl Process {
-    /// CPU seconds used so far, user and system, by every thread the
-    /// process has had.
-    pub fn cpu_seconds(self) -> anyhow::Result<f64> {
+    /// CPU time used so far, user and system, by every thread the process
+    /// has had.
+    pub fn cpu(self) -> anyhow::Result<CpuTime> {
         let path = self.file("stat");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
@@ -51,8 +77,11 @@ impl Process {
                 .and_then(|field| field.parse().ok())
                 .with_context(|| format!("{}: field {} missing", path.display(), index + 3))
         };
-        let total = ticks(11)? + ticks(12)?;
-        Ok(total as f64 / ticks_per_second() as f64)
+        let per_second = ticks_per_second() as f64;
+        Ok(CpuTime {
+            user_s: ticks(11)? as f64 / per_second,
+            system_s: ticks(12)? as f64 / per_second,
+        })
     }
 
     /// Resident memory now and at its peak.
@@ -116,15 +145,21 @@ mod tests {
         let me = Process {
             pid: std::process::id(),
         };
-        let before = me.cpu_seconds().unwrap();
+        let before = me.cpu().unwrap();
         // Burn a little CPU so the counter moves by at least one tick.
         let start = std::time::Instant::now();
         let mut x = 0u64;
         while start.elapsed() < std::time::Duration::from_millis(50) {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
         }
-        let after = me.cpu_seconds().unwrap();
-        assert!(after > before, "{before} -> {after}");
+        let after = me.cpu().unwrap();
+        assert!(
+            after.total_s() > before.total_s(),
+            "{before:?} -> {after:?}"
+        );
+        // A busy loop in user space: user time moved, neither went back.
+        let spent = after.since(before);
+        assert!(spent.user_s > 0.0 && spent.system_s >= 0.0, "{spent:?}");
         let memory = me.memory().unwrap();
         assert!(memory.rss_kib > 0 && memory.peak_kib >= memory.rss_kib);
     }

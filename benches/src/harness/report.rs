@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::harness::figures::{Figures, TARGETS};
+use crate::harness::figures::{CPU_PARTS, Figures, TARGETS};
 use crate::harness::scenario::{Run, Sizing};
 use crate::harness::topology::Path3;
 
@@ -75,8 +75,11 @@ pub struct Report {
     pub machine: Machine,
     /// Build A, and build B when comparing.
     pub builds: Vec<PathBuf>,
-    /// Extra ztunnel environment.
+    /// Extra ztunnel environment, for every build.
     pub ztunnel_env: Vec<(String, String)>,
+    /// Environment for one build only, over `ztunnel_env`: A's, then B's
+    /// when comparing.
+    pub build_env: Vec<Vec<(String, String)>>,
     /// Run lengths.
     pub sizing: Sizing,
     /// Every round, in run order.
@@ -116,9 +119,21 @@ impl Report {
             self.started
         );
         for (index, build) in self.builds.iter().enumerate() {
+            let env = self
+                .build_env
+                .get(index)
+                .filter(|env| !env.is_empty())
+                .map(|env| {
+                    let pairs: Vec<String> = env
+                        .iter()
+                        .map(|(key, value)| format!("`{key}={value}`"))
+                        .collect();
+                    format!(", with {}", pairs.join(" "))
+                })
+                .unwrap_or_default();
             let _ = writeln!(
                 page,
-                "- build {}: `{}`",
+                "- build {}: `{}`{env}",
                 ["A", "B"].get(index).unwrap_or(&"?"),
                 build.display()
             );
@@ -130,7 +145,7 @@ impl Report {
             .count();
         let _ = writeln!(
             page,
-            "- {rounds_a} round(s) per build, {} s per timed run, {} idle connections (fewer on the tcp path when the open-files limit is too low for two descriptors each: see idle.held); {} workloads on other nodes besides the test pods; medians over rounds; ztunnel env {:?}\n",
+            "- {rounds_a} round(s) per build, {} s per timed run, {} idle connections (fewer on the tcp and same-node paths when the open-files limit is too low for two descriptors each: see idle.held); {} workloads on other nodes besides the test pods; medians over rounds; ztunnel env {:?}\n",
             self.sizing.duration_s,
             self.sizing.idle_connections,
             self.sizing.mesh_size,
@@ -162,10 +177,10 @@ impl Report {
                 .iter()
                 .map(|name| self.median_a.get(*name).copied())
                 .collect();
-            let measured = values
+            let measured = target
+                .figures
                 .iter()
-                .zip(target.figures)
-                .map(|(value, name)| {
+                .map(|name| {
                     let who = if name.contains(".client.") {
                         "client "
                     } else if name.contains(".server.") {
@@ -173,10 +188,7 @@ impl Report {
                     } else {
                         ""
                     };
-                    value.map_or_else(
-                        || format!("{who}—"),
-                        |value| format!("{who}{}", number(value)),
-                    )
+                    format!("{who}{}", cell(&self.median_a, name))
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -196,22 +208,31 @@ impl Report {
 
     fn paths_table(&self, page: &mut String) {
         let _ = writeln!(page, "## Figures by path (build A, median)\n");
-        let _ = writeln!(page, "| figure | direct | tcp | hbone |\n|---|---|---|---|");
+        let _ = writeln!(
+            page,
+            "`client`/`server`: one proxy; `both`: every proxy on the path together \
+             (client + server; on same-node the one ztunnel of node-a, counted once). \
+             CPU figures: total (user + sys).\n"
+        );
+        let paths: Vec<&str> = Path3::ALL.iter().map(|path| path.name()).collect();
+        let _ = writeln!(
+            page,
+            "| figure | {} |\n|---|{}",
+            paths.join(" | "),
+            "---|".repeat(paths.len())
+        );
         let mut names: Vec<&str> = self
             .median_a
             .keys()
             .filter_map(|name| name.split_once('.').map(|(_, rest)| rest))
+            .filter(|name| !is_cpu_part(name))
             .collect();
         names.sort_unstable();
         names.dedup();
         for name in names {
-            let cells: Vec<String> = Path3::ALL
+            let cells: Vec<String> = paths
                 .iter()
-                .map(|path| {
-                    self.median_a
-                        .get(&format!("{}.{name}", path.name()))
-                        .map_or_else(|| "—".to_owned(), |value| number(*value))
-                })
+                .map(|path| cell(&self.median_a, &format!("{path}.{name}")))
                 .collect();
             let _ = writeln!(page, "| {name} | {} |", cells.join(" | "));
         }
@@ -247,6 +268,33 @@ fn ratio_table(page: &mut String, a: &Figures, b: &Figures, ratios: &BTreeMap<St
     let _ = writeln!(page);
 }
 
+/// Whether `name` is the user or system part of a CPU figure, shown in the
+/// cell of its total.
+fn is_cpu_part(name: &str) -> bool {
+    name.rsplit_once('.')
+        .is_some_and(|(_, last)| CPU_PARTS.contains(&last))
+}
+
+/// A figure's cell: its value, with its user and system parts where it has
+/// them ("52.0 (30.0 user + 22.0 sys)"), or "—".
+fn cell(figures: &Figures, name: &str) -> String {
+    let Some(value) = figures.get(name) else {
+        return "—".to_owned();
+    };
+    let parts: Vec<String> = CPU_PARTS
+        .iter()
+        .filter_map(|part| {
+            let value = figures.get(&format!("{name}.{part}"))?;
+            Some(format!("{} {part}", number(*value)))
+        })
+        .collect();
+    if parts.is_empty() {
+        number(*value)
+    } else {
+        format!("{} ({})", number(*value), parts.join(" + "))
+    }
+}
+
 /// A figure with as many digits as it needs.
 fn number(value: f64) -> String {
     let magnitude = value.abs();
@@ -256,5 +304,28 @@ fn number(value: f64) -> String {
         format!("{value:.1}")
     } else {
         format!("{value:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_cell_shows_its_user_and_system_parts_and_others_their_value() {
+        let figures = Figures::from([
+            ("hbone.rr.client.cpu_us_per_request".to_owned(), 52.0),
+            ("hbone.rr.client.cpu_us_per_request.user".to_owned(), 30.0),
+            ("hbone.rr.client.cpu_us_per_request.sys".to_owned(), 22.0),
+            ("hbone.rr.p50_us".to_owned(), 175.1),
+        ]);
+        assert_eq!(
+            cell(&figures, "hbone.rr.client.cpu_us_per_request"),
+            "52.0 (30.0 user + 22.0 sys)"
+        );
+        assert_eq!(cell(&figures, "hbone.rr.p50_us"), "175.1");
+        assert_eq!(cell(&figures, "tcp.rr.p50_us"), "—");
+        assert!(is_cpu_part("rr.client.cpu_us_per_request.user"));
+        assert!(!is_cpu_part("rr.client.cpu_us_per_request"));
     }
 }

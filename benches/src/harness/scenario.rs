@@ -1,6 +1,7 @@
 //! The scenarios: what the load generator runs on each path, and what each
 //! proxy spent meanwhile. One run = one scenario on one path: the proxies'
-//! CPU time is read before and after, their memory sampled while it runs.
+//! CPU time (user and system) is read before and after, their memory
+//! sampled while it runs.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, Stdio};
@@ -11,8 +12,8 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::harness::process::{Memory, Process};
-use crate::harness::topology::{Path3, Topology};
+use crate::harness::process::{CpuTime, Memory, Process};
+use crate::harness::topology::{Path3, ProxyRole, Topology};
 
 /// How often memory is sampled during a run: often enough for a median
 /// over a one-second quick run.
@@ -100,10 +101,17 @@ pub struct Sizing {
 }
 
 /// What one proxy spent during a run.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct ProxyCost {
-    /// CPU seconds, user and system.
+    /// Its place on the path: the figures are named after it.
+    pub role: ProxyRole,
+    /// CPU seconds, user and system together.
     pub cpu_s: f64,
+    /// CPU seconds in user space: the proxy's own code (TLS, HTTP/2, the
+    /// copy loop), apart from the kernel's socket work.
+    pub cpu_user_s: f64,
+    /// CPU seconds in the kernel on its behalf.
+    pub cpu_system_s: f64,
     /// Median resident memory during the run, KiB.
     pub steady_rss_kib: u64,
     /// Peak resident memory during the run, KiB.
@@ -136,8 +144,10 @@ pub struct Run {
     pub path: Path3,
     /// The load generator's final JSON object.
     pub load: Value,
-    /// The client-side ztunnel (node-a), then the server-side one (node-b).
-    pub proxies: [ProxyCost; 2],
+    /// The ztunnels on the path: the client-side one (node-a), then the
+    /// server-side one (node-b); on the same-node path the one ztunnel of
+    /// node-a, once.
+    pub proxies: Vec<ProxyCost>,
     /// The load generator's two ends.
     pub endpoints: Endpoints,
 }
@@ -149,7 +159,8 @@ pub fn run(
     path: Path3,
     sizing: &Sizing,
 ) -> anyhow::Result<Run> {
-    let proxies = topology.proxies()?;
+    let (roles, proxies): (Vec<ProxyRole>, Vec<Process>) =
+        topology.proxies(path)?.into_iter().unzip();
     let (mut command, target) = topology.client(path)?;
     command
         .arg(scenario.name_for_loadgen())
@@ -191,17 +202,17 @@ pub fn run(
         }
     }
     let server = topology.server(path);
-    let server_before = server.and_then(|server| server.cpu_seconds().ok());
+    let server_before = server.and_then(|server| server.cpu().ok());
     let before_cpu = cpu(&proxies)?;
     let before = memory(&proxies)?;
-    for proxy in proxies {
+    for proxy in &proxies {
         proxy.reset_peak()?;
     }
-    let sampler = Sampler::start(proxies);
+    let sampler = Sampler::start(proxies.clone());
     let outcome = if scenario == Scenario::Idle {
         run_idle(command, &proxies, sizing)
     } else {
-        run_timed(command, sizing).map(|load| (load, [None, None]))
+        run_timed(command, sizing).map(|load| (load, vec![None; proxies.len()]))
     };
     let samples = sampler.stop();
     let (load, holding) = outcome.with_context(|| {
@@ -214,23 +225,36 @@ pub fn run(
     })?;
     let after_cpu = cpu(&proxies)?;
     let after = memory(&proxies)?;
-    let server_after = server.and_then(|server| server.cpu_seconds().ok());
+    let server_after = server.and_then(|server| server.cpu().ok());
     let endpoints = Endpoints {
         client_cpu_s: load.get("cpu_s").and_then(Value::as_f64),
         server_cpu_s: server_before
             .zip(server_after)
-            .map(|(before, after)| after - before),
+            .map(|(before, after)| after.since(before).total_s()),
     };
-    let mut costs = [ProxyCost::default(); 2];
-    for (index, cost) in costs.iter_mut().enumerate() {
-        *cost = ProxyCost {
-            cpu_s: after_cpu[index] - before_cpu[index],
-            steady_rss_kib: median(samples.iter().map(|sample| sample[index].rss_kib).collect()),
-            peak_rss_kib: after[index].peak_kib,
-            before_rss_kib: before[index].rss_kib,
-            holding_rss_kib: holding[index],
-        };
-    }
+    let costs = roles
+        .iter()
+        .enumerate()
+        .map(|(index, role)| {
+            let spent = after_cpu[index].since(before_cpu[index]);
+            ProxyCost {
+                role: *role,
+                cpu_s: spent.total_s(),
+                cpu_user_s: spent.user_s,
+                cpu_system_s: spent.system_s,
+                steady_rss_kib: median(
+                    samples
+                        .iter()
+                        .filter_map(|sample| sample.get(index))
+                        .map(|memory| memory.rss_kib)
+                        .collect(),
+                ),
+                peak_rss_kib: after[index].peak_kib,
+                before_rss_kib: before[index].rss_kib,
+                holding_rss_kib: holding.get(index).copied().flatten(),
+            }
+        })
+        .collect();
     Ok(Run {
         scenario,
         path,
@@ -259,9 +283,13 @@ const DESCRIPTOR_RESERVE: u64 = 200;
 /// How many idle connections `path` can hold under the open-files limit
 /// the proxies inherit from this process: on the tcp path each proxy holds
 /// two descriptors per connection (the accepted one and its upstream), on
-/// the HBONE path one (streams share the pooled connection).
+/// the HBONE path one (streams share the pooled connection); on the
+/// same-node path the one proxy holds both ends' descriptors, two.
 fn idle_connections(wanted: usize, path: Path3) -> usize {
-    let per_connection = if path == Path3::Tcp { 2 } else { 1 };
+    let per_connection = match path {
+        Path3::Tcp | Path3::SameNode => 2,
+        Path3::Direct | Path3::Hbone => 1,
+    };
     let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         .map_or(u64::MAX, |(soft, _)| soft);
     let fits = limit.saturating_sub(DESCRIPTOR_RESERVE) / per_connection;
@@ -286,9 +314,9 @@ fn run_timed(mut command: Command, sizing: &Sizing) -> anyhow::Result<Value> {
 /// hold by closing its stdin.
 fn run_idle(
     mut command: Command,
-    proxies: &[Process; 2],
+    proxies: &[Process],
     sizing: &Sizing,
-) -> anyhow::Result<(Value, [Option<u64>; 2])> {
+) -> anyhow::Result<(Value, Vec<Option<u64>>)> {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -342,7 +370,13 @@ fn run_idle(
     if let Some(object) = load.as_object_mut() {
         object.insert("holding".into(), holding);
     }
-    Ok((load, held_memory.map(|memory| Some(memory.rss_kib))))
+    Ok((
+        load,
+        held_memory
+            .iter()
+            .map(|memory| Some(memory.rss_kib))
+            .collect(),
+    ))
 }
 
 /// Waits for a child up to `deadline`, killing it beyond, and returns its
@@ -383,12 +417,12 @@ fn last_json(stdout: &str) -> anyhow::Result<Value> {
     serde_json::from_str(line).with_context(|| format!("not JSON from the load generator: {line}"))
 }
 
-fn cpu(proxies: &[Process; 2]) -> anyhow::Result<[f64; 2]> {
-    Ok([proxies[0].cpu_seconds()?, proxies[1].cpu_seconds()?])
+fn cpu(proxies: &[Process]) -> anyhow::Result<Vec<CpuTime>> {
+    proxies.iter().map(|proxy| proxy.cpu()).collect()
 }
 
-fn memory(proxies: &[Process; 2]) -> anyhow::Result<[Memory; 2]> {
-    Ok([proxies[0].memory()?, proxies[1].memory()?])
+fn memory(proxies: &[Process]) -> anyhow::Result<Vec<Memory>> {
+    proxies.iter().map(|proxy| proxy.memory()).collect()
 }
 
 fn median(mut values: Vec<u64>) -> u64 {
@@ -399,11 +433,11 @@ fn median(mut values: Vec<u64>) -> u64 {
 /// Samples the proxies' memory on a thread while a run goes on.
 struct Sampler {
     stop: mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<Vec<[Memory; 2]>>,
+    thread: std::thread::JoinHandle<Vec<Vec<Memory>>>,
 }
 
 impl Sampler {
-    fn start(proxies: [Process; 2]) -> Sampler {
+    fn start(proxies: Vec<Process>) -> Sampler {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut samples = Vec::new();
@@ -419,7 +453,7 @@ impl Sampler {
         Sampler { stop, thread }
     }
 
-    fn stop(self) -> Vec<[Memory; 2]> {
+    fn stop(self) -> Vec<Vec<Memory>> {
         let _ = self.stop.send(());
         self.thread.join().unwrap_or_default()
     }

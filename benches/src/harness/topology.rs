@@ -1,13 +1,17 @@
 //! The benchmark topology: the two-node in-pod mesh of the end-to-end tests
-//! (`ztunnel_test_support::cluster`), with a load-generator server in three
-//! server pods on node-b and clients on node-a, so that the three paths
-//! share nodes, bridges and routes:
+//! (`ztunnel_test_support::cluster`), with a load-generator server in each
+//! server pod and clients on node-a, so that the paths share nodes, bridges
+//! and routes:
 //!
-//! - direct: a pod outside the mesh to a pod outside the mesh, no proxy;
-//! - tcp: a meshed client to a meshed server whose workload speaks plain
-//!   TCP: the client's ztunnel passes the bytes through and the server's
-//!   ztunnel takes them on its plaintext inbound listener;
-//! - hbone: a meshed client to a meshed HBONE server, through the tunnel.
+//! - direct: a pod outside the mesh to a pod outside the mesh on node-b, no
+//!   proxy;
+//! - tcp: a meshed client to a meshed server on node-b whose workload speaks
+//!   plain TCP: the client's ztunnel passes the bytes through and the
+//!   server's ztunnel takes them on its plaintext inbound listener;
+//! - hbone: a meshed client to a meshed HBONE server on node-b, through the
+//!   tunnel;
+//! - same-node: a meshed client to a meshed HBONE server on node-a, where
+//!   one ztunnel is the proxy of both ends.
 //!
 //! Each path has a client pod of its own: sockets a run leaves in TIME_WAIT
 //! stay in its pod's namespace and do not slow the next path's connects
@@ -47,20 +51,25 @@ pub enum Path3 {
     Direct,
     /// Through both ztunnels as plain TCP.
     Tcp,
-    /// Through the HBONE tunnel.
+    /// Through the HBONE tunnel between the two nodes.
     Hbone,
+    /// From a meshed pod to a meshed HBONE pod on the same node, through
+    /// that node's one ztunnel.
+    #[serde(rename = "same-node")]
+    SameNode,
 }
 
 impl Path3 {
     /// Every path, in report order.
-    pub const ALL: [Path3; 3] = [Path3::Direct, Path3::Tcp, Path3::Hbone];
+    pub const ALL: [Path3; 4] = [Path3::Direct, Path3::Tcp, Path3::Hbone, Path3::SameNode];
 
-    /// Its name in reports.
+    /// Its name on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Path3::Direct => "direct",
             Path3::Tcp => "tcp",
             Path3::Hbone => "hbone",
+            Path3::SameNode => "same-node",
         }
     }
 
@@ -75,6 +84,43 @@ impl Path3 {
             Path3::Direct => ("direct-client", "direct-server"),
             Path3::Tcp => ("tcp-client", "tcp-server"),
             Path3::Hbone => ("client", "hbone-server"),
+            Path3::SameNode => ("same-node-client", "same-node-server"),
+        }
+    }
+
+    /// The ztunnels whose costs are read for a run on this path, each with
+    /// its place on it. On the same-node path one process is the proxy of
+    /// both ends, so it is read once.
+    fn proxy_nodes(self) -> &'static [(ProxyRole, &'static str)] {
+        match self {
+            Path3::Direct | Path3::Tcp | Path3::Hbone => &[
+                (ProxyRole::Client, CLIENT_NODE),
+                (ProxyRole::Server, SERVER_NODE),
+            ],
+            Path3::SameNode => &[(ProxyRole::Both, CLIENT_NODE)],
+        }
+    }
+}
+
+/// A ztunnel's place on a path, as the figures name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyRole {
+    /// The client node's ztunnel.
+    Client,
+    /// The server node's ztunnel.
+    Server,
+    /// The one ztunnel of a node that holds both ends (same-node path).
+    Both,
+}
+
+impl ProxyRole {
+    /// Its name in figures and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyRole::Client => "client",
+            ProxyRole::Server => "server",
+            ProxyRole::Both => "both",
         }
     }
 }
@@ -109,6 +155,8 @@ impl Topology {
             PodSpec::new("tcp-server", MESHED, "server", SERVER_NODE),
             PodSpec::new("direct-client", UNMESHED, "client", CLIENT_NODE),
             PodSpec::new("direct-server", UNMESHED, "server", SERVER_NODE),
+            PodSpec::new("same-node-client", MESHED, "client", CLIENT_NODE),
+            PodSpec::new("same-node-server", MESHED, "server", CLIENT_NODE),
         ];
         // A local file: the harness runs any compatible ztunnel build, and
         // not every one speaks xDS to our control plane.
@@ -155,25 +203,30 @@ impl Topology {
         }
         self.cluster.wait_synced()?;
         // Ready follows the served snapshot; the HBONE listener in the
-        // server pod is what the tunnel needs.
-        let server = self.cluster.pod("hbone-server")?;
-        if !wait::until(SERVER_START, || server.listens_on(HBONE_PORT)) {
-            bail!("hbone-server has no HBONE listener after a restart");
+        // server pods is what the tunnels need.
+        for name in ["hbone-server", "same-node-server"] {
+            let server = self.cluster.pod(name)?;
+            if !wait::until(SERVER_START, || server.listens_on(HBONE_PORT)) {
+                bail!("{name} has no HBONE listener after a restart");
+            }
         }
         Ok(())
     }
 
-    /// The client ztunnel (node-a) and the server ztunnel (node-b).
-    pub fn proxies(&self) -> anyhow::Result<[Process; 2]> {
-        let pid = |node: &str| -> anyhow::Result<Process> {
-            let pid = self
-                .cluster
-                .node(node)?
-                .ztunnel_pid()
-                .with_context(|| format!("{node}: ztunnel not running"))?;
-            Ok(Process { pid })
-        };
-        Ok([pid(CLIENT_NODE)?, pid(SERVER_NODE)?])
+    /// The ztunnels a run on `path` is measured on, each with its place on
+    /// the path.
+    pub fn proxies(&self, path: Path3) -> anyhow::Result<Vec<(ProxyRole, Process)>> {
+        path.proxy_nodes()
+            .iter()
+            .map(|(role, node)| {
+                let pid = self
+                    .cluster
+                    .node(node)?
+                    .ztunnel_pid()
+                    .with_context(|| format!("{node}: ztunnel not running"))?;
+                Ok((*role, Process { pid }))
+            })
+            .collect()
     }
 
     /// The load-generator server of `path` (`ip netns exec` runs it in
@@ -247,5 +300,36 @@ impl Drop for Topology {
             let _ = server.kill();
             let _ = server.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_is_parsed_from_its_own_name_and_nothing_else() {
+        for path in Path3::ALL {
+            assert_eq!(Path3::parse(path.name()), Some(path));
+        }
+        assert_eq!(Path3::parse("same-node"), Some(Path3::SameNode));
+        for unknown in ["", "samenode", "same_node", "HBONE", "hbone "] {
+            assert_eq!(Path3::parse(unknown), None, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn the_same_node_path_reads_one_proxy_on_the_client_node() {
+        assert_eq!(
+            Path3::SameNode.proxy_nodes(),
+            &[(ProxyRole::Both, CLIENT_NODE)]
+        );
+        let (client, server) = Path3::SameNode.pods();
+        assert_ne!(Path3::Hbone.pods().0, client);
+        assert_ne!(Path3::Hbone.pods().1, server);
+        assert_eq!(
+            serde_json::to_value(Path3::SameNode).unwrap(),
+            serde_json::json!("same-node")
+        );
     }
 }
