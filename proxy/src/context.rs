@@ -19,7 +19,7 @@ use crate::inbound::tracker::Tracker;
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::Pool;
 use crate::socket::SocketFactory;
-use crate::state::{Service, SharedState, State, Workload};
+use crate::state::{SharedState, State, Workload};
 
 /// How long a peer may take to finish the TLS handshake: bounds the sockets
 /// a slow or hostile client can hold open before it is identified.
@@ -114,30 +114,6 @@ impl Proxy {
     /// A random number that spreads connections over endpoints.
     pub fn pick(&self) -> u64 {
         rand::rng().random()
-    }
-
-    /// The proxy of `destination` when a connection to it can take the
-    /// same-node path: the pod is served by this process and not draining,
-    /// and neither it nor the dialled service sends its traffic through a
-    /// waypoint (which only the network path reaches).
-    pub fn same_node_destination(
-        &self,
-        destination: &Workload,
-        service: Option<&Service>,
-    ) -> Option<Arc<Proxy>> {
-        let pods = self.local_pods.as_ref()?;
-        if destination.waypoint.is_some()
-            || service.is_some_and(|service| service.waypoint.is_some())
-        {
-            return None;
-        }
-        if let Some(node) = self.config.node_name.as_deref()
-            && *destination.node != *node
-        {
-            return None;
-        }
-        pods.get(&destination.namespace, &destination.name)
-            .filter(|proxy| !proxy.drain.is_draining())
     }
 }
 

@@ -200,7 +200,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
         }
         Route::Hbone(route) => {
             let destination_identity = route.expected.first();
-            let same_node = proxy.same_node_destination(&route.workload, route.service.as_deref());
+            let same_node = same_node::destination(proxy, &route);
             let report = Report::open(
                 &proxy.metrics,
                 Opening {

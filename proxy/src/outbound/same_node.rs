@@ -12,6 +12,7 @@
 //! both sides, marked `path="same-node"` in the access log.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::net::TcpStream;
 
@@ -23,7 +24,31 @@ use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
 use crate::report::Report;
 use crate::socket::canonical;
-use crate::state::Workload;
+use crate::state::{Service, Workload};
+
+/// The proxy of the pod `route` goes to, when the connection can take the
+/// same-node path: the path is on, the pod is served by this process and
+/// not draining, and [`eligible`].
+pub(super) fn destination(proxy: &Proxy, route: &HboneRoute) -> Option<Arc<Proxy>> {
+    let pods = proxy.local_pods.as_ref()?;
+    let node = proxy.config.node_name.as_deref();
+    if !eligible(&route.workload, route.service.as_deref(), node) {
+        return None;
+    }
+    pods.get(&route.workload.namespace, &route.workload.name)
+        .filter(|destination| !destination.drain.is_draining())
+}
+
+/// Whether a connection to `destination`, through `service` when one was
+/// dialled, may skip the network: the destination is on `node` (any node
+/// when the proxy has none configured), and neither it nor the service
+/// sends its traffic through a waypoint, which only the network reaches.
+pub fn eligible(destination: &Workload, service: Option<&Service>, node: Option<&str>) -> bool {
+    let on_node = node.is_none_or(|node| *destination.node == *node);
+    let waypoint =
+        destination.waypoint.is_some() || service.is_some_and(|service| service.waypoint.is_some());
+    on_node && !waypoint
+}
 
 /// Admits a connection from `source` (its client at `client`) at
 /// `destination`, the proxy of the pod `route` goes to, and dials its
@@ -82,4 +107,81 @@ pub(super) async fn copy(
     let result = copy_bidirectional_until(tcp, &mut app, stopped).await;
     report.close_with(&result);
     listeners::close_report(&mut app, &result);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::local;
+    use crate::outbound::route::{Route, route};
+
+    const STATE: &str = r#"
+workloads:
+- uid: uid-here
+  name: here-0
+  namespace: default
+  node: node-a
+  workloadIps: [198.18.1.10]
+  protocol: HBONE
+  services:
+    default/plain.default.svc.cluster.local: {80: 8080}
+    default/waypointed.default.svc.cluster.local: {81: 8080}
+- uid: uid-there
+  name: there-0
+  namespace: default
+  node: node-b
+  workloadIps: [198.18.1.20]
+  protocol: HBONE
+  services: {}
+- uid: uid-behind
+  name: behind-0
+  namespace: default
+  node: node-a
+  workloadIps: [198.18.1.30]
+  protocol: HBONE
+  services: {}
+  waypoint:
+    destination: {namespace: default, hostname: waypoint.default.svc.cluster.local}
+services:
+- name: plain
+  namespace: default
+  hostname: plain.default.svc.cluster.local
+  vips: ["/198.19.0.10"]
+  ports: {80: 8080}
+- name: waypointed
+  namespace: default
+  hostname: waypointed.default.svc.cluster.local
+  vips: ["/198.19.0.20"]
+  ports: {81: 8080}
+  waypoint:
+    destination: {namespace: default, hostname: waypoint.default.svc.cluster.local}
+"#;
+
+    #[test]
+    fn only_a_pod_of_this_node_reached_without_a_waypoint_skips_the_network() {
+        let state = local::parse(STATE, Path::new("test.yaml"))
+            .unwrap()
+            .into_state();
+        let cases = [
+            ("198.18.1.10:8080", Some("node-a"), true),
+            ("198.19.0.10:80", Some("node-a"), true),
+            ("198.18.1.10:8080", None, true),
+            ("198.18.1.20:8080", Some("node-a"), false),
+            ("198.18.1.10:8080", Some("node-b"), false),
+            ("198.18.1.30:8080", Some("node-a"), false),
+            ("198.19.0.20:81", Some("node-a"), false),
+        ];
+        for (dst, node, expected) in cases {
+            let Route::Hbone(hbone) = route(&state, "", dst.parse().unwrap(), 0) else {
+                panic!("{dst} must tunnel");
+            };
+            assert_eq!(
+                eligible(&hbone.workload, hbone.service.as_deref(), node),
+                expected,
+                "{dst} from {node:?}"
+            );
+        }
+    }
 }
