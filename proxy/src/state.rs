@@ -39,7 +39,7 @@ pub use upstream::{Destination, Endpoint, select_upstream};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,
-    PortMap, Workload, WorkloadType,
+    PortMap, Workload, WorkloadGroup, WorkloadType,
 };
 
 /// Why a workload or service resource is rejected (WIRE.md §7). The messages

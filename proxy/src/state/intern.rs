@@ -1,6 +1,6 @@
 //! One shared copy of each string and identity the workloads of a mesh
-//! repeat: namespaces, nodes, networks, service accounts, canonical names,
-//! service keys. A mesh of 10,000 pods has a few hundred distinct values of
+//! repeat: namespaces, nodes, networks, identities, the per-controller
+//! [`WorkloadGroup`], the services a workload is an endpoint of. A mesh of 10,000 pods has a few hundred distinct values of
 //! each, and a workload that held its own copies would pay for every one.
 //!
 //! Only the store calls it, as a workload goes in; lookups never touch it.
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ztunnel_certs::identity::Identity;
 
 use super::network::NamespacedHostname;
-use super::workload::Workload;
+use super::workload::{EndpointOf, Workload, WorkloadGroup};
 
 /// Below this many values, the interner never sweeps: a small mesh is not
 /// worth the pass.
@@ -24,6 +24,8 @@ const MIN_SWEEP: usize = 1024;
 pub(crate) struct Interner {
     strings: HashSet<Arc<str>>,
     identities: HashSet<Identity>,
+    groups: HashSet<Arc<WorkloadGroup>>,
+    services: HashSet<EndpointOf>,
     /// Total size after the last sweep.
     swept_at: usize,
 }
@@ -36,28 +38,54 @@ impl Interner {
             &mut workload.hostname,
             &mut workload.network,
             &mut workload.node,
-            &mut workload.canonical_name,
-            &mut workload.canonical_revision,
-            &mut workload.workload_name,
-            &mut workload.cluster_id,
-            &mut workload.locality.region,
-            &mut workload.locality.zone,
-            &mut workload.locality.subzone,
         ] {
             self.string(value);
         }
         for name in &mut workload.authorization_policies {
             self.string(name);
         }
-        for key in workload.services.keys_mut() {
-            self.key(key);
-        }
+        self.group(&mut workload.group);
+        self.services(&mut workload.services);
         self.identity(&mut workload.identity);
         self.sweep_if_grown();
     }
 
+    fn group(&mut self, value: &mut Arc<WorkloadGroup>) {
+        if let Some(shared) = self.groups.get(value) {
+            *value = Arc::clone(shared);
+            return;
+        }
+        if let Some(group) = Arc::get_mut(value) {
+            for part in [
+                &mut group.canonical_name,
+                &mut group.canonical_revision,
+                &mut group.workload_name,
+                &mut group.cluster_id,
+                &mut group.locality.region,
+                &mut group.locality.zone,
+                &mut group.locality.subzone,
+            ] {
+                self.string(part);
+            }
+        }
+        self.groups.insert(Arc::clone(value));
+    }
+
+    fn services(&mut self, value: &mut EndpointOf) {
+        if let Some(shared) = self.services.get(value) {
+            *value = shared.clone();
+            return;
+        }
+        if let Some(keys) = value.keys_mut() {
+            for key in keys {
+                self.key(key);
+            }
+        }
+        self.services.insert(value.clone());
+    }
+
     /// Replaces both parts of a service key by their shared copies.
-    pub(crate) fn key(&mut self, key: &mut NamespacedHostname) {
+    fn key(&mut self, key: &mut NamespacedHostname) {
         self.string(&mut key.namespace);
         self.string(&mut key.hostname);
     }
@@ -82,18 +110,19 @@ impl Interner {
 
     /// Drops the values only the interner holds, when it has doubled.
     fn sweep_if_grown(&mut self) {
-        let size = self.strings.len() + self.identities.len();
-        if size < MIN_SWEEP.max(2 * self.swept_at) {
+        if self.len() < MIN_SWEEP.max(2 * self.swept_at) {
             return;
         }
+        // Groups and service lists first: they hold strings.
+        self.groups.retain(|value| Arc::strong_count(value) > 1);
+        self.services.retain(|value| value.shared_count() > 1);
         self.strings.retain(|value| Arc::strong_count(value) > 1);
         self.identities.retain(|value| value.shared_count() > 1);
-        self.swept_at = self.strings.len() + self.identities.len();
+        self.swept_at = self.len();
     }
 
-    /// How many values are held, for tests.
-    #[cfg(test)]
+    /// How many values are held.
     pub(crate) fn len(&self) -> usize {
-        self.strings.len() + self.identities.len()
+        self.strings.len() + self.identities.len() + self.groups.len() + self.services.len()
     }
 }

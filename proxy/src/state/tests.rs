@@ -164,7 +164,7 @@ fn replacing_a_workload_reindexes_its_addresses_and_services() {
     );
     let replaced = state.insert_workload(new);
 
-    assert_eq!(replaced.unwrap().addresses, [ip("10.0.0.1")]);
+    assert_eq!(*replaced.unwrap().addresses, [ip("10.0.0.1")]);
     assert!(state.workload_by_address("", ip("10.0.0.1")).is_none());
     assert_eq!(owner(&state, "", "10.0.0.2"), Some("pod"));
     assert!(uids(state.endpoints(&key("default/a.default.svc.cluster.local"))).is_empty());

@@ -33,7 +33,7 @@ pub struct Workload {
     /// Kubernetes namespace; part of the identity.
     pub namespace: Arc<str>,
     /// The workload's IPs, canonical form.
-    pub addresses: Vec<IpAddr>,
+    pub addresses: Box<[IpAddr]>,
     /// Hostname, for workloads reached by name rather than IP.
     pub hostname: Arc<str>,
     /// Network the addresses belong to; empty is the default network.
@@ -52,6 +52,32 @@ pub struct Workload {
     pub network_gateway: Option<Box<GatewayAddress>>,
     /// Kubernetes node it runs on; tells local workloads from remote ones.
     pub node: Arc<str>,
+    /// What it shares with the other pods of its controller: telemetry
+    /// names, cluster, locality. One copy per distinct value in the store.
+    pub group: Arc<WorkloadGroup>,
+    /// The workload terminates HBONE itself.
+    pub native_tunnel: bool,
+    /// Authorization resource names that select this workload.
+    pub authorization_policies: Box<[Arc<str>]>,
+    /// Unhealthy workloads are not picked as service endpoints.
+    pub status: HealthStatus,
+    /// Services it is an endpoint of, each with its own port mapping.
+    pub services: EndpointOf,
+    /// How inbound traffic is handed to the application, when not plain.
+    pub application_tunnel: Option<ApplicationTunnel>,
+    /// Host-network workloads share the node's IP and are not looked up by IP.
+    pub network_mode: NetworkMode,
+    /// Relative weight among endpoints; 1 unless set.
+    pub capacity: u32,
+}
+
+/// What the pods of one controller (a Deployment, a Job, ...) have in
+/// common besides their identity: the names telemetry reports, their
+/// cluster and where they run. A workload holds it behind an `Arc` that
+/// the store shares among all workloads with equal values, so a pod pays a
+/// pointer for it rather than about a hundred bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkloadGroup {
     /// Canonical service name, for telemetry.
     pub canonical_name: Arc<str>,
     /// Canonical revision, for telemetry.
@@ -60,24 +86,24 @@ pub struct Workload {
     pub workload_type: WorkloadType,
     /// Controller name, for telemetry.
     pub workload_name: Arc<str>,
-    /// The workload terminates HBONE itself.
-    pub native_tunnel: bool,
-    /// Authorization resource names that select this workload.
-    pub authorization_policies: Vec<Arc<str>>,
-    /// Unhealthy workloads are not picked as service endpoints.
-    pub status: HealthStatus,
     /// Cluster it belongs to; never empty.
     pub cluster_id: Arc<str>,
-    /// Services it is an endpoint of, each with its own port mapping.
-    pub services: EndpointOf,
-    /// How inbound traffic is handed to the application, when not plain.
-    pub application_tunnel: Option<ApplicationTunnel>,
     /// Where it runs, for locality-aware load balancing and telemetry.
     pub locality: Locality,
-    /// Host-network workloads share the node's IP and are not looked up by IP.
-    pub network_mode: NetworkMode,
-    /// Relative weight among endpoints; 1 unless set.
-    pub capacity: u32,
+}
+
+impl Default for WorkloadGroup {
+    /// No telemetry names, the default cluster, no locality.
+    fn default() -> Self {
+        WorkloadGroup {
+            canonical_name: "".into(),
+            canonical_revision: "".into(),
+            workload_type: WorkloadType::Deployment,
+            workload_name: "".into(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            locality: Locality::default(),
+        }
+    }
 }
 
 impl Workload {
@@ -88,11 +114,18 @@ impl Workload {
 }
 
 /// The services a workload is an endpoint of, each with the workload's own
-/// port mapping, sorted by key. A boxed slice rather than a map: most
-/// workloads name one or two services, and a map's first node alone is
-/// several hundred bytes, paid by every workload of the mesh.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EndpointOf(Box<[(NamespacedHostname, PortMap)]>);
+/// port mapping, sorted by key. A shared slice rather than a map: most
+/// workloads name one or two services, a map's first node alone is
+/// several hundred bytes, and the pods of one deployment name the same
+/// services with the same ports, so the store keeps one copy for all.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointOf(Arc<[(NamespacedHostname, PortMap)]>);
+
+impl Default for EndpointOf {
+    fn default() -> Self {
+        EndpointOf(Arc::new([]))
+    }
+}
 
 impl EndpointOf {
     /// The port mapping for service `key`.
@@ -111,15 +144,21 @@ impl EndpointOf {
         self.0.iter().map(|(key, ports)| (key, ports))
     }
 
-    /// Each service key, to be replaced (by a shared copy of the same key).
-    pub(crate) fn keys_mut(&mut self) -> impl Iterator<Item = &mut NamespacedHostname> {
-        self.0.iter_mut().map(|(key, _)| key)
+    /// Each service key, to be replaced by a shared copy of the same key;
+    /// `None` when the slice is already shared.
+    pub(crate) fn keys_mut(&mut self) -> Option<impl Iterator<Item = &mut NamespacedHostname>> {
+        Some(Arc::get_mut(&mut self.0)?.iter_mut().map(|(key, _)| key))
+    }
+
+    /// How many workloads hold this copy, for the store's interner.
+    pub(crate) fn shared_count(&self) -> usize {
+        Arc::strong_count(&self.0)
     }
 
     /// Adds or replaces the mapping for service `key`.
     #[cfg(test)]
     pub(crate) fn insert(&mut self, key: NamespacedHostname, ports: PortMap) {
-        let mut entries = std::mem::take(&mut self.0).into_vec();
+        let mut entries = self.0.to_vec();
         entries.push((key, ports));
         *self = entries.into_iter().collect();
     }
@@ -269,10 +308,18 @@ impl TryFrom<&proto::Workload> for Workload {
             waypoint: gateway_from_proto(workload.waypoint.as_ref())?,
             network_gateway: gateway_from_proto(workload.network_gateway.as_ref())?,
             node: workload.node.as_str().into(),
-            canonical_name: workload.canonical_name.as_str().into(),
-            canonical_revision: workload.canonical_revision.as_str().into(),
-            workload_type: workload_type_from_proto(workload.workload_type),
-            workload_name: workload.workload_name.as_str().into(),
+            group: Arc::new(WorkloadGroup {
+                canonical_name: workload.canonical_name.as_str().into(),
+                canonical_revision: workload.canonical_revision.as_str().into(),
+                workload_type: workload_type_from_proto(workload.workload_type),
+                workload_name: workload.workload_name.as_str().into(),
+                cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
+                locality: workload
+                    .locality
+                    .as_ref()
+                    .map(locality_from_proto)
+                    .unwrap_or_default(),
+            }),
             native_tunnel: workload.native_tunnel,
             authorization_policies: workload
                 .authorization_policies
@@ -280,18 +327,12 @@ impl TryFrom<&proto::Workload> for Workload {
                 .map(|name| name.as_str().into())
                 .collect(),
             status: status_from_proto(workload.status)?,
-            cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
             services,
             application_tunnel: workload
                 .application_tunnel
                 .as_ref()
                 .map(application_tunnel_from_proto)
                 .transpose()?,
-            locality: workload
-                .locality
-                .as_ref()
-                .map(locality_from_proto)
-                .unwrap_or_default(),
             network_mode: network_mode_from_proto(workload.network_mode)?,
             capacity: workload.capacity.unwrap_or(1),
         })
@@ -412,7 +453,7 @@ impl Workload {
             uid: uid.into(),
             name: uid.into(),
             namespace: namespace.into(),
-            addresses: addresses.to_vec(),
+            addresses: addresses.into(),
             hostname: "".into(),
             network: "".into(),
             protocol: InboundProtocol::Tcp,
@@ -420,17 +461,12 @@ impl Workload {
             waypoint: None,
             network_gateway: None,
             node: "".into(),
-            canonical_name: "".into(),
-            canonical_revision: "".into(),
-            workload_type: WorkloadType::Deployment,
-            workload_name: "".into(),
+            group: Arc::default(),
             native_tunnel: false,
-            authorization_policies: Vec::new(),
+            authorization_policies: Box::default(),
             status: HealthStatus::Healthy,
-            cluster_id: DEFAULT_CLUSTER_ID.into(),
             services: EndpointOf::default(),
             application_tunnel: None,
-            locality: Locality::default(),
             network_mode: NetworkMode::Standard,
             capacity: 1,
         }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use ztunnel_certs::identity::IdentityError;
@@ -11,7 +12,8 @@ use super::values::{GatewayForm, Text};
 use crate::state::workload::{identity_of, or_default};
 use crate::state::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, HealthStatus,
-    InboundProtocol, Locality, NamespacedHostname, NetworkMode, PortMap, Workload, WorkloadType,
+    InboundProtocol, Locality, NamespacedHostname, NetworkMode, PortMap, Workload, WorkloadGroup,
+    WorkloadType,
 };
 
 /// One `workloads[]` entry as written.
@@ -95,10 +97,14 @@ impl WorkloadForm {
             waypoint: self.waypoint.map(|gateway| Box::new(gateway.into())),
             network_gateway: self.network_gateway.map(|gateway| Box::new(gateway.into())),
             node: self.node.into(),
-            canonical_name: self.canonical_name.into(),
-            canonical_revision: self.canonical_revision.into(),
-            workload_type: self.workload_type.into(),
-            workload_name: self.workload_name.into(),
+            group: Arc::new(WorkloadGroup {
+                canonical_name: self.canonical_name.into(),
+                canonical_revision: self.canonical_revision.into(),
+                workload_type: self.workload_type.into(),
+                workload_name: self.workload_name.into(),
+                cluster_id: or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
+                locality: self.locality.map(Into::into).unwrap_or_default(),
+            }),
             native_tunnel: self.native_tunnel,
             authorization_policies: self
                 .authorization_policies
@@ -106,14 +112,12 @@ impl WorkloadForm {
                 .map(Into::into)
                 .collect(),
             status: self.status.into(),
-            cluster_id: or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
             services: self
                 .services
                 .into_iter()
                 .map(|(key, ports)| (key.0, ports))
                 .collect(),
             application_tunnel: self.application_tunnel.map(Into::into),
-            locality: self.locality.map(Into::into).unwrap_or_default(),
             network_mode: self.network_mode.into(),
             capacity: self.capacity,
         })
