@@ -20,13 +20,14 @@ use crate::rbac::{Policy, Scope};
 // Crate-visible so that conversions elsewhere share the wire helpers; the
 // public path of every type is the re-export below.
 mod index;
-mod intern;
+pub(crate) mod intern;
 pub(crate) mod network;
 pub(crate) mod service;
 mod shared;
 pub(crate) mod upstream;
 pub(crate) mod workload;
 
+pub use intern::Interner;
 pub use network::{
     Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
@@ -101,11 +102,22 @@ pub enum AddressResource {
 impl TryFrom<&proto::Address> for AddressResource {
     type Error = ResourceError;
 
+    /// Converts with an interner of its own; see [`AddressResource::from_proto`].
     fn try_from(address: &proto::Address) -> Result<Self, Self::Error> {
+        AddressResource::from_proto(address, &mut Interner::new())
+    }
+}
+
+impl AddressResource {
+    /// Converts `address`, taking a workload's repeated values from `interner`.
+    pub fn from_proto(
+        address: &proto::Address,
+        interner: &mut Interner,
+    ) -> Result<Self, ResourceError> {
         match &address.r#type {
-            Some(proto::address::Type::Workload(workload)) => {
-                Ok(AddressResource::Workload(workload.try_into()?))
-            }
+            Some(proto::address::Type::Workload(workload)) => Ok(AddressResource::Workload(
+                Workload::from_proto(workload, interner)?,
+            )),
             Some(proto::address::Type::Service(service)) => {
                 Ok(AddressResource::Service(service.try_into()?))
             }
@@ -126,8 +138,6 @@ pub struct State {
     /// without scanning the mesh) and by network and IP (host-network
     /// workloads left out).
     workloads: index::Workloads,
-    /// The shared copies of what workloads repeat.
-    interner: intern::Interner,
     /// service key → uids of the workloads naming it, ordered so that an
     /// endpoint pick is stable for a given state.
     endpoints: HashMap<NamespacedHostname, BTreeSet<Arc<str>>>,
@@ -184,9 +194,8 @@ impl State {
     }
 
     /// Inserts or replaces the workload with this uid; returns the old one.
-    pub fn insert_workload(&mut self, mut workload: Workload) -> Option<Arc<Workload>> {
+    pub fn insert_workload(&mut self, workload: Workload) -> Option<Arc<Workload>> {
         let old = self.remove_workload(&workload.uid);
-        self.interner.workload(&mut workload);
         let workload = Arc::new(workload);
         for key in workload.services.keys() {
             self.endpoints

@@ -11,7 +11,10 @@ use ztunnel_certs::identity::{Identity, IdentityError};
 use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
-use super::network::{GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto};
+use super::intern::{GroupParts, Interner};
+use super::network::{
+    GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto, split_key,
+};
 
 /// Trust domain of a workload that names none (WIRE.md §2).
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
@@ -144,13 +147,7 @@ impl EndpointOf {
         self.0.iter().map(|(key, ports)| (key, ports))
     }
 
-    /// Each service key, to be replaced by a shared copy of the same key;
-    /// `None` when the slice is already shared.
-    pub(crate) fn keys_mut(&mut self) -> Option<impl Iterator<Item = &mut NamespacedHostname>> {
-        Some(Arc::get_mut(&mut self.0)?.iter_mut().map(|(key, _)| key))
-    }
-
-    /// How many workloads hold this copy, for the store's interner.
+    /// How many holders share this copy, for the interner.
     pub(crate) fn shared_count(&self) -> usize {
         Arc::strong_count(&self.0)
     }
@@ -269,18 +266,26 @@ pub struct Locality {
 }
 
 /// `value`, or `default` when `value` is empty.
-pub(crate) fn or_default(value: &str, default: &str) -> Arc<str> {
-    if value.is_empty() {
-        default.into()
-    } else {
-        value.into()
-    }
+pub(crate) fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.is_empty() { default } else { value }
 }
 
 impl TryFrom<&proto::Workload> for Workload {
     type Error = ResourceError;
 
+    /// Converts with an interner of its own: nothing is shared with other
+    /// workloads. Sources that keep workloads use [`Workload::from_proto`].
     fn try_from(workload: &proto::Workload) -> Result<Self, Self::Error> {
+        Workload::from_proto(workload, &mut Interner::new())
+    }
+}
+
+impl Workload {
+    /// Converts `workload`, taking every repeated value from `interner`.
+    pub fn from_proto(
+        workload: &proto::Workload,
+        interner: &mut Interner,
+    ) -> Result<Self, ResourceError> {
         let addresses = workload
             .addresses
             .iter()
@@ -289,45 +294,53 @@ impl TryFrom<&proto::Workload> for Workload {
         let services = workload
             .services
             .iter()
-            .map(|(key, ports)| Ok((key.parse()?, port_map_from_proto(&ports.ports)?)))
+            .map(|(key, ports)| {
+                let (namespace, hostname) = split_key(key)?;
+                Ok((
+                    interner.key(namespace, hostname),
+                    port_map_from_proto(&ports.ports)?,
+                ))
+            })
             .collect::<Result<_, ResourceError>>()?;
-        Ok(Workload {
+        let locality = workload.locality.as_ref();
+        let part = |part: fn(&proto::Locality) -> &str| locality.map_or("", part);
+        let group = interner.group(GroupParts {
+            canonical_name: &workload.canonical_name,
+            canonical_revision: &workload.canonical_revision,
+            workload_type: workload_type_from_proto(workload.workload_type),
+            workload_name: &workload.workload_name,
+            cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
+            region: part(|locality| &locality.region),
+            zone: part(|locality| &locality.zone),
+            subzone: part(|locality| &locality.subzone),
+        });
+        let converted = Workload {
             uid: workload.uid.as_str().into(),
             name: workload.name.as_str().into(),
-            namespace: workload.namespace.as_str().into(),
+            namespace: interner.str(&workload.namespace),
             addresses,
-            hostname: workload.hostname.as_str().into(),
-            network: workload.network.as_str().into(),
+            hostname: interner.str(&workload.hostname),
+            network: interner.str(&workload.network),
             protocol: protocol_from_proto(workload.tunnel_protocol)?,
             identity: identity_of(
+                interner,
                 &workload.trust_domain,
                 &workload.namespace,
                 &workload.service_account,
             )
             .map_err(ResourceError::Identity)?,
-            waypoint: gateway_from_proto(workload.waypoint.as_ref())?,
-            network_gateway: gateway_from_proto(workload.network_gateway.as_ref())?,
-            node: workload.node.as_str().into(),
-            group: Arc::new(WorkloadGroup {
-                canonical_name: workload.canonical_name.as_str().into(),
-                canonical_revision: workload.canonical_revision.as_str().into(),
-                workload_type: workload_type_from_proto(workload.workload_type),
-                workload_name: workload.workload_name.as_str().into(),
-                cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
-                locality: workload
-                    .locality
-                    .as_ref()
-                    .map(locality_from_proto)
-                    .unwrap_or_default(),
-            }),
+            waypoint: gateway_from_proto(workload.waypoint.as_ref(), interner)?,
+            network_gateway: gateway_from_proto(workload.network_gateway.as_ref(), interner)?,
+            node: interner.str(&workload.node),
+            group,
             native_tunnel: workload.native_tunnel,
             authorization_policies: workload
                 .authorization_policies
                 .iter()
-                .map(|name| name.as_str().into())
+                .map(|name| interner.str(name))
                 .collect(),
             status: status_from_proto(workload.status)?,
-            services,
+            services: interner.services(services),
             application_tunnel: workload
                 .application_tunnel
                 .as_ref()
@@ -335,29 +348,36 @@ impl TryFrom<&proto::Workload> for Workload {
                 .transpose()?,
             network_mode: network_mode_from_proto(workload.network_mode)?,
             capacity: workload.capacity.unwrap_or(1),
-        })
+        };
+        interner.sweep_if_grown();
+        Ok(converted)
     }
 }
 
-/// The identity of a workload's parts, empty ones defaulted (WIRE.md §2).
-pub(crate) fn identity_of<'a>(
-    trust_domain: &'a str,
+/// The shared identity of a workload's parts, empty ones defaulted
+/// (WIRE.md §2).
+pub(crate) fn identity_of(
+    interner: &mut Interner,
+    trust_domain: &str,
     namespace: &str,
-    service_account: &'a str,
+    service_account: &str,
 ) -> Result<Identity, IdentityError> {
-    let or = |value: &'static str, given: &'a str| if given.is_empty() { value } else { given };
-    Identity::new(
-        or(DEFAULT_TRUST_DOMAIN, trust_domain),
+    interner.identity(
+        or_default(trust_domain, DEFAULT_TRUST_DOMAIN),
         namespace,
-        or(DEFAULT_SERVICE_ACCOUNT, service_account),
+        or_default(service_account, DEFAULT_SERVICE_ACCOUNT),
     )
 }
 
 fn gateway_from_proto(
     gateway: Option<&proto::GatewayAddress>,
+    interner: &mut Interner,
 ) -> Result<Option<Box<GatewayAddress>>, ResourceError> {
     gateway
-        .map(|gateway| GatewayAddress::try_from(gateway).map(Box::new))
+        .map(|gateway| {
+            let gateway = GatewayAddress::try_from(gateway)?;
+            Ok(Box::new(interner.gateway(&gateway)))
+        })
         .transpose()
 }
 
@@ -436,14 +456,6 @@ fn application_tunnel_from_proto(
     Ok(ApplicationTunnel { protocol, port })
 }
 
-fn locality_from_proto(locality: &proto::Locality) -> Locality {
-    Locality {
-        region: locality.region.as_str().into(),
-        zone: locality.zone.as_str().into(),
-        subzone: locality.subzone.as_str().into(),
-    }
-}
-
 #[cfg(test)]
 impl Workload {
     /// A healthy plain-TCP workload on the default network with default
@@ -457,7 +469,7 @@ impl Workload {
             hostname: "".into(),
             network: "".into(),
             protocol: InboundProtocol::Tcp,
-            identity: identity_of("", namespace, "").unwrap(),
+            identity: identity_of(&mut Interner::new(), "", namespace, "").unwrap(),
             waypoint: None,
             network_gateway: None,
             node: "".into(),
