@@ -252,6 +252,12 @@ impl State {
             .min_by(|a, b| a.uid.cmp(&b.uid))
     }
 
+    /// The workloads on `node`, in no particular order, through an index:
+    /// the cost follows the node's pods, not the mesh.
+    pub fn workloads_on_node(&self, node: &str) -> impl Iterator<Item = &Arc<Workload>> {
+        self.workloads.on_node(node)
+    }
+
     /// Every workload, in no particular order.
     pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
         self.workloads.iter()

@@ -2,10 +2,12 @@
 //! hashed by one key the workload holds (its uid, its pod name, one of its
 //! addresses), so that an entry costs a pointer and a control byte rather
 //! than a copy of its key and a second lookup by uid. A mesh of 10,000
-//! workloads pays about 15 bytes per workload for each table.
+//! workloads pays about 15 bytes per workload for each table, and about
+//! 10 more for the list of each node's workloads.
 //!
 //! What is looked up and what it means is `state.rs`'s business.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -27,6 +29,11 @@ pub(crate) struct Workloads {
     /// One entry per (network, IP) of each workload that is not on the
     /// host network: the workload inserted last owns an address.
     by_address: HashTable<AddressEntry>,
+    /// Node → the workloads on it, for what a proxy does for its own
+    /// node's workloads on each change. A node has a few hundred pods at
+    /// most, so a removal's search is short; workloads without a node are
+    /// left out (there may be many, and no proxy's node is unnamed).
+    by_node: HashMap<Arc<str>, Vec<Arc<Workload>>>,
 }
 
 impl Workloads {
@@ -52,6 +59,12 @@ impl Workloads {
                     }
                 }
             }
+        }
+        if !workload.node.is_empty() {
+            self.by_node
+                .entry(Arc::clone(&workload.node))
+                .or_default()
+                .push(Arc::clone(&workload));
         }
         self.by_name.insert_unique(
             hasher.hash_one(&*workload.name),
@@ -79,6 +92,12 @@ impl Workloads {
             })
         {
             entry.remove();
+        }
+        if let Some(on_node) = self.by_node.get_mut(&workload.node) {
+            on_node.retain(|other| !Arc::ptr_eq(other, &workload));
+            if on_node.is_empty() {
+                self.by_node.remove(&workload.node);
+            }
         }
         for ip in workload.addresses.iter() {
             let hash = hasher.hash_one((&*workload.network, Some(ip)));
@@ -114,6 +133,16 @@ impl Workloads {
         self.by_name
             .iter_hash(self.hasher.hash_one(name))
             .filter(move |workload| *workload.name == *name)
+    }
+
+    /// The workloads on `node`, in no particular order.
+    pub(crate) fn on_node(&self, node: &str) -> impl Iterator<Item = &Arc<Workload>> {
+        let indexed = (!node.is_empty()).then(|| self.by_node.get(node));
+        let unnamed = node
+            .is_empty()
+            .then(|| self.iter().filter(|workload| workload.node.is_empty()));
+        let indexed = indexed.flatten().into_iter().flatten();
+        indexed.chain(unnamed.into_iter().flatten())
     }
 
     /// Every workload, in no particular order.

@@ -411,3 +411,31 @@ fn address_resources_decode_to_a_workload_or_a_service_or_are_rejected() {
         "address has neither workload nor service"
     );
 }
+
+#[test]
+fn the_workloads_of_a_node_follow_inserts_replacements_and_removals() {
+    let mut state = State::new();
+    let on = |node: &str, uid: &str| {
+        let mut workload = Workload::for_test(uid, "default", &[]);
+        workload.node = node.into();
+        workload
+    };
+    state.insert_workload(on("node-a", "a1"));
+    state.insert_workload(on("node-a", "a2"));
+    state.insert_workload(on("node-b", "b1"));
+    state.insert_workload(on("", "nowhere"));
+    let sorted = |state: &State, node: &str| {
+        let mut uids = uids(state.workloads_on_node(node));
+        uids.sort();
+        uids
+    };
+    assert_eq!(sorted(&state, "node-a"), ["a1", "a2"]);
+    assert_eq!(sorted(&state, ""), ["nowhere"]);
+
+    // a2 moves to node-b; a1 goes.
+    state.insert_workload(on("node-b", "a2"));
+    state.remove_workload("a1");
+    assert!(sorted(&state, "node-a").is_empty());
+    assert_eq!(sorted(&state, "node-b"), ["a2", "b1"]);
+    assert!(sorted(&state, "node-c").is_empty());
+}
