@@ -16,7 +16,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryResponse;
 use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
-use ztunnel_proxy::state::State;
+use ztunnel_proxy::state::{Interner, State};
 use ztunnel_proxy::xds::{KnownVersions, apply_changes, decide};
 
 fuzz_target!(|data: &[u8]| {
@@ -32,9 +32,10 @@ fuzz_target!(|data: &[u8]| {
         _ => {}
     }
     let mut known = KnownVersions::new();
+    let mut interner = Interner::new();
     let mut state = State::new();
     for _round in 0..2 {
-        let update = decide(&known, &response);
+        let update = decide(&known, &response, &mut interner);
         assert_eq!(update.reply.response_nonce, response.nonce);
         assert_eq!(update.reply.type_url, response.type_url);
         assert!(update.reply.node.is_none());

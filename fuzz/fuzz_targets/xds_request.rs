@@ -24,6 +24,7 @@ use ztunnel_control_plane::xds::delta::{DeltaStream, Push, RequestKind};
 use ztunnel_control_plane::xds::wire::{PushFrames, RequestDecoder};
 use ztunnel_mesh::{MeshFile, MeshSnapshot};
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use ztunnel_proxy::state::Interner;
 use ztunnel_proxy::xds::{KnownVersions, decide};
 
 /// Largest request accepted: small, so that the limit is reached.
@@ -63,7 +64,7 @@ fn sent(push: &Push) -> DeltaDiscoveryResponse {
 fn check_response(request: &DeltaDiscoveryRequest, kind: &RequestKind, push: &Push) {
     let response = sent(push);
     assert_eq!(response.nonce, push.nonce);
-    let update = decide(&KnownVersions::new(), &response);
+    let update = decide(&KnownVersions::new(), &response, &mut Interner::new());
     assert!(update.rejected.is_empty(), "{:?}", update.rejected);
     assert_eq!(update.reply.response_nonce, push.nonce);
 

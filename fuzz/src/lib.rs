@@ -10,7 +10,7 @@ use ztunnel_control_plane::xds::cache::{Known, MeshResources, changes_since};
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource};
 use ztunnel_proto::xds_types::ResourceKind;
-use ztunnel_proxy::state::State;
+use ztunnel_proxy::state::{Interner, State};
 use ztunnel_proxy::xds::{KnownVersions, apply_changes, decide};
 
 /// Serves `snapshot` as the control plane does (every resource of both
@@ -21,6 +21,7 @@ pub fn check_served_to_proxy(snapshot: &MeshSnapshot, trust_domain: &str) {
     let resources = MeshResources::build(snapshot, trust_domain, &MeshResources::empty());
     let mut state = State::new();
     let mut known = KnownVersions::new();
+    let mut interner = Interner::new();
     for kind in ResourceKind::ALL {
         let (entries, removed) =
             changes_since(Known::Versions(&HashMap::new()), resources.get(kind));
@@ -34,7 +35,7 @@ pub fn check_served_to_proxy(snapshot: &MeshSnapshot, trust_domain: &str) {
                 .collect(),
             ..DeltaDiscoveryResponse::default()
         };
-        let update = decide(&known, &response);
+        let update = decide(&known, &response, &mut interner);
         assert!(
             update.rejected.is_empty(),
             "the proxy NACKs what the control plane serves: {:?}",

@@ -14,6 +14,7 @@ use ztunnel_proxy::config::Config;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    ztunnel_proxy::memory::no_huge_pages();
     ztunnel_certs::tls::install_provider();
     let config = match Config::from_env_and_args() {
         Ok(config) => config,

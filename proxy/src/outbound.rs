@@ -300,14 +300,14 @@ async fn tunnel(
     };
     let checkout = proxy.pool.checkout(&key, dial).await?;
     let labels = WorkloadLabels {
-        cluster_id: &source.cluster_id,
+        cluster_id: &source.group.cluster_id,
         namespace: &source.namespace,
-        workload_type: source.workload_type.as_str(),
-        workload_name: &source.workload_name,
-        canonical_name: &source.canonical_name,
-        canonical_revision: &source.canonical_revision,
-        region: &source.locality.region,
-        zone: &source.locality.zone,
+        workload_type: source.group.workload_type.as_str(),
+        workload_name: &source.group.workload_name,
+        canonical_name: &source.group.canonical_name,
+        canonical_revision: &source.group.canonical_revision,
+        region: &source.group.locality.region,
+        zone: &source.group.locality.zone,
     };
     let service = route.service.as_ref().map(|service| &*service.hostname);
     let headers = connect_headers(&labels, client, service)?;

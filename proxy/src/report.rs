@@ -143,18 +143,19 @@ impl Report {
 fn peer_labels(end: &End<'_>) -> PeerLabels {
     let mut labels = PeerLabels::default();
     if let Some(workload) = end.workload {
-        let workload_name = if workload.workload_name.is_empty() {
+        let group = &workload.group;
+        let workload_name = if group.workload_name.is_empty() {
             workload.name.clone()
         } else {
-            workload.workload_name.clone()
+            group.workload_name.clone()
         };
         labels.workload = workload_name.into();
-        labels.canonical_service = workload.canonical_name.clone().into();
-        labels.canonical_revision = workload.canonical_revision.clone().into();
+        labels.canonical_service = group.canonical_name.clone().into();
+        labels.canonical_revision = group.canonical_revision.clone().into();
         labels.workload_namespace = workload.namespace.clone().into();
-        labels.app = workload.canonical_name.clone().into();
-        labels.version = workload.canonical_revision.clone().into();
-        labels.cluster = workload.cluster_id.clone().into();
+        labels.app = group.canonical_name.clone().into();
+        labels.version = group.canonical_revision.clone().into();
+        labels.cluster = group.cluster_id.clone().into();
     }
     if let Some(identity) = end.identity {
         labels.principal = identity.shared_str().into();
@@ -167,6 +168,8 @@ fn peer_log(end: &End<'_>) -> PeerLog {
         workload: end.workload.map(|workload| workload.name.clone()),
         namespace: end.workload.map(|workload| workload.namespace.clone()),
         identity: end.identity.map(Identity::shared_str),
-        cluster: end.workload.map(|workload| workload.cluster_id.clone()),
+        cluster: end
+            .workload
+            .map(|workload| workload.group.cluster_id.clone()),
     }
 }

@@ -19,13 +19,15 @@ use crate::rbac::{Policy, Scope};
 
 // Crate-visible so that conversions elsewhere share the wire helpers; the
 // public path of every type is the re-export below.
-mod intern;
+mod index;
+pub(crate) mod intern;
 pub(crate) mod network;
 pub(crate) mod service;
 mod shared;
 pub(crate) mod upstream;
 pub(crate) mod workload;
 
+pub use intern::Interner;
 pub use network::{
     Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
@@ -38,7 +40,7 @@ pub use upstream::{Destination, Endpoint, select_upstream};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,
-    PortMap, Workload, WorkloadType,
+    PortMap, Workload, WorkloadGroup, WorkloadType,
 };
 
 /// Why a workload or service resource is rejected (WIRE.md §7). The messages
@@ -100,11 +102,22 @@ pub enum AddressResource {
 impl TryFrom<&proto::Address> for AddressResource {
     type Error = ResourceError;
 
+    /// Converts with an interner of its own; see [`AddressResource::from_proto`].
     fn try_from(address: &proto::Address) -> Result<Self, Self::Error> {
+        AddressResource::from_proto(address, &mut Interner::new())
+    }
+}
+
+impl AddressResource {
+    /// Converts `address`, taking a workload's repeated values from `interner`.
+    pub fn from_proto(
+        address: &proto::Address,
+        interner: &mut Interner,
+    ) -> Result<Self, ResourceError> {
         match &address.r#type {
-            Some(proto::address::Type::Workload(workload)) => {
-                Ok(AddressResource::Workload(workload.try_into()?))
-            }
+            Some(proto::address::Type::Workload(workload)) => Ok(AddressResource::Workload(
+                Workload::from_proto(workload, interner)?,
+            )),
             Some(proto::address::Type::Service(service)) => {
                 Ok(AddressResource::Service(service.try_into()?))
             }
@@ -121,17 +134,10 @@ impl TryFrom<&proto::Address> for AddressResource {
 /// unindexed until the other is inserted again.
 #[derive(Clone, Debug, Default)]
 pub struct State {
-    workloads: HashMap<Arc<str>, Arc<Workload>>,
-    /// Pod name → uids of the workloads with that name, in any namespace:
-    /// how a proxy finds the workload it serves without scanning the mesh.
-    /// Keyed by the name alone so that a lookup borrows the caller's `&str`
-    /// (a name is rarely reused across namespaces; the namespace is checked
-    /// among the few candidates).
-    workload_by_name: HashMap<Arc<str>, Vec<Arc<str>>>,
-    /// The shared copies of what workloads repeat.
-    interner: intern::Interner,
-    /// network → IP → workload uid. Host-network workloads are left out.
-    workload_by_address: HashMap<Arc<str>, HashMap<IpAddr, Arc<str>>>,
+    /// By uid, by pod name (how a proxy finds the workload it serves
+    /// without scanning the mesh) and by network and IP (host-network
+    /// workloads left out).
+    workloads: index::Workloads,
     /// service key → uids of the workloads naming it, ordered so that an
     /// endpoint pick is stable for a given state.
     endpoints: HashMap<NamespacedHostname, BTreeSet<Arc<str>>>,
@@ -188,53 +194,22 @@ impl State {
     }
 
     /// Inserts or replaces the workload with this uid; returns the old one.
-    pub fn insert_workload(&mut self, mut workload: Workload) -> Option<Arc<Workload>> {
+    pub fn insert_workload(&mut self, workload: Workload) -> Option<Arc<Workload>> {
         let old = self.remove_workload(&workload.uid);
-        self.interner.workload(&mut workload);
         let workload = Arc::new(workload);
-        let uid = workload.uid.clone();
-        self.workload_by_name
-            .entry(workload.name.clone())
-            .or_default()
-            .push(uid.clone());
-        if workload.network_mode != NetworkMode::HostNetwork {
-            let by_ip = self
-                .workload_by_address
-                .entry(workload.network.clone())
-                .or_default();
-            for ip in &workload.addresses {
-                by_ip.insert(*ip, uid.clone());
-            }
-        }
         for key in workload.services.keys() {
             self.endpoints
                 .entry(key.clone())
                 .or_default()
-                .insert(uid.clone());
+                .insert(workload.uid.clone());
         }
-        self.workloads.insert(uid, workload);
+        self.workloads.insert(workload);
         old
     }
 
     /// Removes the workload with this uid; returns it.
     pub fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let workload = self.workloads.remove(uid)?;
-        if let Some(uids) = self.workload_by_name.get_mut(&workload.name) {
-            uids.retain(|owner| **owner != *uid);
-            if uids.is_empty() {
-                self.workload_by_name.remove(&workload.name);
-            }
-        }
-        if let Some(by_ip) = self.workload_by_address.get_mut(&workload.network) {
-            for ip in &workload.addresses {
-                if by_ip.get(ip).is_some_and(|owner| **owner == *uid) {
-                    by_ip.remove(ip);
-                }
-            }
-            if by_ip.is_empty() {
-                self.workload_by_address.remove(&workload.network);
-            }
-        }
         for key in workload.services.keys() {
             if let Some(uids) = self.endpoints.get_mut(key) {
                 uids.remove(uid);
@@ -253,11 +228,7 @@ impl State {
 
     /// The workload owning `ip` on `network`. Host-network workloads are never found.
     pub fn workload_by_address(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
-        let uid = self
-            .workload_by_address
-            .get(network)?
-            .get(&ip.to_canonical())?;
-        self.workloads.get(uid)
+        self.workloads.by_address(network, ip.to_canonical())
     }
 
     /// The workload of pod `namespace/name` running as `service_account`,
@@ -271,10 +242,8 @@ impl State {
         service_account: &str,
         node: Option<&str>,
     ) -> Option<&Arc<Workload>> {
-        self.workload_by_name
-            .get(name)?
-            .iter()
-            .filter_map(|uid| self.workloads.get(uid))
+        self.workloads
+            .by_name(name)
             .filter(|workload| {
                 *workload.namespace == *namespace
                     && workload.service_account() == service_account
@@ -283,9 +252,15 @@ impl State {
             .min_by(|a, b| a.uid.cmp(&b.uid))
     }
 
+    /// The workloads on `node`, in no particular order, through an index:
+    /// the cost follows the node's pods, not the mesh.
+    pub fn workloads_on_node(&self, node: &str) -> impl Iterator<Item = &Arc<Workload>> {
+        self.workloads.on_node(node)
+    }
+
     /// Every workload, in no particular order.
     pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
-        self.workloads.values()
+        self.workloads.iter()
     }
 
     /// The workloads naming the service `key` in their `services` map,

@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use ztunnel_proto::istio::workload as proto;
-use ztunnel_proxy::state::{Service, State, Workload};
+use ztunnel_proxy::state::{Interner, Service, State, Workload};
 
 /// Workloads in the store: a large cluster's pods, as one node's proxy
 /// sees them all.
@@ -86,17 +86,22 @@ pub fn workload(index: u32) -> proto::Workload {
     }
 }
 
-/// Workload `index`, converted as the proxy stores it.
+/// Workload `index`, converted on its own.
+#[allow(dead_code)] // lookup's; the memory bench converts through `store_of`
 pub fn typed_workload(index: u32) -> Workload {
     Workload::try_from(&workload(index)).unwrap()
 }
 
-/// A store holding `workloads` workloads and every service.
-pub fn store_of(workloads: u32) -> State {
+/// A store holding `workloads` workloads and every service, converted as
+/// the xDS client does: with one interner for all.
+pub fn store_of(count: u32) -> State {
     let services = (0..SERVICES).map(|index| Service::try_from(&service(index)).unwrap());
+    let mut interner = Interner::new();
+    let workloads =
+        (0..count).map(|index| Workload::from_proto(&workload(index), &mut interner).unwrap());
     let mut state = State::new();
-    state.replace_all((0..workloads).map(typed_workload), services, []);
-    assert_eq!(state.workloads().count(), workloads as usize);
+    state.replace_all(workloads, services, []);
+    assert_eq!(state.workloads().count(), count as usize);
     assert_eq!(state.services().count(), SERVICES as usize);
     state
 }

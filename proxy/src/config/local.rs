@@ -6,15 +6,15 @@
 //! Entry forms live in `local/{workload,service,policy}.rs`, scalar forms in
 //! `local/values.rs`. Watching the file for changes is not done here.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use serde::Deserialize;
 use ztunnel_certs::identity::IdentityError;
 
 use crate::rbac::Policy;
-use crate::state::{Service, State, Workload};
+use crate::state::{Interner, Service, State, Workload};
 
 mod policy;
 mod service;
@@ -120,26 +120,56 @@ pub fn load(path: &Path) -> Result<LocalConfig, LocalConfigError> {
 const PARSE_APART_FROM: usize = 64 * 1024;
 
 /// The YAML parse, on a thread of its own when the file is large and a
-/// thread can be started: its scratch allocations (the parser's events,
-/// several times the size of what is kept) then come from that thread's
-/// heap, given back whole when the thread ends, rather than sharing pages
-/// with the state built from the result, which would keep them resident.
-fn parse_apart(text: &str) -> Result<FileForm, serde_yaml_ng::Error> {
+/// thread can be started, handed to `convert` on the calling thread. The
+/// parse's allocations (the parser's events, several times the size of
+/// what is kept, and the parsed forms) then all come from that thread's
+/// heap and are all freed there, the forms after `convert` has read them:
+/// the heap is empty when the thread ends and given back whole. Its pages
+/// neither share with the state built from the result (which would keep
+/// them resident) nor outlive the thread with objects freed from another
+/// one (which the allocator would only take back when some thread needs a
+/// new segment).
+fn parse_apart<T>(
+    text: &str,
+    convert: impl FnOnce(&FileForm) -> T,
+) -> Result<T, serde_yaml_ng::Error> {
     // A small file's scratch memory is not worth a thread.
     if text.len() < PARSE_APART_FROM {
-        return serde_yaml_ng::from_str(text);
+        return serde_yaml_ng::from_str(text).map(|file| convert(&file));
     }
     std::thread::scope(|scope| {
+        let (parsed_sender, parsed) = mpsc::sync_channel(1);
+        let (read_sender, read) = mpsc::sync_channel::<FileForm>(1);
         let parser = std::thread::Builder::new()
             .name("local-config-parse".into())
-            .spawn_scoped(scope, || serde_yaml_ng::from_str(text));
-        match parser {
-            Ok(parser) => parser
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            .spawn_scoped(scope, move || {
+                let _ = parsed_sender.send(serde_yaml_ng::from_str::<FileForm>(text));
+                // The forms come back once read, or never when the parse
+                // failed; either way they are dropped here.
+                drop(read.recv());
+            });
+        let Ok(parser) = parser else {
             // No thread to be had: parse here.
-            Err(_) => serde_yaml_ng::from_str(text),
+            return serde_yaml_ng::from_str(text).map(|file| convert(&file));
+        };
+        let Ok(parsed) = parsed.recv() else {
+            // The parser ends without sending only by panicking: the same
+            // panic here.
+            let panic = parser.join().err();
+            std::panic::resume_unwind(
+                panic.unwrap_or_else(|| Box::new("local config parser ended without a result")),
+            );
+        };
+        let converted = parsed.map(|file| {
+            let converted = convert(&file);
+            let _ = read_sender.send(file);
+            converted
+        });
+        drop(read_sender);
+        if let Err(panic) = parser.join() {
+            std::panic::resume_unwind(panic);
         }
+        converted
     })
 }
 
@@ -153,7 +183,7 @@ pub fn parse(text: &str, path: &Path) -> Result<LocalConfig, LocalConfigError> {
     if !has_content {
         return Ok(LocalConfig::default());
     }
-    let file: FileForm = parse_apart(text).map_err(|error| {
+    parse_apart(text, |file| convert(file, path)).map_err(|error| {
         let location = error.location();
         LocalConfigError::Syntax {
             path: path.to_owned(),
@@ -161,34 +191,39 @@ pub fn parse(text: &str, path: &Path) -> Result<LocalConfig, LocalConfigError> {
             column: location.as_ref().map(|l| l.column()),
             message: error.to_string(),
         }
-    })?;
+    })?
+}
+
+/// The typed configuration of a parsed file, built from fresh and shared
+/// allocations only (see [`parse_apart`]).
+fn convert(file: &FileForm, path: &Path) -> Result<LocalConfig, LocalConfigError> {
     let duplicate = |kind, key: &str| LocalConfigError::Duplicate {
         path: path.to_owned(),
         kind,
         key: key.to_owned(),
     };
+    let mut interner = Interner::new();
 
-    let mut uids = BTreeSet::new();
+    let mut uids = HashSet::with_capacity(file.workloads.len());
     let mut workloads = Vec::with_capacity(file.workloads.len());
-    for form in file.workloads {
-        if !uids.insert(form.uid().to_owned()) {
+    for form in &file.workloads {
+        if !uids.insert(form.uid()) {
             return Err(duplicate("workload", form.uid()));
         }
-        let uid = form.uid().to_owned();
-        let workload = form
-            .into_workload()
-            .map_err(|source| LocalConfigError::Identity {
-                path: path.to_owned(),
-                uid,
-                source,
-            })?;
+        let workload =
+            form.to_workload(&mut interner)
+                .map_err(|source| LocalConfigError::Identity {
+                    path: path.to_owned(),
+                    uid: form.uid().to_owned(),
+                    source,
+                })?;
         workloads.push(workload);
     }
 
     let mut keys = BTreeSet::new();
     let mut services = Vec::with_capacity(file.services.len());
-    for form in file.services {
-        let service = Service::from(form);
+    for form in &file.services {
+        let service = form.to_service(&mut interner);
         if !keys.insert(service.key()) {
             return Err(duplicate("service", &service.key().to_string()));
         }
@@ -196,7 +231,7 @@ pub fn parse(text: &str, path: &Path) -> Result<LocalConfig, LocalConfigError> {
     }
 
     let mut policies = BTreeMap::new();
-    for form in file.policies {
+    for form in &file.policies {
         let name = form.resource_name();
         if policies.contains_key(&name) {
             return Err(duplicate("policy", &name));

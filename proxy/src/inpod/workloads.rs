@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 use crate::outbound;
 use crate::pool::Pool;
 use crate::state::SharedState;
-use crate::state::{InboundProtocol, State};
+use crate::state::{InboundProtocol, State, Workload};
 
 /// What every pod's proxy shares: configuration, state, certificates and
 /// metrics are the node's, not the pod's.
@@ -303,12 +303,16 @@ pub async fn prefetch_node_certificates(
 }
 
 /// The identities of the meshed (HBONE) workloads on `node` (every
-/// workload's when `None`).
+/// workload's when `None`), through the store's node index.
 fn node_identities(state: &State, node: Option<&str>) -> HashSet<Identity> {
-    state
-        .workloads()
-        .filter(|workload| workload.protocol == InboundProtocol::Hbone)
-        .filter(|workload| node.is_none_or(|node| *workload.node == *node))
-        .map(|workload| workload.identity.clone())
-        .collect()
+    let hbone_identity = |workload: &Arc<Workload>| {
+        (workload.protocol == InboundProtocol::Hbone).then(|| workload.identity.clone())
+    };
+    match node {
+        Some(node) => state
+            .workloads_on_node(node)
+            .filter_map(hbone_identity)
+            .collect(),
+        None => state.workloads().filter_map(hbone_identity).collect(),
+    }
 }

@@ -139,9 +139,7 @@ impl FromStr for NamespacedHostname {
 
     /// Splits at the first `/`; a key without one is rejected (WIRE.md §7).
     fn from_str(key: &str) -> Result<Self, Self::Err> {
-        let (namespace, hostname) = key
-            .split_once('/')
-            .ok_or_else(|| ResourceError::NamespacedHostname(key.into()))?;
+        let (namespace, hostname) = split_key(key)?;
         Ok(NamespacedHostname {
             namespace: namespace.into(),
             hostname: hostname.into(),
@@ -153,6 +151,13 @@ impl fmt::Display for NamespacedHostname {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.hostname)
     }
+}
+
+/// The namespace and hostname of a `namespace/hostname` key, split at the
+/// first `/`; a key without one is rejected (WIRE.md §7).
+pub(crate) fn split_key(key: &str) -> Result<(&str, &str), ResourceError> {
+    key.split_once('/')
+        .ok_or_else(|| ResourceError::NamespacedHostname(key.into()))
 }
 
 /// Where a waypoint or network gateway is reached.

@@ -98,44 +98,45 @@ fn a_local_workload_is_found_by_pod_name_service_account_and_node() {
 }
 
 #[test]
-fn workloads_share_one_copy_of_what_they_repeat() {
-    let mut state = State::new();
-    for uid in ["a", "b"] {
-        // Separate allocations, as two decoded resources have.
-        let mut workload = Workload::for_test(uid, &String::from("default"), &[]);
-        workload.node = String::from("node-a").into();
-        workload
-            .services
-            .insert(key("default/echo.default.svc"), PortMap::new());
-        state.insert_workload(workload);
-    }
-    let (a, b) = (state.workload("a").unwrap(), state.workload("b").unwrap());
+fn workloads_converted_with_one_interner_share_one_copy_of_what_they_repeat() {
+    let mut interner = Interner::new();
+    let wire = |uid: &str, node: &str| proto::Workload {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "default".into(),
+        node: node.into(),
+        canonical_name: "echo".into(),
+        services: [(
+            "default/echo.default.svc".to_owned(),
+            proto::PortList::default(),
+        )]
+        .into(),
+        ..proto::Workload::default()
+    };
+    let a = Workload::from_proto(&wire("a", "node-a"), &mut interner).unwrap();
+    let b = Workload::from_proto(&wire("b", "node-a"), &mut interner).unwrap();
     assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
     assert!(Arc::ptr_eq(&a.node, &b.node));
-    let (a_key, b_key) = (
-        a.services.keys().next().unwrap(),
-        b.services.keys().next().unwrap(),
-    );
-    assert!(Arc::ptr_eq(&a_key.hostname, &b_key.hostname));
-    assert_eq!(a.identity.shared_count(), b.identity.shared_count());
-    assert!(
-        a.identity.shared_count() >= 3,
+    assert!(Arc::ptr_eq(&a.group, &b.group));
+    assert_eq!(a.group.canonical_name.as_ref(), "echo");
+    assert_eq!(a.services, b.services);
+    assert_eq!(
+        a.services.shared_count(),
+        3,
         "one copy held by both and the interner"
     );
+    assert_eq!(a.identity.shared_count(), b.identity.shared_count());
+    assert!(a.identity.shared_count() >= 3);
 
     // Churn through values no workload keeps: the interner does not grow
     // with what it has seen, only with what is held.
     for index in 0..20_000 {
-        let mut workload = Workload::for_test("churn", "default", &[]);
-        workload.node = format!("node-{index}").into();
-        state.insert_workload(workload);
+        let churn = Workload::from_proto(&wire("churn", &format!("node-{index}")), &mut interner);
+        drop(churn);
     }
-    state.remove_workload("churn");
-    assert!(
-        state.interner.len() < 4 * 1024,
-        "{} values kept",
-        state.interner.len()
-    );
+    assert!(interner.len() < 4 * 1024, "{} values kept", interner.len());
+    let c = Workload::from_proto(&wire("c", "node-a"), &mut interner).unwrap();
+    assert!(Arc::ptr_eq(&c.node, &a.node), "values still held are kept");
 }
 
 #[test]
@@ -164,7 +165,7 @@ fn replacing_a_workload_reindexes_its_addresses_and_services() {
     );
     let replaced = state.insert_workload(new);
 
-    assert_eq!(replaced.unwrap().addresses, [ip("10.0.0.1")]);
+    assert_eq!(*replaced.unwrap().addresses, [ip("10.0.0.1")]);
     assert!(state.workload_by_address("", ip("10.0.0.1")).is_none());
     assert_eq!(owner(&state, "", "10.0.0.2"), Some("pod"));
     assert!(uids(state.endpoints(&key("default/a.default.svc.cluster.local"))).is_empty());
@@ -409,4 +410,32 @@ fn address_resources_decode_to_a_workload_or_a_service_or_are_rejected() {
         empty.to_string(),
         "address has neither workload nor service"
     );
+}
+
+#[test]
+fn the_workloads_of_a_node_follow_inserts_replacements_and_removals() {
+    let mut state = State::new();
+    let on = |node: &str, uid: &str| {
+        let mut workload = Workload::for_test(uid, "default", &[]);
+        workload.node = node.into();
+        workload
+    };
+    state.insert_workload(on("node-a", "a1"));
+    state.insert_workload(on("node-a", "a2"));
+    state.insert_workload(on("node-b", "b1"));
+    state.insert_workload(on("", "nowhere"));
+    let sorted = |state: &State, node: &str| {
+        let mut uids = uids(state.workloads_on_node(node));
+        uids.sort();
+        uids
+    };
+    assert_eq!(sorted(&state, "node-a"), ["a1", "a2"]);
+    assert_eq!(sorted(&state, ""), ["nowhere"]);
+
+    // a2 moves to node-b; a1 goes.
+    state.insert_workload(on("node-b", "a2"));
+    state.remove_workload("a1");
+    assert!(sorted(&state, "node-a").is_empty());
+    assert_eq!(sorted(&state, "node-b"), ["a2", "b1"]);
+    assert!(sorted(&state, "node-c").is_empty());
 }

@@ -11,7 +11,10 @@ use ztunnel_certs::identity::{Identity, IdentityError};
 use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
-use super::network::{GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto};
+use super::intern::{GroupParts, Interner};
+use super::network::{
+    GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto, split_key,
+};
 
 /// Trust domain of a workload that names none (WIRE.md §2).
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
@@ -33,7 +36,7 @@ pub struct Workload {
     /// Kubernetes namespace; part of the identity.
     pub namespace: Arc<str>,
     /// The workload's IPs, canonical form.
-    pub addresses: Vec<IpAddr>,
+    pub addresses: Box<[IpAddr]>,
     /// Hostname, for workloads reached by name rather than IP.
     pub hostname: Arc<str>,
     /// Network the addresses belong to; empty is the default network.
@@ -52,6 +55,32 @@ pub struct Workload {
     pub network_gateway: Option<Box<GatewayAddress>>,
     /// Kubernetes node it runs on; tells local workloads from remote ones.
     pub node: Arc<str>,
+    /// What it shares with the other pods of its controller: telemetry
+    /// names, cluster, locality. One copy per distinct value in the store.
+    pub group: Arc<WorkloadGroup>,
+    /// The workload terminates HBONE itself.
+    pub native_tunnel: bool,
+    /// Authorization resource names that select this workload.
+    pub authorization_policies: Box<[Arc<str>]>,
+    /// Unhealthy workloads are not picked as service endpoints.
+    pub status: HealthStatus,
+    /// Services it is an endpoint of, each with its own port mapping.
+    pub services: EndpointOf,
+    /// How inbound traffic is handed to the application, when not plain.
+    pub application_tunnel: Option<ApplicationTunnel>,
+    /// Host-network workloads share the node's IP and are not looked up by IP.
+    pub network_mode: NetworkMode,
+    /// Relative weight among endpoints; 1 unless set.
+    pub capacity: u32,
+}
+
+/// What the pods of one controller (a Deployment, a Job, ...) have in
+/// common besides their identity: the names telemetry reports, their
+/// cluster and where they run. A workload holds it behind an `Arc` that
+/// the store shares among all workloads with equal values, so a pod pays a
+/// pointer for it rather than about a hundred bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkloadGroup {
     /// Canonical service name, for telemetry.
     pub canonical_name: Arc<str>,
     /// Canonical revision, for telemetry.
@@ -60,24 +89,24 @@ pub struct Workload {
     pub workload_type: WorkloadType,
     /// Controller name, for telemetry.
     pub workload_name: Arc<str>,
-    /// The workload terminates HBONE itself.
-    pub native_tunnel: bool,
-    /// Authorization resource names that select this workload.
-    pub authorization_policies: Vec<Arc<str>>,
-    /// Unhealthy workloads are not picked as service endpoints.
-    pub status: HealthStatus,
     /// Cluster it belongs to; never empty.
     pub cluster_id: Arc<str>,
-    /// Services it is an endpoint of, each with its own port mapping.
-    pub services: EndpointOf,
-    /// How inbound traffic is handed to the application, when not plain.
-    pub application_tunnel: Option<ApplicationTunnel>,
     /// Where it runs, for locality-aware load balancing and telemetry.
     pub locality: Locality,
-    /// Host-network workloads share the node's IP and are not looked up by IP.
-    pub network_mode: NetworkMode,
-    /// Relative weight among endpoints; 1 unless set.
-    pub capacity: u32,
+}
+
+impl Default for WorkloadGroup {
+    /// No telemetry names, the default cluster, no locality.
+    fn default() -> Self {
+        WorkloadGroup {
+            canonical_name: "".into(),
+            canonical_revision: "".into(),
+            workload_type: WorkloadType::Deployment,
+            workload_name: "".into(),
+            cluster_id: DEFAULT_CLUSTER_ID.into(),
+            locality: Locality::default(),
+        }
+    }
 }
 
 impl Workload {
@@ -88,11 +117,18 @@ impl Workload {
 }
 
 /// The services a workload is an endpoint of, each with the workload's own
-/// port mapping, sorted by key. A boxed slice rather than a map: most
-/// workloads name one or two services, and a map's first node alone is
-/// several hundred bytes, paid by every workload of the mesh.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EndpointOf(Box<[(NamespacedHostname, PortMap)]>);
+/// port mapping, sorted by key. A shared slice rather than a map: most
+/// workloads name one or two services, a map's first node alone is
+/// several hundred bytes, and the pods of one deployment name the same
+/// services with the same ports, so the store keeps one copy for all.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointOf(Arc<[(NamespacedHostname, PortMap)]>);
+
+impl Default for EndpointOf {
+    fn default() -> Self {
+        EndpointOf(Arc::new([]))
+    }
+}
 
 impl EndpointOf {
     /// The port mapping for service `key`.
@@ -111,15 +147,15 @@ impl EndpointOf {
         self.0.iter().map(|(key, ports)| (key, ports))
     }
 
-    /// Each service key, to be replaced (by a shared copy of the same key).
-    pub(crate) fn keys_mut(&mut self) -> impl Iterator<Item = &mut NamespacedHostname> {
-        self.0.iter_mut().map(|(key, _)| key)
+    /// How many holders share this copy, for the interner.
+    pub(crate) fn shared_count(&self) -> usize {
+        Arc::strong_count(&self.0)
     }
 
     /// Adds or replaces the mapping for service `key`.
     #[cfg(test)]
     pub(crate) fn insert(&mut self, key: NamespacedHostname, ports: PortMap) {
-        let mut entries = std::mem::take(&mut self.0).into_vec();
+        let mut entries = self.0.to_vec();
         entries.push((key, ports));
         *self = entries.into_iter().collect();
     }
@@ -230,18 +266,26 @@ pub struct Locality {
 }
 
 /// `value`, or `default` when `value` is empty.
-pub(crate) fn or_default(value: &str, default: &str) -> Arc<str> {
-    if value.is_empty() {
-        default.into()
-    } else {
-        value.into()
-    }
+pub(crate) fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.is_empty() { default } else { value }
 }
 
 impl TryFrom<&proto::Workload> for Workload {
     type Error = ResourceError;
 
+    /// Converts with an interner of its own: nothing is shared with other
+    /// workloads. Sources that keep workloads use [`Workload::from_proto`].
     fn try_from(workload: &proto::Workload) -> Result<Self, Self::Error> {
+        Workload::from_proto(workload, &mut Interner::new())
+    }
+}
+
+impl Workload {
+    /// Converts `workload`, taking every repeated value from `interner`.
+    pub fn from_proto(
+        workload: &proto::Workload,
+        interner: &mut Interner,
+    ) -> Result<Self, ResourceError> {
         let addresses = workload
             .addresses
             .iter()
@@ -250,73 +294,90 @@ impl TryFrom<&proto::Workload> for Workload {
         let services = workload
             .services
             .iter()
-            .map(|(key, ports)| Ok((key.parse()?, port_map_from_proto(&ports.ports)?)))
+            .map(|(key, ports)| {
+                let (namespace, hostname) = split_key(key)?;
+                Ok((
+                    interner.key(namespace, hostname),
+                    port_map_from_proto(&ports.ports)?,
+                ))
+            })
             .collect::<Result<_, ResourceError>>()?;
-        Ok(Workload {
+        let locality = workload.locality.as_ref();
+        let part = |part: fn(&proto::Locality) -> &str| locality.map_or("", part);
+        let group = interner.group(GroupParts {
+            canonical_name: &workload.canonical_name,
+            canonical_revision: &workload.canonical_revision,
+            workload_type: workload_type_from_proto(workload.workload_type),
+            workload_name: &workload.workload_name,
+            cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
+            region: part(|locality| &locality.region),
+            zone: part(|locality| &locality.zone),
+            subzone: part(|locality| &locality.subzone),
+        });
+        let converted = Workload {
             uid: workload.uid.as_str().into(),
             name: workload.name.as_str().into(),
-            namespace: workload.namespace.as_str().into(),
+            namespace: interner.str(&workload.namespace),
             addresses,
-            hostname: workload.hostname.as_str().into(),
-            network: workload.network.as_str().into(),
+            hostname: interner.str(&workload.hostname),
+            network: interner.str(&workload.network),
             protocol: protocol_from_proto(workload.tunnel_protocol)?,
             identity: identity_of(
+                interner,
                 &workload.trust_domain,
                 &workload.namespace,
                 &workload.service_account,
             )
             .map_err(ResourceError::Identity)?,
-            waypoint: gateway_from_proto(workload.waypoint.as_ref())?,
-            network_gateway: gateway_from_proto(workload.network_gateway.as_ref())?,
-            node: workload.node.as_str().into(),
-            canonical_name: workload.canonical_name.as_str().into(),
-            canonical_revision: workload.canonical_revision.as_str().into(),
-            workload_type: workload_type_from_proto(workload.workload_type),
-            workload_name: workload.workload_name.as_str().into(),
+            waypoint: gateway_from_proto(workload.waypoint.as_ref(), interner)?,
+            network_gateway: gateway_from_proto(workload.network_gateway.as_ref(), interner)?,
+            node: interner.str(&workload.node),
+            group,
             native_tunnel: workload.native_tunnel,
             authorization_policies: workload
                 .authorization_policies
                 .iter()
-                .map(|name| name.as_str().into())
+                .map(|name| interner.str(name))
                 .collect(),
             status: status_from_proto(workload.status)?,
-            cluster_id: or_default(&workload.cluster_id, DEFAULT_CLUSTER_ID),
-            services,
+            services: interner.services(services),
             application_tunnel: workload
                 .application_tunnel
                 .as_ref()
                 .map(application_tunnel_from_proto)
                 .transpose()?,
-            locality: workload
-                .locality
-                .as_ref()
-                .map(locality_from_proto)
-                .unwrap_or_default(),
             network_mode: network_mode_from_proto(workload.network_mode)?,
             capacity: workload.capacity.unwrap_or(1),
-        })
+        };
+        interner.sweep_if_grown();
+        Ok(converted)
     }
 }
 
-/// The identity of a workload's parts, empty ones defaulted (WIRE.md §2).
-pub(crate) fn identity_of<'a>(
-    trust_domain: &'a str,
+/// The shared identity of a workload's parts, empty ones defaulted
+/// (WIRE.md §2).
+pub(crate) fn identity_of(
+    interner: &mut Interner,
+    trust_domain: &str,
     namespace: &str,
-    service_account: &'a str,
+    service_account: &str,
 ) -> Result<Identity, IdentityError> {
-    let or = |value: &'static str, given: &'a str| if given.is_empty() { value } else { given };
-    Identity::new(
-        or(DEFAULT_TRUST_DOMAIN, trust_domain),
+    interner.identity(
+        or_default(trust_domain, DEFAULT_TRUST_DOMAIN),
         namespace,
-        or(DEFAULT_SERVICE_ACCOUNT, service_account),
+        or_default(service_account, DEFAULT_SERVICE_ACCOUNT),
     )
 }
 
 fn gateway_from_proto(
     gateway: Option<&proto::GatewayAddress>,
+    interner: &mut Interner,
 ) -> Result<Option<Box<GatewayAddress>>, ResourceError> {
     gateway
-        .map(|gateway| GatewayAddress::try_from(gateway).map(Box::new))
+        .map(|gateway| {
+            let gateway = GatewayAddress::try_from(gateway)?;
+            Ok(Box::new(interner.gateway(&gateway)))
+        })
         .transpose()
 }
 
@@ -395,14 +456,6 @@ fn application_tunnel_from_proto(
     Ok(ApplicationTunnel { protocol, port })
 }
 
-fn locality_from_proto(locality: &proto::Locality) -> Locality {
-    Locality {
-        region: locality.region.as_str().into(),
-        zone: locality.zone.as_str().into(),
-        subzone: locality.subzone.as_str().into(),
-    }
-}
-
 #[cfg(test)]
 impl Workload {
     /// A healthy plain-TCP workload on the default network with default
@@ -412,25 +465,20 @@ impl Workload {
             uid: uid.into(),
             name: uid.into(),
             namespace: namespace.into(),
-            addresses: addresses.to_vec(),
+            addresses: addresses.into(),
             hostname: "".into(),
             network: "".into(),
             protocol: InboundProtocol::Tcp,
-            identity: identity_of("", namespace, "").unwrap(),
+            identity: identity_of(&mut Interner::new(), "", namespace, "").unwrap(),
             waypoint: None,
             network_gateway: None,
             node: "".into(),
-            canonical_name: "".into(),
-            canonical_revision: "".into(),
-            workload_type: WorkloadType::Deployment,
-            workload_name: "".into(),
+            group: Arc::default(),
             native_tunnel: false,
-            authorization_policies: Vec::new(),
+            authorization_policies: Box::default(),
             status: HealthStatus::Healthy,
-            cluster_id: DEFAULT_CLUSTER_ID.into(),
             services: EndpointOf::default(),
             application_tunnel: None,
-            locality: Locality::default(),
             network_mode: NetworkMode::Standard,
             capacity: 1,
         }

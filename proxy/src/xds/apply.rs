@@ -26,7 +26,7 @@ use ztunnel_proto::istio::workload::Address;
 use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::rbac::Policy;
-use crate::state::{AddressResource, NamespacedHostname, State};
+use crate::state::{AddressResource, Interner, NamespacedHostname, State};
 
 use super::request;
 
@@ -168,8 +168,13 @@ impl Update {
     }
 }
 
-/// Decides what one response does. `known` is what was accepted before it.
-pub fn decide(known: &KnownVersions, response: &DeltaDiscoveryResponse) -> Update {
+/// Decides what one response does. `known` is what was accepted before it;
+/// workloads take their repeated values from `interner`.
+pub fn decide(
+    known: &KnownVersions,
+    response: &DeltaDiscoveryResponse,
+    interner: &mut Interner,
+) -> Update {
     let Some(kind) = ResourceKind::from_type_url(&response.type_url) else {
         return Update {
             kind: None,
@@ -183,7 +188,7 @@ pub fn decide(known: &KnownVersions, response: &DeltaDiscoveryResponse) -> Updat
     let mut versions = Vec::with_capacity(response.resources.len());
     let mut rejected = Vec::new();
     for resource in &response.resources {
-        match convert(kind, resource) {
+        match convert(kind, resource, interner) {
             Ok(change) => {
                 changes.push(change);
                 versions.push(VersionChange::Accepted {
@@ -235,7 +240,11 @@ pub fn decide(known: &KnownVersions, response: &DeltaDiscoveryResponse) -> Updat
 }
 
 /// Decodes and converts one resource; the error is the NACK reason.
-fn convert(kind: ResourceKind, resource: &Resource) -> Result<Change, String> {
+fn convert(
+    kind: ResourceKind,
+    resource: &Resource,
+    interner: &mut Interner,
+) -> Result<Change, String> {
     let Some(any) = &resource.resource else {
         return Err("resource is missing".to_owned());
     };
@@ -243,7 +252,8 @@ fn convert(kind: ResourceKind, resource: &Resource) -> Result<Change, String> {
     match kind {
         ResourceKind::Address => {
             let address = Address::decode(any.value.as_slice()).map_err(decode_error)?;
-            let address = AddressResource::try_from(&address).map_err(|error| error.to_string())?;
+            let address = AddressResource::from_proto(&address, interner)
+                .map_err(|error| error.to_string())?;
             Ok(Change::Address(Box::new(address)))
         }
         ResourceKind::Authorization => {

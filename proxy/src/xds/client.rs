@@ -28,7 +28,7 @@ use crate::control_plane::{
 };
 use crate::drain::DrainWatcher;
 use crate::readiness::{BlockReady, Ready};
-use crate::state::SharedState;
+use crate::state::{Interner, SharedState};
 
 use super::XdsError;
 use super::apply::{self, Applied, KnownVersions};
@@ -57,6 +57,10 @@ pub struct XdsClient {
     state: SharedState,
     metrics: XdsMetrics,
     known: KnownVersions,
+    /// The shared copies of what the stream's workloads repeat, kept
+    /// across responses (and reconnects) so that a workload arriving later
+    /// shares with those already stored.
+    interner: Interner,
     reconnect: Reconnect,
     /// Readiness held per wildcard type until its first ACK.
     waiting: BTreeMap<ResourceKind, BlockReady>,
@@ -95,6 +99,7 @@ impl XdsClient {
             state,
             metrics,
             known: KnownVersions::new(),
+            interner: Interner::new(),
             reconnect: Reconnect::new(),
             waiting,
         })
@@ -199,7 +204,7 @@ impl XdsClient {
     ) -> (DeltaDiscoveryRequest, Option<ResourceKind>) {
         self.metrics
             .record_message(&response.type_url, response.encoded_len());
-        let update = apply::decide(&self.known, &response);
+        let update = apply::decide(&self.known, &response, &mut self.interner);
         let Some(kind) = update.kind else {
             tracing::info!(type_url = %response.type_url, "xDS response of an unknown type; ACKed and ignored");
             return (update.reply, None);

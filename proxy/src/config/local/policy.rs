@@ -31,29 +31,31 @@ impl PolicyForm {
     }
 }
 
-impl From<PolicyForm> for Policy {
-    fn from(form: PolicyForm) -> Self {
+/// Nothing is borrowed from the form: what the store keeps is allocated
+/// here, not by the parse.
+impl From<&PolicyForm> for Policy {
+    fn from(form: &PolicyForm) -> Self {
         Policy {
-            name: form.name.into(),
-            namespace: form.namespace.into(),
-            scope: match form.scope {
+            name: form.name.as_str().into(),
+            namespace: form.namespace.as_str().into(),
+            scope: match &form.scope {
                 ScopeForm::Global => Scope::Global,
                 ScopeForm::Namespace => Scope::Namespace,
                 ScopeForm::WorkloadSelector => Scope::WorkloadSelector,
             },
-            action: match form.action {
+            action: match &form.action {
                 ActionForm::Allow => Action::Allow,
                 ActionForm::Deny => Action::Deny,
             },
             dry_run: form.dry_run,
             rules: form
                 .rules
-                .into_iter()
+                .iter()
                 .map(|clauses| Rule {
                     clauses: clauses
-                        .into_iter()
+                        .iter()
                         .map(|matches| Clause {
-                            matches: matches.into_iter().map(Into::into).collect(),
+                            matches: matches.iter().map(Into::into).collect(),
                         })
                         .collect(),
                 })
@@ -92,35 +94,41 @@ struct MatchForm {
     not_service_accounts: Vec<ServiceAccountForm>,
 }
 
-impl From<MatchForm> for Match {
-    fn from(form: MatchForm) -> Self {
+impl From<&MatchForm> for Match {
+    fn from(form: &MatchForm) -> Self {
         Match {
-            namespaces: string_matches(form.namespaces),
-            not_namespaces: string_matches(form.not_namespaces),
-            principals: string_matches(form.principals),
-            not_principals: string_matches(form.not_principals),
-            source_ips: cidrs(form.source_ips),
-            not_source_ips: cidrs(form.not_source_ips),
-            destination_ips: cidrs(form.destination_ips),
-            not_destination_ips: cidrs(form.not_destination_ips),
-            destination_ports: form.destination_ports,
-            not_destination_ports: form.not_destination_ports,
-            service_accounts: form.service_accounts.into_iter().map(Into::into).collect(),
-            not_service_accounts: form
-                .not_service_accounts
-                .into_iter()
-                .map(Into::into)
-                .collect(),
+            namespaces: string_matches(&form.namespaces),
+            not_namespaces: string_matches(&form.not_namespaces),
+            principals: string_matches(&form.principals),
+            not_principals: string_matches(&form.not_principals),
+            source_ips: cidrs(&form.source_ips),
+            not_source_ips: cidrs(&form.not_source_ips),
+            destination_ips: cidrs(&form.destination_ips),
+            not_destination_ips: cidrs(&form.not_destination_ips),
+            destination_ports: form.destination_ports.clone(),
+            not_destination_ports: form.not_destination_ports.clone(),
+            service_accounts: form.service_accounts.iter().map(Into::into).collect(),
+            not_service_accounts: form.not_service_accounts.iter().map(Into::into).collect(),
         }
     }
 }
 
-fn string_matches(forms: Vec<StringMatchForm>) -> Vec<StringMatch> {
-    forms.into_iter().map(|form| form.0).collect()
+/// Copies of the matches, their text in fresh allocations.
+fn string_matches(forms: &[StringMatchForm]) -> Vec<StringMatch> {
+    let copy = |text: &Arc<str>| Arc::<str>::from(&**text);
+    forms
+        .iter()
+        .map(|form| match &form.0 {
+            StringMatch::Exact(text) => StringMatch::Exact(copy(text)),
+            StringMatch::Prefix(text) => StringMatch::Prefix(copy(text)),
+            StringMatch::Suffix(text) => StringMatch::Suffix(copy(text)),
+            StringMatch::Presence => StringMatch::Presence,
+        })
+        .collect()
 }
 
-fn cidrs(forms: Vec<Text<Cidr>>) -> Vec<Cidr> {
-    forms.into_iter().map(|form| form.0).collect()
+fn cidrs(forms: &[Text<Cidr>]) -> Vec<Cidr> {
+    forms.iter().map(|form| form.0).collect()
 }
 
 #[derive(Deserialize)]
@@ -130,11 +138,11 @@ struct ServiceAccountForm {
     service_account: String,
 }
 
-impl From<ServiceAccountForm> for ServiceAccountMatch {
-    fn from(form: ServiceAccountForm) -> Self {
+impl From<&ServiceAccountForm> for ServiceAccountMatch {
+    fn from(form: &ServiceAccountForm) -> Self {
         ServiceAccountMatch {
-            namespace: form.namespace.into(),
-            service_account: form.service_account.into(),
+            namespace: form.namespace.as_str().into(),
+            service_account: form.service_account.as_str().into(),
         }
     }
 }

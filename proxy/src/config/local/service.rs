@@ -7,8 +7,8 @@ use ztunnel_certs::identity::Identity;
 
 use super::values::{GatewayForm, Text};
 use crate::state::{
-    HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, NetworkAddress, NetworkCidr,
-    PortMap, RoutingScope, Service, Visibility, WeightedWaypoint,
+    HealthPolicy, Interner, IpFamilies, LoadBalancing, LoadBalancingMode, NetworkAddress,
+    NetworkCidr, PortMap, RoutingScope, Service, Visibility, WeightedWaypoint,
 };
 
 /// One `services[]` entry as written.
@@ -43,31 +43,60 @@ pub(super) struct ServiceForm {
     endpoints: Option<IgnoredAny>,
 }
 
-impl From<ServiceForm> for Service {
-    fn from(form: ServiceForm) -> Self {
+impl ServiceForm {
+    /// The typed service, made of fresh or shared values: nothing is
+    /// borrowed from the form, so that what the store keeps is allocated
+    /// here, not by the parse.
+    pub(super) fn to_service(&self, interner: &mut Interner) -> Service {
+        let subject_alt_names = self
+            .subject_alt_names
+            .iter()
+            .map(|san| {
+                let san = &san.0;
+                interner
+                    .identity(san.trust_domain(), san.namespace(), san.service_account())
+                    .unwrap_or_else(|_| san.clone())
+            })
+            .collect();
         Service {
-            name: form.name.into(),
-            namespace: form.namespace.into(),
-            hostname: form.hostname.into(),
-            vips: form.vips.into_iter().map(|vip| vip.0).collect(),
-            cidr_vips: form.cidr_vips.into_iter().map(|vip| vip.0).collect(),
-            ports: form.ports,
-            subject_alt_names: form
-                .subject_alt_names
-                .into_iter()
-                .map(|san| san.0)
+            name: self.name.as_str().into(),
+            namespace: interner.str(&self.namespace),
+            hostname: interner.str(&self.hostname),
+            vips: self
+                .vips
+                .iter()
+                .map(|vip| NetworkAddress {
+                    network: interner.str(&vip.0.network),
+                    address: vip.0.address,
+                })
                 .collect(),
-            waypoint: form.waypoint.map(Into::into),
-            weighted_waypoints: form
+            cidr_vips: self
+                .cidr_vips
+                .iter()
+                .map(|vip| NetworkCidr {
+                    network: interner.str(&vip.0.network),
+                    cidr: vip.0.cidr,
+                })
+                .collect(),
+            ports: self.ports.clone(),
+            subject_alt_names,
+            waypoint: self
+                .waypoint
+                .as_ref()
+                .map(|gateway| gateway.to_gateway(interner)),
+            weighted_waypoints: self
                 .weighted_waypoints
-                .into_iter()
-                .map(Into::into)
+                .iter()
+                .map(|waypoint| WeightedWaypoint {
+                    destination: waypoint.destination.to_gateway(interner),
+                    weight: waypoint.weight,
+                })
                 .collect(),
-            load_balancing: form.load_balancer.map(Into::into),
-            ip_families: form.ip_families.map(Into::into).unwrap_or_default(),
-            canonical: form.canonical,
+            load_balancing: self.load_balancer.as_ref().map(Into::into),
+            ip_families: self.ip_families.map(Into::into).unwrap_or_default(),
+            canonical: self.canonical,
             ingress_use_waypoint: false,
-            visibility: form.visibility.into(),
+            visibility: self.visibility.into(),
         }
     }
 }
@@ -78,15 +107,6 @@ struct WeightedWaypointForm {
     destination: GatewayForm,
     #[serde(default)]
     weight: u32,
-}
-
-impl From<WeightedWaypointForm> for WeightedWaypoint {
-    fn from(form: WeightedWaypointForm) -> Self {
-        WeightedWaypoint {
-            destination: form.destination.into(),
-            weight: form.weight,
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -100,12 +120,13 @@ struct LoadBalancerForm {
     health_policy: HealthPolicyForm,
 }
 
-impl From<LoadBalancerForm> for LoadBalancing {
-    fn from(form: LoadBalancerForm) -> Self {
+impl From<&LoadBalancerForm> for LoadBalancing {
+    fn from(form: &LoadBalancerForm) -> Self {
         LoadBalancing {
             routing_preferences: form
                 .routing_preferences
-                .into_iter()
+                .iter()
+                .copied()
                 .map(Into::into)
                 .collect(),
             mode: match form.mode {
@@ -122,7 +143,7 @@ impl From<LoadBalancerForm> for LoadBalancing {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Copy, Deserialize)]
 enum RoutingScopeForm {
     Region,
     Zone,
@@ -145,7 +166,7 @@ impl From<RoutingScopeForm> for RoutingScope {
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum ModeForm {
     #[default]
     Standard,
@@ -154,14 +175,14 @@ enum ModeForm {
     Passthrough,
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum HealthPolicyForm {
     #[default]
     OnlyHealthy,
     AllowAll,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Copy, Deserialize)]
 enum IpFamiliesForm {
     Dual,
     #[serde(rename = "IPv4")]
@@ -180,7 +201,7 @@ impl From<IpFamiliesForm> for IpFamilies {
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum VisibilityForm {
     #[default]
     Public,

@@ -136,18 +136,18 @@ fn workloads_parse_with_their_forms_and_defaults() {
     };
 
     assert_eq!(server.uid.as_ref(), "Kubernetes//Pod/default/server-0");
-    assert_eq!(server.addresses, [ip("10.0.0.10"), ip("fd00::10")]);
+    assert_eq!(*server.addresses, [ip("10.0.0.10"), ip("fd00::10")]);
     assert_eq!(server.protocol, InboundProtocol::Hbone);
     assert_eq!(
         server.identity.as_str(),
         "spiffe://cluster.local/ns/default/sa/server"
     );
-    assert_eq!(server.cluster_id.as_ref(), "Kubernetes");
+    assert_eq!(server.group.cluster_id.as_ref(), "Kubernetes");
     assert_eq!(server.capacity, 1);
     assert_eq!(server.status, HealthStatus::Healthy);
-    assert_eq!(server.locality.zone.as_ref(), "eu-1");
+    assert_eq!(server.group.locality.zone.as_ref(), "eu-1");
     assert_eq!(
-        server.authorization_policies,
+        *server.authorization_policies,
         [Arc::<str>::from("default/allow-client")]
     );
     let ports = server
@@ -173,10 +173,10 @@ fn workloads_parse_with_their_forms_and_defaults() {
         db.identity.as_str(),
         "spiffe://example.org/ns/legacy/sa/default"
     );
-    assert_eq!(db.cluster_id.as_ref(), "east");
+    assert_eq!(db.group.cluster_id.as_ref(), "east");
     assert_eq!(db.network.as_ref(), "net-east");
     assert_eq!(db.network_mode, NetworkMode::HostNetwork);
-    assert_eq!(db.workload_type, WorkloadType::Pod);
+    assert_eq!(db.group.workload_type, WorkloadType::Pod);
     assert!(db.native_tunnel);
     let tunnel = db.application_tunnel.unwrap();
     assert_eq!(

@@ -17,7 +17,8 @@ use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::rbac::StringMatch;
 use crate::state::{
-    Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
+    Cidr, GatewayAddress, GatewayDestination, Interner, NamespacedHostname, NetworkAddress,
+    NetworkCidr,
 };
 
 /// A value written as one string in the file.
@@ -196,6 +197,16 @@ pub(super) struct GatewayForm {
 /// The HBONE port of a gateway that names none (WIRE.md §1).
 fn default_hbone_port() -> u16 {
     HBONE_PORT
+}
+
+impl GatewayForm {
+    /// The typed gateway, made of shared strings from `interner`.
+    pub(super) fn to_gateway(&self, interner: &mut Interner) -> GatewayAddress {
+        interner.gateway(&GatewayAddress {
+            destination: self.destination.0.clone(),
+            hbone_mtls_port: self.hbone_mtls_port,
+        })
+    }
 }
 
 impl From<GatewayForm> for GatewayAddress {

@@ -8,10 +8,11 @@ use serde::Deserialize;
 use ztunnel_certs::identity::IdentityError;
 
 use super::values::{GatewayForm, Text};
+use crate::state::intern::GroupParts;
 use crate::state::workload::{identity_of, or_default};
 use crate::state::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, HealthStatus,
-    InboundProtocol, Locality, NamespacedHostname, NetworkMode, PortMap, Workload, WorkloadType,
+    InboundProtocol, Interner, NamespacedHostname, NetworkMode, PortMap, Workload, WorkloadType,
 };
 
 /// One `workloads[]` entry as written.
@@ -75,52 +76,78 @@ impl WorkloadForm {
         &self.uid
     }
 
-    /// The typed workload. Its identity must be buildable: a local workload
-    /// exists to be served or reached, which needs one.
-    pub(super) fn into_workload(self) -> Result<Workload, IdentityError> {
-        let identity = identity_of(&self.trust_domain, &self.namespace, &self.service_account)?;
-        Ok(Workload {
-            uid: self.uid.into(),
-            name: self.name.into(),
-            namespace: self.namespace.into(),
+    /// The typed workload, every repeated value taken from `interner` and
+    /// nothing borrowed from the form: what the store keeps is allocated
+    /// here, not by the parse. Its identity must be buildable: a local
+    /// workload exists to be served or reached, which needs one.
+    pub(super) fn to_workload(&self, interner: &mut Interner) -> Result<Workload, IdentityError> {
+        let identity = identity_of(
+            interner,
+            &self.trust_domain,
+            &self.namespace,
+            &self.service_account,
+        )?;
+        let locality = self.locality.as_ref();
+        let part = |part: fn(&LocalityForm) -> &str| locality.map_or("", part);
+        let group = interner.group(GroupParts {
+            canonical_name: &self.canonical_name,
+            canonical_revision: &self.canonical_revision,
+            workload_type: self.workload_type.into(),
+            workload_name: &self.workload_name,
+            cluster_id: or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
+            region: part(|locality| &locality.region),
+            zone: part(|locality| &locality.zone),
+            subzone: part(|locality| &locality.subzone),
+        });
+        let services = self
+            .services
+            .iter()
+            .map(|(key, ports)| {
+                let key = interner.key(&key.0.namespace, &key.0.hostname);
+                (key, ports.clone())
+            })
+            .collect();
+        let converted = Workload {
+            uid: self.uid.as_str().into(),
+            name: self.name.as_str().into(),
+            namespace: interner.str(&self.namespace),
             addresses: self
                 .workload_ips
-                .into_iter()
+                .iter()
                 .map(|ip| ip.to_canonical())
                 .collect(),
-            hostname: self.hostname.into(),
-            network: self.network.into(),
+            hostname: interner.str(&self.hostname),
+            network: interner.str(&self.network),
             protocol: self.protocol.into(),
             identity,
-            waypoint: self.waypoint.map(|gateway| Box::new(gateway.into())),
-            network_gateway: self.network_gateway.map(|gateway| Box::new(gateway.into())),
-            node: self.node.into(),
-            canonical_name: self.canonical_name.into(),
-            canonical_revision: self.canonical_revision.into(),
-            workload_type: self.workload_type.into(),
-            workload_name: self.workload_name.into(),
+            waypoint: self
+                .waypoint
+                .as_ref()
+                .map(|gateway| Box::new(gateway.to_gateway(interner))),
+            network_gateway: self
+                .network_gateway
+                .as_ref()
+                .map(|gateway| Box::new(gateway.to_gateway(interner))),
+            node: interner.str(&self.node),
+            group,
             native_tunnel: self.native_tunnel,
             authorization_policies: self
                 .authorization_policies
-                .into_iter()
-                .map(Into::into)
+                .iter()
+                .map(|name| interner.str(name))
                 .collect(),
             status: self.status.into(),
-            cluster_id: or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
-            services: self
-                .services
-                .into_iter()
-                .map(|(key, ports)| (key.0, ports))
-                .collect(),
-            application_tunnel: self.application_tunnel.map(Into::into),
-            locality: self.locality.map(Into::into).unwrap_or_default(),
+            services: interner.services(services),
+            application_tunnel: self.application_tunnel.as_ref().map(Into::into),
             network_mode: self.network_mode.into(),
             capacity: self.capacity,
-        })
+        };
+        interner.sweep_if_grown();
+        Ok(converted)
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum ProtocolForm {
     #[default]
     #[serde(rename = "TCP")]
@@ -138,7 +165,7 @@ impl From<ProtocolForm> for InboundProtocol {
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum NetworkModeForm {
     #[default]
     Standard,
@@ -154,7 +181,7 @@ impl From<NetworkModeForm> for NetworkMode {
     }
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum StatusForm {
     #[default]
     Healthy,
@@ -171,7 +198,7 @@ impl From<StatusForm> for HealthStatus {
 }
 
 /// Lower-case, as telemetry prints it.
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum WorkloadTypeForm {
     #[default]
@@ -201,7 +228,7 @@ struct ApplicationTunnelForm {
     port: Option<u16>,
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Clone, Copy, Default, Deserialize)]
 enum ApplicationTunnelProtocolForm {
     #[default]
     #[serde(rename = "NONE")]
@@ -210,8 +237,8 @@ enum ApplicationTunnelProtocolForm {
     Proxy,
 }
 
-impl From<ApplicationTunnelForm> for ApplicationTunnel {
-    fn from(form: ApplicationTunnelForm) -> Self {
+impl From<&ApplicationTunnelForm> for ApplicationTunnel {
+    fn from(form: &ApplicationTunnelForm) -> Self {
         let protocol = match form.protocol {
             ApplicationTunnelProtocolForm::None => ApplicationTunnelProtocol::None,
             ApplicationTunnelProtocolForm::Proxy => ApplicationTunnelProtocol::Proxy,
@@ -232,14 +259,4 @@ struct LocalityForm {
     zone: String,
     #[serde(default)]
     subzone: String,
-}
-
-impl From<LocalityForm> for Locality {
-    fn from(form: LocalityForm) -> Self {
-        Locality {
-            region: form.region.into(),
-            zone: form.zone.into(),
-            subzone: form.subzone.into(),
-        }
-    }
 }

@@ -137,12 +137,12 @@ fn applicable_policies_follow_scope_and_workload_names() {
     );
 
     let mut workload = Workload::for_test("server", "server-ns", &[]);
-    workload.authorization_policies = vec![
+    workload.authorization_policies = Box::new([
         Arc::from("server-ns/selected"),
         Arc::from("server-ns/not-yet-known"),
         Arc::from("istio-system/mesh"),
         Arc::from("server-ns/ns-wide"),
-    ];
+    ]);
     let names: Vec<&str> = applicable_policies(&state, &workload)
         .map(|p| &*p.name)
         .collect();

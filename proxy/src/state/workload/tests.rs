@@ -43,12 +43,12 @@ fn empty_fields_take_the_documented_defaults() {
     let workload = Workload::try_from(&minimal()).unwrap();
     assert_eq!(workload.identity.trust_domain(), "cluster.local");
     assert_eq!(workload.service_account(), "default");
-    assert_eq!(workload.cluster_id.as_ref(), "Kubernetes");
+    assert_eq!(workload.group.cluster_id.as_ref(), "Kubernetes");
     assert_eq!(workload.capacity, 1);
     assert_eq!(workload.protocol, InboundProtocol::Tcp);
     assert_eq!(workload.status, HealthStatus::Healthy);
     assert_eq!(workload.network_mode, NetworkMode::Standard);
-    assert_eq!(workload.workload_type, WorkloadType::Deployment);
+    assert_eq!(workload.group.workload_type, WorkloadType::Deployment);
     assert_eq!(
         workload.identity.as_str(),
         "spiffe://cluster.local/ns/default/sa/default"
@@ -132,11 +132,11 @@ fn every_field_is_carried_over() {
             hbone_mtls_port: 15009,
         })
     );
-    assert_eq!(workload.workload_type, WorkloadType::Pod);
+    assert_eq!(workload.group.workload_type, WorkloadType::Pod);
     assert_eq!(workload.status, HealthStatus::Unhealthy);
-    assert_eq!(workload.cluster_id.as_ref(), "east");
+    assert_eq!(workload.group.cluster_id.as_ref(), "east");
     assert_eq!(
-        workload.authorization_policies,
+        *workload.authorization_policies,
         [Arc::<str>::from("default/allow-echo")]
     );
     let ports = workload
@@ -154,7 +154,7 @@ fn every_field_is_carried_over() {
             port: Some(15088)
         })
     );
-    assert_eq!(workload.locality.zone.as_ref(), "z");
+    assert_eq!(workload.group.locality.zone.as_ref(), "z");
     assert_eq!(workload.network_mode, NetworkMode::HostNetwork);
     assert_eq!(workload.capacity, 3);
     assert!(workload.native_tunnel);
@@ -165,7 +165,7 @@ fn unknown_workload_type_reads_as_deployment() {
     let mut wire = minimal();
     wire.workload_type = 42;
     assert_eq!(
-        Workload::try_from(&wire).unwrap().workload_type,
+        Workload::try_from(&wire).unwrap().group.workload_type,
         WorkloadType::Deployment
     );
 }

@@ -10,6 +10,11 @@ use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 use super::*;
 
+/// [`super::decide`] with an interner of its own.
+fn decide(known: &KnownVersions, response: &DeltaDiscoveryResponse) -> Update {
+    super::decide(known, response, &mut Interner::new())
+}
+
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
 }
