@@ -224,18 +224,20 @@ fn run_round(
 ) -> anyhow::Result<Vec<Run>> {
     let mut runs = Vec::new();
     for scenario in &options.scenarios {
-        if *scenario == Scenario::Idle {
-            // Memory per idle connection is read against a fresh process:
-            // one that has run bulk traffic keeps freed buffers that idle
-            // connections would then reuse unseen.
-            topology.restart_ztunnels()?;
-        }
         for path in options
             .paths
             .iter()
             .copied()
             .filter(|path| scenario.runs_on(*path))
         {
+            if *scenario == Scenario::Idle {
+                // Memory per idle connection is read against a fresh
+                // process, on every path: one that has run bulk traffic, or
+                // held the last path's idle connections (node-a's proxy is
+                // on every path), keeps freed memory that idle connections
+                // would then reuse unseen.
+                topology.restart_ztunnels()?;
+            }
             scenario::announce(index, label, *scenario, path);
             warm_up(topology, path)?;
             runs.push(scenario::run(topology, *scenario, path, &options.sizing)?);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
+use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::accept;
@@ -18,7 +19,7 @@ use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::copy_bidirectional_until;
 use crate::hbone::{self, HboneError, InboundRefusal, WorkloadLabels, connect_headers};
 use crate::identity::manager::FetchError;
-use crate::inbound::listeners::AppConnection;
+use crate::inbound::listeners::{self, AppConnection};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::pool::{PoolError, PoolKey};
 use crate::report::{End, Opening, Report};
@@ -115,24 +116,40 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     // dial for a new pooled connection, the CONNECT exchange) needs far more
     // state than the copy, and an unboxed future would carry it in every
     // open connection's task for the connection's whole life.
-    let Some((report, upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
+    let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
-    match upstream {
-        Connected::Network(mut upstream) => {
-            report.close_with(&copy(proxy, &mut tcp, &mut upstream).await);
-        }
-        Connected::SameNode(app) => same_node::copy(proxy, report, &mut tcp, app).await,
+    // One copy for every kind of upstream, so that an open connection's
+    // task holds one copy's state whichever path it took.
+    let destination_stop = match &upstream {
+        Either::Left(_) => None,
+        Either::Right(app) => Some(app.stop().clone()),
+    };
+    let stop = stopped(proxy, destination_stop);
+    let result = copy_bidirectional_until(&mut tcp, &mut upstream, stop).await;
+    report.close_with(&result);
+    if let Either::Right(app) = &mut upstream {
+        listeners::close_report(app, &result);
     }
 }
 
-/// The other end of an outbound connection.
-enum Connected {
-    /// Over the network: a TCP connection or an HBONE stream.
-    Network(OutboundStream),
-    /// The application of another pod this proxy serves, admitted by that
-    /// pod's inbound side.
-    SameNode(AppConnection),
+/// The other end of an outbound connection: over the network (a TCP
+/// connection or an HBONE stream), or on the same-node path the
+/// application of another pod this proxy serves, admitted by that pod's
+/// inbound side.
+type Connected = Either<OutboundStream, AppConnection>;
+
+/// Resolves when a connection's copy must stop: the proxy's drain is
+/// forced, or, on the same-node path, the destination stops it (its pod
+/// left, its drain was forced, or a policy re-check no longer allows it).
+async fn stopped(proxy: &Proxy, destination: Option<CancellationToken>) {
+    match destination {
+        None => proxy.drain.forced().await,
+        Some(destination) => tokio::select! {
+            () = proxy.drain.forced() => {}
+            () = destination.cancelled() => {}
+        },
+    }
 }
 
 /// Routes a captured connection and connects its upstream. `None` when it
@@ -193,10 +210,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                     addr: target,
                     source,
                 });
-            (
-                report,
-                connected.map(|tcp| Connected::Network(Either::Left(tcp))),
-            )
+            (report, connected.map(|tcp| Either::Left(Either::Left(tcp))))
         }
         Route::Hbone(route) => {
             let destination_identity = route.expected.first();
@@ -225,11 +239,11 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
                 Some(destination) => {
                     same_node::open(proxy, &destination, source.as_deref(), peer, &route)
                         .await
-                        .map(Connected::SameNode)
+                        .map(Either::Right)
                 }
                 None => tunnel(proxy, source.as_deref(), peer, &route)
                     .await
-                    .map(|stream| Connected::Network(Either::Right(stream))),
+                    .map(|stream| Either::Left(Either::Right(stream))),
             };
             (report, connected)
         }
@@ -246,18 +260,6 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
 /// Where an outbound connection's bytes go: a plain TCP connection or an
 /// HBONE stream. One type, so the copy (and the task) is one shape.
 type OutboundStream = Either<TcpStream, hbone::H2Stream>;
-
-/// Copies until both sides close, or until the proxy's drain is forced.
-async fn copy<U>(
-    proxy: &Proxy,
-    tcp: &mut TcpStream,
-    upstream: &mut U,
-) -> Result<crate::copy::Transferred, crate::copy::CopyError>
-where
-    U: crate::copy::Side,
-{
-    copy_bidirectional_until(tcp, upstream, proxy.drain.forced()).await
-}
 
 /// A marked TCP connection to `target`; a connect that takes longer than
 /// [`CONNECT_TIMEOUT`] fails as `TimedOut`.

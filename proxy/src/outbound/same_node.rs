@@ -14,15 +14,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpStream;
-
 use crate::context::Proxy;
-use crate::copy::copy_bidirectional_until;
 use crate::inbound::decision::Arrival;
 use crate::inbound::listeners::{self, AppConnection};
 use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
-use crate::report::Report;
 use crate::socket::canonical;
 use crate::state::{Service, Workload};
 
@@ -85,28 +81,6 @@ pub(super) async fn open(
     listeners::open_upstream(destination, &arrival, Some(&source.identity), true)
         .await
         .map_err(OutboundError::SameNode)
-}
-
-/// Copies between the client and the destination's application until both
-/// close, the client's proxy drain is forced, or the destination stops the
-/// connection (its pod left, its drain was forced, or a policy re-check no
-/// longer allows it); then closes both sides' reports.
-pub(super) async fn copy(
-    proxy: &Proxy,
-    report: Report,
-    tcp: &mut TcpStream,
-    mut app: AppConnection,
-) {
-    let stop = app.stop().clone();
-    let stopped = async {
-        tokio::select! {
-            () = proxy.drain.forced() => {}
-            () = stop.cancelled() => {}
-        }
-    };
-    let result = copy_bidirectional_until(tcp, &mut app, stopped).await;
-    report.close_with(&result);
-    listeners::close_report(&mut app, &result);
 }
 
 #[cfg(test)]
