@@ -19,7 +19,6 @@ use crate::inbound::decision::Arrival;
 use crate::inbound::listeners::{self, AppConnection};
 use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
-use crate::socket::canonical;
 use crate::state::{Service, Workload};
 
 /// The proxy of the pod `route` goes to, when the connection can take the
@@ -46,7 +45,8 @@ pub fn eligible(destination: &Workload, service: Option<&Service>, node: Option<
     on_node && !waypoint
 }
 
-/// Admits a connection from `source` (its client at `client`) at
+/// Admits a connection from `source` (its client at `client`, canonical
+/// already: the accept loop made it so) at
 /// `destination`, the proxy of the pod `route` goes to, and dials its
 /// application.
 pub(super) async fn open(
@@ -70,7 +70,6 @@ pub(super) async fn open(
         .fetch_certificate(&route.workload.identity)
         .await
         .map_err(OutboundError::Certificate)?;
-    let client = canonical(client);
     let arrival = Arrival {
         peer_identity: Some(source.identity.clone()),
         source_ip: client.ip(),
