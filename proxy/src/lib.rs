@@ -34,6 +34,7 @@ pub mod rbac;
 pub mod readiness;
 pub mod report;
 pub mod socket;
+pub mod splice;
 pub mod state;
 pub mod telemetry;
 pub mod xds;
