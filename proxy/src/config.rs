@@ -131,6 +131,10 @@ pub struct InpodSettings {
     /// process (policy, logs and metrics as over HBONE) instead of going
     /// through a TLS and HTTP/2 tunnel to the proxy's own 15008.
     pub same_node_shortcut: bool,
+    /// Whether such a connection, once it has exchanged a few messages, is
+    /// joined in the kernel (a BPF socket map) so that its bytes no longer
+    /// pass through the proxy; where the kernel refuses, the proxy copies.
+    pub same_node_splice: bool,
 }
 
 /// Connection pool limits.
@@ -376,6 +380,11 @@ struct Args {
     /// process (false: every meshed connection goes over HBONE).
     #[arg(long, env = "SAME_NODE_SHORTCUT", default_value_t = true, action = clap::ArgAction::Set)]
     same_node_shortcut: bool,
+    /// Same-node connections that keep exchanging messages are joined in
+    /// the kernel with a BPF socket map, so that their bytes skip the
+    /// proxy (false: the proxy copies every byte).
+    #[arg(long, env = "SAME_NODE_SPLICE", default_value_t = true, action = clap::ArgAction::Set)]
+    same_node_splice: bool,
 }
 
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
@@ -550,6 +559,7 @@ impl Args {
                 original_source: self.enable_orig_src,
                 ipv6_enabled: self.ipv6_enabled,
                 same_node_shortcut: self.same_node_shortcut,
+                same_node_splice: self.same_node_splice,
             },
         })
     }

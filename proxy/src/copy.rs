@@ -45,6 +45,17 @@ pub struct Transferred {
     pub b_to_a: u64,
 }
 
+impl Transferred {
+    /// These counts added to `before`'s, for a connection carried in two
+    /// stretches.
+    pub fn after(self, before: Transferred) -> Transferred {
+        Transferred {
+            a_to_b: before.a_to_b + self.a_to_b,
+            b_to_a: before.b_to_a + self.b_to_a,
+        }
+    }
+}
+
 /// Which way the failing bytes were going.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Way {
@@ -88,6 +99,16 @@ pub enum CopyError {
 }
 
 impl CopyError {
+    /// This error with its counts added to `before`'s (see
+    /// [`Transferred::after`]).
+    pub fn after(mut self, before: Transferred) -> CopyError {
+        let (CopyError::Read { transferred, .. }
+        | CopyError::Write { transferred, .. }
+        | CopyError::Stopped { transferred }) = &mut self;
+        *transferred = transferred.after(before);
+        self
+    }
+
     /// The bytes moved before the copy stopped.
     pub fn transferred(&self) -> Transferred {
         match self {
@@ -117,6 +138,50 @@ pub async fn copy_bidirectional_until<A, B, S>(
     b: &mut B,
     stop: S,
 ) -> Result<Transferred, CopyError>
+where
+    A: Side + ?Sized,
+    B: Side + ?Sized,
+    S: Future<Output = ()>,
+{
+    match copy(a, b, stop, None).await? {
+        Ended::Closed(moved) | Ended::Quiet(moved) => Ok(moved),
+    }
+}
+
+/// How [`copy_bidirectional_until_quiet`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Both sides closed.
+    Closed(Transferred),
+    /// Each direction had read its share of times and both were waiting
+    /// for their source with nothing read and not yet written: the caller
+    /// may carry on with the two sides by other means.
+    Quiet(Transferred),
+}
+
+/// [`copy_bidirectional_until`] that also returns, with [`Ended::Quiet`],
+/// at the first moment each direction has read at least `reads` times and
+/// both wait for their source with nothing pending.
+pub async fn copy_bidirectional_until_quiet<A, B, S>(
+    a: &mut A,
+    b: &mut B,
+    stop: S,
+    reads: u32,
+) -> Result<Ended, CopyError>
+where
+    A: Side + ?Sized,
+    B: Side + ?Sized,
+    S: Future<Output = ()>,
+{
+    copy(a, b, stop, Some(reads)).await
+}
+
+async fn copy<A, B, S>(
+    a: &mut A,
+    b: &mut B,
+    stop: S,
+    quiet: Option<u32>,
+) -> Result<Ended, CopyError>
 where
     A: Side + ?Sized,
     B: Side + ?Sized,
@@ -155,7 +220,16 @@ where
         match (forward, backward) {
             (Poll::Ready(Err(failure)), _) => Poll::Ready(Err(fail(Way::AToB, failure))),
             (_, Poll::Ready(Err(failure))) => Poll::Ready(Err(fail(Way::BToA, failure))),
-            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(Ok(transferred)),
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => {
+                Poll::Ready(Ok(Ended::Closed(transferred)))
+            }
+            (Poll::Pending, Poll::Pending)
+                if quiet.is_some_and(|reads| {
+                    a_to_b.waits_after(reads) && b_to_a.waits_after(reads)
+                }) =>
+            {
+                Poll::Ready(Ok(Ended::Quiet(transferred)))
+            }
             _ => Poll::Pending,
         }
     })
@@ -189,6 +263,8 @@ struct OneWay {
     /// can reuse all of its allocation once the destination let go of it.
     pending: Bytes,
     moved: u64,
+    /// Reads that returned bytes, up to `u32::MAX`.
+    reads: u32,
     phase: Phase,
 }
 
@@ -198,8 +274,15 @@ impl OneWay {
             buffer: ReadBuffer::new(),
             pending: Bytes::new(),
             moved: 0,
+            reads: 0,
             phase: Phase::Copying,
         }
+    }
+
+    /// Whether this direction read at least `reads` times and now waits
+    /// for its source with everything it read written.
+    fn waits_after(&self, reads: u32) -> bool {
+        self.phase == Phase::Copying && self.pending.is_empty() && self.reads >= reads
     }
 
     fn poll<R, W>(
@@ -229,7 +312,10 @@ impl OneWay {
                 }
                 Phase::Copying => match reader.poll_read_bytes(cx, &mut self.buffer) {
                     Poll::Ready(Ok(bytes)) if bytes.is_empty() => self.phase = Phase::ShuttingDown,
-                    Poll::Ready(Ok(bytes)) => self.pending = bytes,
+                    Poll::Ready(Ok(bytes)) => {
+                        self.pending = bytes;
+                        self.reads = self.reads.saturating_add(1);
+                    }
                     Poll::Ready(Err(error)) if is_reset(&error) => {
                         self.phase = Phase::ShuttingDown;
                     }

@@ -119,17 +119,20 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
-    // One copy for every kind of upstream, so that an open connection's
-    // task holds one copy's state whichever path it took.
-    let destination_stop = match &upstream {
-        Either::Left(_) => None,
-        Either::Right(app) => Some(app.stop().clone()),
-    };
-    let stop = stopped(proxy, destination_stop);
-    let result = copy_bidirectional_until(&mut tcp, &mut upstream, stop).await;
-    report.close_with(&result);
-    if let Either::Right(app) = &mut upstream {
-        listeners::close_report(app, &result);
+    match &mut upstream {
+        Either::Left(network) => {
+            let stop = proxy.drain.forced();
+            let result = copy_bidirectional_until(&mut tcp, network, stop).await;
+            report.close_with(&result);
+        }
+        Either::Right(app) => {
+            let stop = stopped(proxy, app.stop().clone());
+            // Boxed: the same-node carry's state is only in the tasks of
+            // same-node connections, not in every tunnelled one's.
+            let result = Box::pin(same_node::carry(proxy, tcp, app, stop)).await;
+            report.close_with(&result);
+            listeners::close_report(app, &result);
+        }
     }
 }
 
@@ -139,16 +142,13 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
 /// inbound side.
 type Connected = Either<OutboundStream, AppConnection>;
 
-/// Resolves when a connection's copy must stop: the proxy's drain is
-/// forced, or, on the same-node path, the destination stops it (its pod
-/// left, its drain was forced, or a policy re-check no longer allows it).
-async fn stopped(proxy: &Proxy, destination: Option<CancellationToken>) {
-    match destination {
-        None => proxy.drain.forced().await,
-        Some(destination) => tokio::select! {
-            () = proxy.drain.forced() => {}
-            () = destination.cancelled() => {}
-        },
+/// Resolves when a same-node connection must stop: the proxy's drain is
+/// forced, or the destination stops it (its pod left, its drain was
+/// forced, or a policy re-check no longer allows the connection).
+async fn stopped(proxy: &Proxy, destination: CancellationToken) {
+    tokio::select! {
+        () = proxy.drain.forced() => {}
+        () = destination.cancelled() => {}
     }
 }
 

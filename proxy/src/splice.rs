@@ -60,7 +60,9 @@ pub struct Splicer {
 
 /// Why the kernel cannot join sockets here.
 #[derive(Debug, thiserror::Error)]
-#[error("joining sockets in the kernel is not available: {0} (needs Linux 5.13 or later with BPF socket maps, and CAP_BPF with CAP_NET_ADMIN)")]
+#[error(
+    "joining sockets in the kernel is not available: {0} (needs Linux 5.13 or later with BPF socket maps, and CAP_BPF with CAP_NET_ADMIN)"
+)]
 pub struct Unavailable(io::Error);
 
 impl Splicer {
@@ -93,27 +95,34 @@ impl Splicer {
 
     /// Joins `a` and `b`, which must hold nothing read and not yet
     /// written, and carries the connection until both sides closed or
-    /// `stop` resolves. Where the kernel refuses the join, the proxy copies
-    /// between the two as it would have. The counts are the whole
-    /// connection's, what was copied before the join included.
+    /// `stop` resolves. `before` is what the proxy copied until now; the
+    /// counts returned are the whole connection's. Where the kernel refuses
+    /// the join, the proxy goes on copying between the two.
     pub async fn run<S: Future<Output = ()>>(
         &self,
         mut a: TcpStream,
         mut b: TcpStream,
+        before: Transferred,
         stop: S,
     ) -> Result<Transferred, CopyError> {
+        let copy = async |a: &mut TcpStream, b: &mut TcpStream, stop| {
+            copy_bidirectional_until(a, b, stop)
+                .await
+                .map(|moved| moved.after(before))
+                .map_err(|error| error.after(before))
+        };
         let watch = match watch(&a, &b) {
             Ok(watch) => watch,
             Err(error) => {
                 tracing::debug!(%error, "not joining a connection");
-                return copy_bidirectional_until(&mut a, &mut b, stop).await;
+                return copy(&mut a, &mut b, stop).await;
             }
         };
         if let Err(error) = self.enter(watch.cookies, &a, &b) {
             // Full, most likely: this connection stays with the proxy.
             tracing::debug!(%error, "not joining a connection");
             self.leave(watch.cookies);
-            return copy_bidirectional_until(&mut a, &mut b, stop).await;
+            return copy(&mut a, &mut b, stop).await;
         }
         // Out of tokio's reactor, whose registration would wake the proxy
         // for every buffer the kernel now forwards. Deregistering fails
@@ -124,7 +133,7 @@ impl Splicer {
                 self.leave(watch.cookies);
                 return Err(CopyError::Read {
                     direction: Way::AToB,
-                    transferred: Transferred::default(),
+                    transferred: before,
                     source,
                 });
             }
@@ -198,7 +207,9 @@ enum Direction {
     Open,
     /// Its source closed at `since`; waiting for the bytes before the close
     /// to leave.
-    Draining { since: Instant },
+    Draining {
+        since: Instant,
+    },
     /// The destination's write side is shut down.
     Done,
 }
@@ -314,7 +325,11 @@ impl Drop for Joined<'_> {
 
 /// The events waiting in a watch's epoll set, without blocking.
 fn wait(hangups: &AsyncFd<Hangups>, events: &mut [EpollEvent]) -> usize {
-    hangups.get_ref().0.wait(events, EpollTimeout::ZERO).unwrap_or(0)
+    hangups
+        .get_ref()
+        .0
+        .wait(events, EpollTimeout::ZERO)
+        .unwrap_or(0)
 }
 
 /// An epoll set as tokio registers it.
@@ -388,8 +403,11 @@ fn kick(socket: &impl AsFd) {
 
 /// Shuts down the socket's write side: the peer reads EOF.
 fn shutdown(socket: &impl AsFd) -> io::Result<()> {
-    nix::sys::socket::shutdown(socket.as_fd().as_raw_fd(), nix::sys::socket::Shutdown::Write)
-        .map_err(io::Error::from)
+    nix::sys::socket::shutdown(
+        socket.as_fd().as_raw_fd(),
+        nix::sys::socket::Shutdown::Write,
+    )
+    .map_err(io::Error::from)
 }
 
 /// The error pending on the socket (`SO_ERROR`).

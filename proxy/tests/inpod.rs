@@ -265,7 +265,11 @@ fn same_node_pods_talk_without_the_tunnel_under_the_same_policy_logs_and_metrics
         .unwrap()
         .connect(app(&cluster, "server-a"))
         .unwrap();
-    assert!(still_echoes(&mut open));
+    // Chatty enough to be joined in the kernel (SAME_NODE_SPLICE, on by
+    // default), where it goes on echoing.
+    for round in 0..12 {
+        assert!(still_echoes(&mut open), "round trip {round}");
+    }
     assert_eq!(
         server_a.established_on(HBONE).unwrap(),
         0,
@@ -323,8 +327,10 @@ fn same_node_pods_talk_without_the_tunnel_under_the_same_policy_logs_and_metrics
         "tunnelled over HBONE: {crossed:?}"
     );
 
-    // A deny policy closes the open same-node connection on its re-check
-    // and refuses new ones; another pod still reaches the server.
+    // A deny policy closes the open same-node connection, joined in the
+    // kernel by now, on its re-check and refuses new ones; another pod
+    // still reaches the server.
+    assert!(still_echoes(&mut open));
     cluster
         .mesh()
         .set_policies(&deny_policy("default", "client"))

@@ -159,6 +159,7 @@ fn of_run(run: &Run, figures: &mut Figures) {
         let ends = [
             ("app_client", run.endpoints.client_cpu_s),
             ("app_server", run.endpoints.server_cpu_s),
+            ("machine", run.endpoints.machine_cpu_s),
         ];
         for (end, cpu_s) in ends {
             put(
@@ -310,6 +311,7 @@ mod tests {
             endpoints: Endpoints {
                 client_cpu_s: Some(0.04),
                 server_cpu_s: None,
+                machine_cpu_s: Some(0.5),
             },
             ..run(
                 Scenario::Rr,
@@ -360,6 +362,7 @@ mod tests {
         assert_eq!(figures["hbone.rr.added_p50_us"], 50.0);
         // The application's own cost, where it was measured.
         assert_eq!(figures["direct.rr.app_client.cpu_us_per_request"], 40.0);
+        assert_eq!(figures["direct.rr.machine.cpu_us_per_request"], 500.0);
         assert!(!figures.contains_key("direct.rr.app_server.cpu_us_per_request"));
         assert_eq!(figures["hbone.idle.client.kib_per_connection"], 4.0);
         assert!(

@@ -133,6 +133,12 @@ pub struct Endpoints {
     pub client_cpu_s: Option<f64>,
     /// CPU seconds of the server during the run, from `/proc`.
     pub server_cpu_s: Option<f64>,
+    /// CPU seconds of the whole machine during the run (`/proc/stat`, every
+    /// CPU's time out of idle): the applications, the proxies, and the
+    /// kernel's own threads and interrupts, which do a proxy's work when
+    /// it hands bytes to the kernel (the same-node path's socket join),
+    /// and are charged to no process.
+    pub machine_cpu_s: Option<f64>,
 }
 
 /// One scenario on one path.
@@ -203,6 +209,7 @@ pub fn run(
     }
     let server = topology.server(path);
     let server_before = server.and_then(|server| server.cpu().ok());
+    let machine_before = machine_busy_s();
     let before_cpu = cpu(&proxies)?;
     let before = memory(&proxies)?;
     for proxy in &proxies {
@@ -224,6 +231,7 @@ pub fn run(
         )
     })?;
     let after_cpu = cpu(&proxies)?;
+    let machine_after = machine_busy_s();
     let after = memory(&proxies)?;
     let server_after = server.and_then(|server| server.cpu().ok());
     let endpoints = Endpoints {
@@ -231,6 +239,9 @@ pub fn run(
         server_cpu_s: server_before
             .zip(server_after)
             .map(|(before, after)| after.since(before).total_s()),
+        machine_cpu_s: machine_before
+            .zip(machine_after)
+            .map(|(before, after)| (after - before).max(0.0)),
     };
     let costs = roles
         .iter()
@@ -415,6 +426,30 @@ fn last_json(stdout: &str) -> anyhow::Result<Value> {
         .find(|line| !line.trim().is_empty())
         .context("the load generator printed nothing")?;
     serde_json::from_str(line).with_context(|| format!("not JSON from the load generator: {line}"))
+}
+
+/// The time every CPU of the machine has spent out of idle since boot,
+/// seconds: the first line of `/proc/stat` (user, nice, system, irq,
+/// softirq and steal; idle and iowait left out), in clock ticks.
+fn machine_busy_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    let busy: f64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|index| ticks.get(*index))
+        .sum();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|ticks| *ticks > 0)
+        .unwrap_or(100);
+    Some(busy / per_second as f64)
 }
 
 fn cpu(proxies: &[Process]) -> anyhow::Result<Vec<CpuTime>> {

@@ -75,6 +75,9 @@ fn defaults_follow_istio() {
     assert!(config.inpod.same_node_shortcut, "on by default");
     let off = parse(&["--same-node-shortcut", "false"]).unwrap();
     assert!(!off.inpod.same_node_shortcut);
+    assert!(config.inpod.same_node_splice, "on by default");
+    let copied = parse(&["--same-node-splice", "false"]).unwrap();
+    assert!(!copied.inpod.same_node_splice && copied.inpod.same_node_shortcut);
 }
 
 #[test]

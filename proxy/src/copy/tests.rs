@@ -279,3 +279,65 @@ fn a_waiting_direction_holds_no_small_buffer_but_keeps_a_bulk_one() {
     assert_eq!(way.buffer.size(), MAX_BUFFER);
     assert!(way.buffer.holds_room(), "bulk traffic keeps its buffer");
 }
+
+#[tokio::test]
+async fn a_copy_asked_to_hand_over_returns_once_both_ways_read_enough_and_wait() {
+    let (mut client, mut proxy_a) = duplex(PIPE);
+    let (mut proxy_b, mut server) = duplex(PIPE);
+    let copy = tokio::spawn(async move {
+        let ended =
+            copy_bidirectional_until_quiet(&mut proxy_a, &mut proxy_b, std::future::pending(), 3)
+                .await;
+        (ended, proxy_a, proxy_b)
+    });
+    for round in 0..3u8 {
+        client.write_all(&[round; 5]).await.unwrap();
+        let mut request = [0; 5];
+        server.read_exact(&mut request).await.unwrap();
+        assert_eq!(request, [round; 5]);
+        assert!(!copy.is_finished(), "not before the third reply");
+        server.write_all(&[round; 7]).await.unwrap();
+        let mut reply = [0; 7];
+        client.read_exact(&mut reply).await.unwrap();
+    }
+    let (ended, mut proxy_a, mut proxy_b) = copy.await.unwrap();
+    assert_eq!(
+        ended.unwrap(),
+        Ended::Quiet(Transferred {
+            a_to_b: 15,
+            b_to_a: 21
+        })
+    );
+    // Nothing was held back: what comes next is the taker's to read.
+    client.write_all(b"next").await.unwrap();
+    let mut next = [0; 4];
+    proxy_a.read_exact(&mut next).await.unwrap();
+    assert_eq!(&next, b"next");
+    server.write_all(b"back").await.unwrap();
+    proxy_b.read_exact(&mut next).await.unwrap();
+    assert_eq!(&next, b"back");
+}
+
+#[tokio::test]
+async fn a_connection_that_closes_before_it_is_quiet_ends_as_closed() {
+    let (mut client, mut proxy_a) = duplex(PIPE);
+    let (mut proxy_b, mut server) = duplex(PIPE);
+    let copy = tokio::spawn(async move {
+        copy_bidirectional_until_quiet(&mut proxy_a, &mut proxy_b, std::future::pending(), 3).await
+    });
+    client.write_all(b"one request").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut request = Vec::new();
+    server.read_to_end(&mut request).await.unwrap();
+    server.write_all(b"reply").await.unwrap();
+    server.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    client.read_to_end(&mut reply).await.unwrap();
+    assert_eq!(
+        copy.await.unwrap().unwrap(),
+        Ended::Closed(Transferred {
+            a_to_b: 11,
+            b_to_a: 5
+        })
+    );
+}

@@ -34,7 +34,8 @@ use crate::socket::{canonical, original_destination};
 
 /// An admitted, connected application socket with what its close reports.
 pub struct AppConnection {
-    stream: TcpStream,
+    /// `None` once taken to be joined in the kernel (`splice.rs`).
+    stream: Option<TcpStream>,
     report: Option<Report>,
     /// Cancelled when the copy must stop now: the drain is forced, or a
     /// policy re-check no longer allows the connection.
@@ -48,7 +49,10 @@ impl AsyncRead for AppConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+        match &mut self.get_mut().stream {
+            Some(stream) => Pin::new(stream).poll_read(cx, buf),
+            None => Poll::Ready(Err(taken())),
+        }
     }
 }
 
@@ -58,17 +62,32 @@ impl AsyncWrite for AppConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        match &mut self.get_mut().stream {
+            Some(stream) => Pin::new(stream).poll_write(cx, buf),
+            None => Poll::Ready(Err(taken())),
+        }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        match &mut self.get_mut().stream {
+            Some(stream) => Pin::new(stream).poll_flush(cx),
+            None => Poll::Ready(Err(taken())),
+        }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        match &mut self.get_mut().stream {
+            Some(stream) => Pin::new(stream).poll_shutdown(cx),
+            None => Poll::Ready(Err(taken())),
+        }
     }
 }
 
 impl crate::copy::Side for AppConnection {}
+
+/// What reading or writing an application connection whose socket was
+/// taken fails with.
+fn taken() -> io::Error {
+    io::ErrorKind::NotConnected.into()
+}
 
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +104,12 @@ impl AppConnection {
     /// left, or a policy re-check no longer allows the connection.
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
+    }
+
+    /// The application socket, to carry the connection by other means;
+    /// the connection's report and policy tracking stay here.
+    pub(crate) fn take_stream(&mut self) -> Option<TcpStream> {
+        self.stream.take()
     }
 }
 
@@ -151,7 +176,7 @@ pub(crate) async fn open_upstream(
     let stop = proxy.drain.stop_token();
     let tracked = proxy.tracker.track(connection, stop.clone());
     Ok(AppConnection {
-        stream,
+        stream: Some(stream),
         report: Some(report),
         stop,
         tracked,

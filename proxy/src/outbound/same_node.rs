@@ -10,16 +10,36 @@
 //! identity as the peer's, the application dialled from the client's
 //! address inside the destination's namespace, and the same reports on
 //! both sides, marked `path="same-node"` in the access log.
+//!
+//! The proxy copies between the two sockets at first. A connection that
+//! keeps exchanging messages is then joined in the kernel (`splice.rs`),
+//! so that each further request and response skips the proxy.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
 
+use tokio::net::TcpStream;
+
 use crate::context::Proxy;
+use crate::copy::{
+    CopyError, Ended, Transferred, copy_bidirectional_until, copy_bidirectional_until_quiet,
+};
 use crate::inbound::decision::Arrival;
 use crate::inbound::listeners::{self, AppConnection};
 use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
+use crate::splice::Splicer;
 use crate::state::{Service, Workload};
+
+/// Reads each direction makes in the proxy before the connection is
+/// joined in the kernel. Joining costs about ten system calls, what a
+/// copy spends on two or three round trips; a connection that made four
+/// each way is past a single request and likely to make many more, and
+/// one that streams one way only never waits in both directions at once
+/// and stays with the proxy, whose large reads suit it.
+const JOIN_AFTER_READS: u32 = 4;
 
 /// The proxy of the pod `route` goes to, when the connection can take the
 /// same-node path: the path is on, the pod is served by this process and
@@ -80,6 +100,39 @@ pub(super) async fn open(
     listeners::open_upstream(destination, &arrival, Some(&source.identity), true)
         .await
         .map_err(OutboundError::SameNode)
+}
+
+/// Carries a same-node connection between the client's socket and the
+/// application connection until both close or `stop` resolves: copied by
+/// the proxy, then joined in the kernel once it has shown it is chatty,
+/// when the setting and the kernel allow.
+pub(super) async fn carry<S: Future<Output = ()>>(
+    proxy: &Proxy,
+    mut client: TcpStream,
+    app: &mut AppConnection,
+    stop: S,
+) -> Result<Transferred, CopyError> {
+    let splicer = proxy
+        .config
+        .inpod
+        .same_node_splice
+        .then(Splicer::shared)
+        .flatten();
+    let Some(splicer) = splicer else {
+        return copy_bidirectional_until(&mut client, app, stop).await;
+    };
+    let mut stop = pin!(stop);
+    let copied =
+        copy_bidirectional_until_quiet(&mut client, app, stop.as_mut(), JOIN_AFTER_READS).await?;
+    let before = match copied {
+        Ended::Closed(moved) => return Ok(moved),
+        Ended::Quiet(moved) => moved,
+    };
+    match app.take_stream() {
+        Some(stream) => splicer.run(client, stream, before, stop).await,
+        // Taken only here.
+        None => Ok(before),
+    }
 }
 
 #[cfg(test)]

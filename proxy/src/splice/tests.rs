@@ -62,7 +62,11 @@ async fn joined_sockets_carry_requests_and_the_half_close_both_ways_with_counts(
     client.write_all(b"early request").await.unwrap();
     server.write_all(b"banner").await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let carried = tokio::spawn(async move { splicer.run(a, b, std::future::pending()).await });
+    let carried = tokio::spawn(async move {
+        splicer
+            .run(a, b, Transferred::default(), std::future::pending())
+            .await
+    });
 
     let mut early = [0; 13];
     server.read_exact(&mut early).await.unwrap();
@@ -117,7 +121,11 @@ async fn megabytes_both_ways_at_once_arrive_in_order_to_a_slow_reader() {
         b,
         server,
     } = pair().await;
-    let carried = tokio::spawn(async move { splicer.run(a, b, std::future::pending()).await });
+    let carried = tokio::spawn(async move {
+        splicer
+            .run(a, b, Transferred::default(), std::future::pending())
+            .await
+    });
     const LENGTH: usize = 8 << 20;
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -150,7 +158,10 @@ async fn megabytes_both_ways_at_once_arrive_in_order_to_a_slow_reader() {
     let mut got = Vec::new();
     client_read.read_to_end(&mut got).await.unwrap();
     assert!(got == pattern(LENGTH, 4), "the download arrives intact");
-    assert!(slow.await.unwrap() == pattern(LENGTH, 3), "the upload arrives intact");
+    assert!(
+        slow.await.unwrap() == pattern(LENGTH, 3),
+        "the upload arrives intact"
+    );
     up.await.unwrap();
     down.await.unwrap();
     let moved = tokio::time::timeout(Duration::from_secs(10), carried)
@@ -173,7 +184,7 @@ async fn a_stop_closes_both_sides_and_counts_what_was_moved() {
     let (stop, stopped) = oneshot::channel::<()>();
     let carried = tokio::spawn(async move {
         splicer
-            .run(a, b, async {
+            .run(a, b, Transferred::default(), async {
                 let _ = stopped.await;
             })
             .await
@@ -206,7 +217,11 @@ async fn a_reset_server_ends_the_splice_and_closes_the_client() {
         b,
         server,
     } = pair().await;
-    let carried = tokio::spawn(async move { splicer.run(a, b, std::future::pending()).await });
+    let carried = tokio::spawn(async move {
+        splicer
+            .run(a, b, Transferred::default(), std::future::pending())
+            .await
+    });
     client.write_all(b"ping").await.unwrap();
     // A linger of zero turns the close into a reset.
     socket2::SockRef::from(&server)
@@ -217,7 +232,10 @@ async fn a_reset_server_ends_the_splice_and_closes_the_client() {
         .await
         .expect("a reset ends the splice")
         .unwrap();
-    assert!(result.is_err(), "bytes were still owed to the server: {result:?}");
+    assert!(
+        result.is_err(),
+        "bytes were still owed to the server: {result:?}"
+    );
     let mut rest = Vec::new();
     let _ = client.read_to_end(&mut rest).await;
     assert!(rest.is_empty());
