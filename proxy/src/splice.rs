@@ -32,10 +32,11 @@ mod bpf;
 
 use bpf::{SocketMap, Verdict};
 
-/// The most sockets joined at once, two per connection. Each entry costs
-/// the kernel a few hundred bytes only while it is used; a node with more
-/// chatty same-node connections than this copies the rest in the proxy.
-const CAPACITY: u32 = 131_072;
+/// The most sockets joined at once, two per connection. The kernel sizes
+/// each map's hash table by it up front (16 bytes a slot, 512 KiB a map,
+/// charged to the proxy's memory group); a node with more chatty same-node
+/// connections than this copies the rest in the proxy.
+const CAPACITY: u32 = 32_768;
 
 /// How often a closing side checks that the bytes before its close have
 /// left through the other side. The check is two socket options; the wait
@@ -149,6 +150,7 @@ impl Splicer {
         for socket in &joined.sockets {
             kick(socket);
         }
+        tracing::debug!(before.a_to_b, before.b_to_a, "connection joined in the kernel");
         joined.carry(&watch.hangups, stop).await
     }
 
