@@ -159,21 +159,21 @@ pub enum Ended {
     Quiet(Transferred),
 }
 
-/// [`copy_bidirectional_until`] that also returns, with [`Ended::Quiet`],
-/// at the first moment each direction has read at least `reads` times and
-/// both wait for their source with nothing pending.
+/// [`copy_bidirectional_until`] that, given `quiet`, also returns with
+/// [`Ended::Quiet`] at the first moment each direction has read at least
+/// `quiet` times and both wait for their source with nothing pending.
 pub async fn copy_bidirectional_until_quiet<A, B, S>(
     a: &mut A,
     b: &mut B,
     stop: S,
-    reads: u32,
+    quiet: Option<u32>,
 ) -> Result<Ended, CopyError>
 where
     A: Side + ?Sized,
     B: Side + ?Sized,
     S: Future<Output = ()>,
 {
-    copy(a, b, stop, Some(reads)).await
+    copy(a, b, stop, quiet).await
 }
 
 async fn copy<A, B, S>(

@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -16,7 +17,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::context::{CONNECT_TIMEOUT, Proxy};
-use crate::copy::copy_bidirectional_until;
+use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal, WorkloadLabels, connect_headers};
 use crate::identity::manager::FetchError;
 use crate::inbound::listeners::{self, AppConnection};
@@ -119,20 +120,27 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
-    match &mut upstream {
-        Either::Left(network) => {
-            let stop = proxy.drain.forced();
-            let result = copy_bidirectional_until(&mut tcp, network, stop).await;
-            report.close_with(&result);
+    // One copy for every kind of upstream, so that an open connection's
+    // task holds one copy's state whichever path it took. A same-node
+    // connection may leave it, quiet, to be joined in the kernel.
+    let (destination_stop, join_after) = match &upstream {
+        Either::Left(_) => (None, None),
+        Either::Right(app) => (Some(app.stop().clone()), same_node::join_after(proxy)),
+    };
+    let mut stop = pin!(stopped(proxy, destination_stop));
+    let copied =
+        copy_bidirectional_until_quiet(&mut tcp, &mut upstream, stop.as_mut(), join_after).await;
+    let result = match (copied, &mut upstream) {
+        (Ok(Ended::Quiet(before)), Either::Right(app)) => {
+            // Boxed: only joined connections hold the join's state.
+            Box::pin(same_node::join(tcp, app, before, stop)).await
         }
-        Either::Right(app) => {
-            let stop = stopped(proxy, app.stop().clone());
-            // Boxed: the same-node carry's state is only in the tasks of
-            // same-node connections, not in every tunnelled one's.
-            let result = Box::pin(same_node::carry(proxy, tcp, app, stop)).await;
-            report.close_with(&result);
-            listeners::close_report(app, &result);
-        }
+        (Ok(Ended::Closed(moved) | Ended::Quiet(moved)), _) => Ok(moved),
+        (Err(error), _) => Err(error),
+    };
+    report.close_with(&result);
+    if let Either::Right(app) = &mut upstream {
+        listeners::close_report(app, &result);
     }
 }
 
@@ -142,13 +150,16 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
 /// inbound side.
 type Connected = Either<OutboundStream, AppConnection>;
 
-/// Resolves when a same-node connection must stop: the proxy's drain is
-/// forced, or the destination stops it (its pod left, its drain was
-/// forced, or a policy re-check no longer allows the connection).
-async fn stopped(proxy: &Proxy, destination: CancellationToken) {
-    tokio::select! {
-        () = proxy.drain.forced() => {}
-        () = destination.cancelled() => {}
+/// Resolves when a connection's copy must stop: the proxy's drain is
+/// forced, or, on the same-node path, the destination stops it (its pod
+/// left, its drain was forced, or a policy re-check no longer allows it).
+async fn stopped(proxy: &Proxy, destination: Option<CancellationToken>) {
+    match destination {
+        None => proxy.drain.forced().await,
+        Some(destination) => tokio::select! {
+            () = proxy.drain.forced() => {}
+            () = destination.cancelled() => {}
+        },
     }
 }
 

@@ -150,7 +150,11 @@ impl Splicer {
         for socket in &joined.sockets {
             kick(socket);
         }
-        tracing::debug!(before.a_to_b, before.b_to_a, "connection joined in the kernel");
+        tracing::debug!(
+            before.a_to_b,
+            before.b_to_a,
+            "connection joined in the kernel"
+        );
         joined.carry(&watch.hangups, stop).await
     }
 

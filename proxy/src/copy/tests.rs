@@ -285,9 +285,13 @@ async fn a_copy_asked_to_hand_over_returns_once_both_ways_read_enough_and_wait()
     let (mut client, mut proxy_a) = duplex(PIPE);
     let (mut proxy_b, mut server) = duplex(PIPE);
     let copy = tokio::spawn(async move {
-        let ended =
-            copy_bidirectional_until_quiet(&mut proxy_a, &mut proxy_b, std::future::pending(), 3)
-                .await;
+        let ended = copy_bidirectional_until_quiet(
+            &mut proxy_a,
+            &mut proxy_b,
+            std::future::pending(),
+            Some(3),
+        )
+        .await;
         (ended, proxy_a, proxy_b)
     });
     for round in 0..3u8 {
@@ -323,7 +327,8 @@ async fn a_connection_that_closes_before_it_is_quiet_ends_as_closed() {
     let (mut client, mut proxy_a) = duplex(PIPE);
     let (mut proxy_b, mut server) = duplex(PIPE);
     let copy = tokio::spawn(async move {
-        copy_bidirectional_until_quiet(&mut proxy_a, &mut proxy_b, std::future::pending(), 3).await
+        copy_bidirectional_until_quiet(&mut proxy_a, &mut proxy_b, std::future::pending(), Some(3))
+            .await
     });
     client.write_all(b"one request").await.unwrap();
     client.shutdown().await.unwrap();

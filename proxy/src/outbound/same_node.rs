@@ -17,15 +17,12 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
 
 use crate::context::Proxy;
-use crate::copy::{
-    CopyError, Ended, Transferred, copy_bidirectional_until, copy_bidirectional_until_quiet,
-};
+use crate::copy::{CopyError, Transferred};
 use crate::inbound::decision::Arrival;
 use crate::inbound::listeners::{self, AppConnection};
 use crate::outbound::OutboundError;
@@ -102,36 +99,27 @@ pub(super) async fn open(
         .map_err(OutboundError::SameNode)
 }
 
-/// Carries a same-node connection between the client's socket and the
-/// application connection until both close or `stop` resolves: copied by
-/// the proxy, then joined in the kernel once it has shown it is chatty,
-/// when the setting and the kernel allow.
-pub(super) async fn carry<S: Future<Output = ()>>(
-    proxy: &Proxy,
-    mut client: TcpStream,
+/// Reads each direction of a same-node connection makes in the proxy's
+/// copy before it is joined in the kernel; `None` when it is not: the
+/// setting is off, or the kernel refused the socket maps.
+pub(super) fn join_after(proxy: &Proxy) -> Option<u32> {
+    let on = proxy.config.inpod.same_node_splice && Splicer::shared().is_some();
+    on.then_some(JOIN_AFTER_READS)
+}
+
+/// Joins a same-node connection whose copy ended quiet in the kernel and
+/// carries it until both sides close or `stop` resolves. `before` is what
+/// the copy moved.
+pub(super) async fn join<S: Future<Output = ()>>(
+    client: TcpStream,
     app: &mut AppConnection,
+    before: Transferred,
     stop: S,
 ) -> Result<Transferred, CopyError> {
-    let splicer = proxy
-        .config
-        .inpod
-        .same_node_splice
-        .then(Splicer::shared)
-        .flatten();
-    let Some(splicer) = splicer else {
-        return copy_bidirectional_until(&mut client, app, stop).await;
-    };
-    let mut stop = pin!(stop);
-    let copied =
-        copy_bidirectional_until_quiet(&mut client, app, stop.as_mut(), JOIN_AFTER_READS).await?;
-    let before = match copied {
-        Ended::Closed(moved) => return Ok(moved),
-        Ended::Quiet(moved) => moved,
-    };
-    match app.take_stream() {
-        Some(stream) => splicer.run(client, stream, before, stop).await,
-        // Taken only here.
-        None => Ok(before),
+    match (Splicer::shared(), app.take_stream()) {
+        (Some(splicer), Some(stream)) => splicer.run(client, stream, before, stop).await,
+        // Asked to join only where both are there.
+        _ => Ok(before),
     }
 }
 
