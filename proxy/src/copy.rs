@@ -128,7 +128,9 @@ where
     A: Side + ?Sized,
     B: Side + ?Sized,
 {
-    copy_bidirectional_until(a, b, std::future::pending()).await
+    let mut copy = Copy::new(None);
+    let mut stop = std::future::pending();
+    poll_fn(|cx| copy.poll(cx, Pin::new(&mut stop), a, b).map_ok(Ended::moved)).await
 }
 
 /// [`copy_bidirectional`] that gives up with [`CopyError::Stopped`] as soon
@@ -143,9 +145,13 @@ where
     B: Side + ?Sized,
     S: Future<Output = ()>,
 {
-    match copy(a, b, stop, None).await? {
-        Ended::Closed(moved) | Ended::Quiet(moved) => Ok(moved),
-    }
+    // Each of these functions polls the copy itself rather than awaiting
+    // another async fn: a wrapping async fn keeps its arguments (the stop
+    // future among them) beside the inner future's copy of them, in every
+    // open connection's task.
+    let mut copy = Copy::new(None);
+    let mut stop = std::pin::pin!(stop);
+    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b).map_ok(Ended::moved)).await
 }
 
 /// How [`copy_bidirectional_until_quiet`] ended.
@@ -159,6 +165,15 @@ pub enum Ended {
     Quiet(Transferred),
 }
 
+impl Ended {
+    /// The bytes moved, however it ended.
+    pub fn moved(self) -> Transferred {
+        match self {
+            Ended::Closed(moved) | Ended::Quiet(moved) => moved,
+        }
+    }
+}
+
 /// [`copy_bidirectional_until`] that, given `quiet`, also returns with
 /// [`Ended::Quiet`] at the first moment each direction has read at least
 /// `quiet` times and both wait for their source with nothing pending.
@@ -166,45 +181,63 @@ pub async fn copy_bidirectional_until_quiet<A, B, S>(
     a: &mut A,
     b: &mut B,
     stop: S,
-    quiet: Option<u32>,
+    quiet: Option<u8>,
 ) -> Result<Ended, CopyError>
 where
     A: Side + ?Sized,
     B: Side + ?Sized,
     S: Future<Output = ()>,
 {
-    copy(a, b, stop, quiet).await
+    let mut copy = Copy::new(quiet);
+    let mut stop = std::pin::pin!(stop);
+    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b)).await
 }
 
-async fn copy<A, B, S>(
-    a: &mut A,
-    b: &mut B,
-    stop: S,
-    quiet: Option<u32>,
-) -> Result<Ended, CopyError>
-where
-    A: Side + ?Sized,
-    B: Side + ?Sized,
-    S: Future<Output = ()>,
-{
-    let mut a_to_b = OneWay::new();
-    let mut b_to_a = OneWay::new();
-    let mut stop = std::pin::pin!(stop);
-    poll_fn(|cx| {
-        if stop.as_mut().poll(cx).is_ready() {
+/// Both directions of a copy.
+struct Copy {
+    a_to_b: OneWay,
+    b_to_a: OneWay,
+    /// Reads each direction must make before the copy may end quiet;
+    /// `None`: it never does.
+    quiet: Option<u8>,
+}
+
+impl Copy {
+    fn new(quiet: Option<u8>) -> Copy {
+        Copy {
+            a_to_b: OneWay::new(),
+            b_to_a: OneWay::new(),
+            quiet,
+        }
+    }
+
+    fn transferred(&self) -> Transferred {
+        Transferred {
+            a_to_b: self.a_to_b.moved,
+            b_to_a: self.b_to_a.moved,
+        }
+    }
+
+    fn poll<A, B, S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        stop: Pin<&mut S>,
+        a: &mut A,
+        b: &mut B,
+    ) -> Poll<Result<Ended, CopyError>>
+    where
+        A: Side + ?Sized,
+        B: Side + ?Sized,
+        S: Future<Output = ()>,
+    {
+        if stop.poll(cx).is_ready() {
             return Poll::Ready(Err(CopyError::Stopped {
-                transferred: Transferred {
-                    a_to_b: a_to_b.moved,
-                    b_to_a: b_to_a.moved,
-                },
+                transferred: self.transferred(),
             }));
         }
-        let forward = a_to_b.poll(cx, &mut *a, &mut *b);
-        let backward = b_to_a.poll(cx, &mut *b, &mut *a);
-        let transferred = Transferred {
-            a_to_b: a_to_b.moved,
-            b_to_a: b_to_a.moved,
-        };
+        let forward = self.a_to_b.poll(cx, &mut *a, &mut *b);
+        let backward = self.b_to_a.poll(cx, &mut *b, &mut *a);
+        let transferred = self.transferred();
         let fail = |direction, failure| match failure {
             Failure::Read(source) => CopyError::Read {
                 direction,
@@ -217,23 +250,19 @@ where
                 source,
             },
         };
+        let quiet = |reads| self.a_to_b.waits_after(reads) && self.b_to_a.waits_after(reads);
         match (forward, backward) {
             (Poll::Ready(Err(failure)), _) => Poll::Ready(Err(fail(Way::AToB, failure))),
             (_, Poll::Ready(Err(failure))) => Poll::Ready(Err(fail(Way::BToA, failure))),
             (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => {
                 Poll::Ready(Ok(Ended::Closed(transferred)))
             }
-            (Poll::Pending, Poll::Pending)
-                if quiet.is_some_and(|reads| {
-                    a_to_b.waits_after(reads) && b_to_a.waits_after(reads)
-                }) =>
-            {
+            (Poll::Pending, Poll::Pending) if self.quiet.is_some_and(quiet) => {
                 Poll::Ready(Ok(Ended::Quiet(transferred)))
             }
             _ => Poll::Pending,
         }
-    })
-    .await
+    }
 }
 
 /// What went wrong in one direction.
@@ -263,8 +292,9 @@ struct OneWay {
     /// can reuse all of its allocation once the destination let go of it.
     pending: Bytes,
     moved: u64,
-    /// Reads that returned bytes, up to `u32::MAX`.
-    reads: u32,
+    /// Reads that returned bytes, up to `u8::MAX`: only a few are ever
+    /// asked for, and a byte fits beside `phase` in the padding.
+    reads: u8,
     phase: Phase,
 }
 
@@ -281,7 +311,7 @@ impl OneWay {
 
     /// Whether this direction read at least `reads` times and now waits
     /// for its source with everything it read written.
-    fn waits_after(&self, reads: u32) -> bool {
+    fn waits_after(&self, reads: u8) -> bool {
         self.phase == Phase::Copying && self.pending.is_empty() && self.reads >= reads
     }
 

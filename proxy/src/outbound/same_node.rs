@@ -36,7 +36,7 @@ use crate::state::{Service, Workload};
 /// each way is past a single request and likely to make many more, and
 /// one that streams one way only never waits in both directions at once
 /// and stays with the proxy, whose large reads suit it.
-const JOIN_AFTER_READS: u32 = 4;
+const JOIN_AFTER_READS: u8 = 4;
 
 /// The proxy of the pod `route` goes to, when the connection can take the
 /// same-node path: the path is on, the pod is served by this process and
@@ -102,7 +102,7 @@ pub(super) async fn open(
 /// Reads each direction of a same-node connection makes in the proxy's
 /// copy before it is joined in the kernel; `None` when it is not: the
 /// setting is off, or the kernel refused the socket maps.
-pub(super) fn join_after(proxy: &Proxy) -> Option<u32> {
+pub(super) fn join_after(proxy: &Proxy) -> Option<u8> {
     let on = proxy.config.inpod.same_node_splice && Splicer::shared().is_some();
     on.then_some(JOIN_AFTER_READS)
 }
