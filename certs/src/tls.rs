@@ -2,7 +2,8 @@
 //! ALPN `h2`, and SPIFFE peer verification in both directions (WIRE.md §4).
 //!
 //! The dialing side is `tls/client.rs`, the accepting side `tls/server.rs`,
-//! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`.
+//! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`,
+//! the cipher suites' record encrypter `tls/seal.rs`.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use rustls::crypto::CryptoProvider;
 
 mod client;
 mod roots;
+mod seal;
 mod server;
 mod verify;
 
@@ -39,12 +41,13 @@ pub enum TlsError {
 }
 
 /// The crypto provider every TLS config in the project uses: aws-lc-rs,
-/// limited to the TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20).
+/// limited to the TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20), whose
+/// records are sealed without copying their plaintext (`tls/seal.rs`).
 pub fn provider() -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites = vec![
-        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
-        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        seal::TLS13_AES_256_GCM_SHA384,
+        seal::TLS13_AES_128_GCM_SHA256,
     ];
     Arc::new(provider)
 }
