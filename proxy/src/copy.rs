@@ -128,9 +128,9 @@ where
     A: Side + ?Sized,
     B: Side + ?Sized,
 {
-    let mut copy = Copy::new(None);
+    let mut copy = Copy::new();
     let mut stop = std::future::pending();
-    poll_fn(|cx| copy.poll(cx, Pin::new(&mut stop), a, b).map_ok(Ended::moved)).await
+    poll_fn(|cx| copy.poll(cx, Pin::new(&mut stop), a, b, None).map_ok(Ended::moved)).await
 }
 
 /// [`copy_bidirectional`] that gives up with [`CopyError::Stopped`] as soon
@@ -149,9 +149,9 @@ where
     // another async fn: a wrapping async fn keeps its arguments (the stop
     // future among them) beside the inner future's copy of them, in every
     // open connection's task.
-    let mut copy = Copy::new(None);
+    let mut copy = Copy::new();
     let mut stop = std::pin::pin!(stop);
-    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b).map_ok(Ended::moved)).await
+    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b, None).map_ok(Ended::moved)).await
 }
 
 /// How [`copy_bidirectional_until_quiet`] ended.
@@ -188,26 +188,22 @@ where
     B: Side + ?Sized,
     S: Future<Output = ()>,
 {
-    let mut copy = Copy::new(quiet);
+    let mut copy = Copy::new();
     let mut stop = std::pin::pin!(stop);
-    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b)).await
+    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b, quiet)).await
 }
 
 /// Both directions of a copy.
 struct Copy {
     a_to_b: OneWay,
     b_to_a: OneWay,
-    /// Reads each direction must make before the copy may end quiet;
-    /// `None`: it never does.
-    quiet: Option<u8>,
 }
 
 impl Copy {
-    fn new(quiet: Option<u8>) -> Copy {
+    fn new() -> Copy {
         Copy {
             a_to_b: OneWay::new(),
             b_to_a: OneWay::new(),
-            quiet,
         }
     }
 
@@ -218,12 +214,15 @@ impl Copy {
         }
     }
 
+    /// Moves what can be moved now. `quiet`: the reads each direction must
+    /// make before the copy may end quiet; `None`, it never does.
     fn poll<A, B, S>(
         &mut self,
         cx: &mut Context<'_>,
         stop: Pin<&mut S>,
         a: &mut A,
         b: &mut B,
+        quiet: Option<u8>,
     ) -> Poll<Result<Ended, CopyError>>
     where
         A: Side + ?Sized,
@@ -250,14 +249,14 @@ impl Copy {
                 source,
             },
         };
-        let quiet = |reads| self.a_to_b.waits_after(reads) && self.b_to_a.waits_after(reads);
+        let waits = |reads| self.a_to_b.waits_after(reads) && self.b_to_a.waits_after(reads);
         match (forward, backward) {
             (Poll::Ready(Err(failure)), _) => Poll::Ready(Err(fail(Way::AToB, failure))),
             (_, Poll::Ready(Err(failure))) => Poll::Ready(Err(fail(Way::BToA, failure))),
             (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => {
                 Poll::Ready(Ok(Ended::Closed(transferred)))
             }
-            (Poll::Pending, Poll::Pending) if self.quiet.is_some_and(quiet) => {
+            (Poll::Pending, Poll::Pending) if quiet.is_some_and(waits) => {
                 Poll::Ready(Ok(Ended::Quiet(transferred)))
             }
             _ => Poll::Pending,
