@@ -130,7 +130,11 @@ where
 {
     let mut copy = Copy::new();
     let mut stop = std::future::pending();
-    poll_fn(|cx| copy.poll(cx, Pin::new(&mut stop), a, b, None).map_ok(Ended::moved)).await
+    poll_fn(|cx| {
+        copy.poll(cx, Pin::new(&mut stop), a, b, None)
+            .map_ok(Ended::moved)
+    })
+    .await
 }
 
 /// [`copy_bidirectional`] that gives up with [`CopyError::Stopped`] as soon
@@ -151,7 +155,11 @@ where
     // open connection's task.
     let mut copy = Copy::new();
     let mut stop = std::pin::pin!(stop);
-    poll_fn(|cx| copy.poll(cx, stop.as_mut(), a, b, None).map_ok(Ended::moved)).await
+    poll_fn(|cx| {
+        copy.poll(cx, stop.as_mut(), a, b, None)
+            .map_ok(Ended::moved)
+    })
+    .await
 }
 
 /// How [`copy_bidirectional_until_quiet`] ended.

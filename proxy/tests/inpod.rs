@@ -171,6 +171,11 @@ fn deleting_a_pod_closes_its_connections_and_listeners_and_spares_the_others() {
     let target = app(&cluster, "server-a");
     let mut open = cluster.pod("client").unwrap().connect(target).unwrap();
     assert!(still_echoes(&mut open));
+    // And one chatty enough to be joined in the kernel: 40 bytes each way.
+    let mut chatty = cluster.pod("client").unwrap().connect(target).unwrap();
+    for round in 0..10 {
+        assert!(still_echoes(&mut chatty), "round trip {round}");
+    }
     assert!(cluster.pod("server-a").unwrap().listens_on(15008));
     let uid = cluster.pod("server-a").unwrap().spec.uid();
     let node_a = |cluster: &Cluster| {
@@ -188,13 +193,25 @@ fn deleting_a_pod_closes_its_connections_and_listeners_and_spares_the_others() {
         closed_by_peer(&mut open, Duration::from_secs(10)),
         "the deleted pod's connection is closed"
     );
-    // It was a same-node connection: both of node-a's sides report its end.
+    assert!(
+        closed_by_peer(&mut chatty, Duration::from_secs(10)),
+        "the deleted pod's joined connection is closed"
+    );
+    // Same-node connections: both of node-a's sides report their ends,
+    // the joined one with every byte it carried.
     for direction in ["outbound", "inbound"] {
         assert!(
             eventually(|| {
-                entries_to(&cluster, "node-a", "server-a", direction)
+                let ended = entries_to(&cluster, "node-a", "server-a", direction);
+                let same_node = |entry: &&AccessEntry| entry.path.as_deref() == Some("same-node");
+                ended
                     .iter()
-                    .any(|entry| entry.path.as_deref() == Some("same-node") && entry.bytes_recv > 0)
+                    .filter(same_node)
+                    .any(|entry| entry.bytes_recv > 0)
+                    && ended
+                        .iter()
+                        .filter(same_node)
+                        .any(|entry| entry.bytes_recv == 40 && entry.bytes_sent == 40)
             }),
             "node-a reports the closed {direction} side:\n{}",
             tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
