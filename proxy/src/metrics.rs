@@ -116,6 +116,15 @@ pub struct AcceptLabels {
     pub kind: &'static str,
 }
 
+/// Labels of `ztunnel_same_node_joins`: what became of a chatty same-node
+/// connection the proxy asked the kernel to join.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct JoinLabels {
+    /// `joined`, or `refused` (the kernel would not take the sockets, its
+    /// maps full most likely: the proxy copies).
+    pub outcome: &'static str,
+}
+
 /// Labels of `istio_build`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
@@ -139,6 +148,7 @@ pub struct Metrics {
     pending_handshakes: Gauge,
     handshakes_refused: Family<HandshakeLabels, Counter>,
     accept_errors: Family<AcceptLabels, Counter>,
+    joins: Family<JoinLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -169,6 +179,7 @@ impl Metrics {
             pending_handshakes: Gauge::default(),
             handshakes_refused: Family::default(),
             accept_errors: Family::default(),
+            joins: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -252,7 +263,17 @@ impl Metrics {
             "Errors accepting a connection on a listener, by listener and kind",
             metrics.accept_errors.clone(),
         );
+        registry.register(
+            "ztunnel_same_node_joins",
+            "Same-node connections handed to the kernel to be joined, by outcome",
+            metrics.joins.clone(),
+        );
         metrics
+    }
+
+    /// Counts a same-node connection handed to the kernel, by `outcome`.
+    pub fn record_join(&self, outcome: &'static str) {
+        self.joins.get_or_create(&JoinLabels { outcome }).inc();
     }
 
     /// Counts an error of `listener`'s accept.

@@ -133,7 +133,7 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     let result = match (copied, &mut upstream) {
         (Ok(Ended::Quiet(before)), Either::Right(app)) => {
             // Boxed: only joined connections hold the join's state.
-            Box::pin(same_node::join(tcp, app, before, stop)).await
+            Box::pin(same_node::join(proxy, tcp, app, before, stop)).await
         }
         (Ok(Ended::Closed(moved) | Ended::Quiet(moved)), _) => Ok(moved),
         (Err(error), _) => Err(error),

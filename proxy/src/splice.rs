@@ -98,13 +98,15 @@ impl Splicer {
     /// written, and carries the connection until both sides closed or
     /// `stop` resolves. `before` is what the proxy copied until now; the
     /// counts returned are the whole connection's. Where the kernel refuses
-    /// the join, the proxy goes on copying between the two.
+    /// the join, the proxy goes on copying between the two. `joined` hears
+    /// which it was, before the connection is carried.
     pub async fn run<S: Future<Output = ()>>(
         &self,
         mut a: TcpStream,
         mut b: TcpStream,
         before: Transferred,
         stop: S,
+        joined: impl FnOnce(bool),
     ) -> Result<Transferred, CopyError> {
         let copy = async |a: &mut TcpStream, b: &mut TcpStream, stop| {
             copy_bidirectional_until(a, b, stop)
@@ -116,6 +118,7 @@ impl Splicer {
             Ok(watch) => watch,
             Err(error) => {
                 tracing::debug!(%error, "not joining a connection");
+                joined(false);
                 return copy(&mut a, &mut b, stop).await;
             }
         };
@@ -123,6 +126,7 @@ impl Splicer {
             // Full, most likely: this connection stays with the proxy.
             tracing::debug!(%error, "not joining a connection");
             self.leave(watch.cookies);
+            joined(false);
             return copy(&mut a, &mut b, stop).await;
         }
         // Out of tokio's reactor, whose registration would wake the proxy
@@ -132,6 +136,7 @@ impl Splicer {
             (Ok(a), Ok(b)) => [OwnedFd::from(a), OwnedFd::from(b)],
             (Err(source), _) | (_, Err(source)) => {
                 self.leave(watch.cookies);
+                joined(false);
                 return Err(CopyError::Read {
                     direction: Way::AToB,
                     transferred: before,
@@ -139,7 +144,7 @@ impl Splicer {
                 });
             }
         };
-        let joined = Joined {
+        let joined_sockets = Joined {
             splicer: self,
             sockets,
             cookies: watch.cookies,
@@ -147,7 +152,7 @@ impl Splicer {
         };
         // Bytes that arrived before the join wait in the receive queues
         // for a wake-up that already happened: ask for one now.
-        for socket in &joined.sockets {
+        for socket in &joined_sockets.sockets {
             kick(socket);
         }
         tracing::debug!(
@@ -155,7 +160,8 @@ impl Splicer {
             before.b_to_a,
             "connection joined in the kernel"
         );
-        joined.carry(&watch.hangups, stop).await
+        joined(true);
+        joined_sockets.carry(&watch.hangups, stop).await
     }
 
     fn enter(&self, cookies: [u64; 2], a: &TcpStream, b: &TcpStream) -> io::Result<()> {

@@ -325,6 +325,17 @@ fn same_node_pods_talk_without_the_tunnel_under_the_same_policy_logs_and_metrics
             "node-a counts the connection as {reporter}, over mTLS as a tunnel would"
         );
     }
+    assert!(
+        metrics.lines().any(|line| {
+            line.starts_with("ztunnel_same_node_joins_total{outcome=\"joined\"}")
+                && line
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|count| count.parse::<f64>().ok())
+                    .is_some_and(|count| count >= 1.0)
+        }),
+        "node-a counts the chatty connection as joined in the kernel"
+    );
 
     // A destination on the other node still goes over HBONE.
     assert!(echoes(&cluster, "client", "server-b"));

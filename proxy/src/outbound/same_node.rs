@@ -111,13 +111,19 @@ pub(super) fn join_after(proxy: &Proxy) -> Option<u8> {
 /// carries it until both sides close or `stop` resolves. `before` is what
 /// the copy moved.
 pub(super) async fn join<S: Future<Output = ()>>(
+    proxy: &Proxy,
     client: TcpStream,
     app: &mut AppConnection,
     before: Transferred,
     stop: S,
 ) -> Result<Transferred, CopyError> {
+    let counted = |joined| {
+        proxy
+            .metrics
+            .record_join(if joined { "joined" } else { "refused" })
+    };
     match (Splicer::shared(), app.take_stream()) {
-        (Some(splicer), Some(stream)) => splicer.run(client, stream, before, stop).await,
+        (Some(splicer), Some(stream)) => splicer.run(client, stream, before, stop, counted).await,
         // Asked to join only where both are there.
         _ => Ok(before),
     }

@@ -43,6 +43,41 @@ fn splicer() -> Option<&'static Splicer> {
     splicer
 }
 
+/// The join callback of these tests: every join here must be taken.
+fn joined(taken: bool) {
+    assert!(taken, "the kernel took the sockets");
+}
+
+/// Carries `a` and `b` on a task; the receiver hears whether the kernel
+/// took them.
+fn carry(
+    splicer: &'static Splicer,
+    a: TcpStream,
+    b: TcpStream,
+) -> (
+    tokio::task::JoinHandle<Result<Transferred, CopyError>>,
+    oneshot::Receiver<bool>,
+) {
+    let (taken, was_taken) = oneshot::channel();
+    let carried = tokio::spawn(async move {
+        let joined = move |joined| {
+            let _ = taken.send(joined);
+        };
+        splicer
+            .run(a, b, Transferred::default(), std::future::pending(), joined)
+            .await
+    });
+    (carried, was_taken)
+}
+
+/// Closes `socket` with a reset: a linger of zero does that.
+fn reset(socket: TcpStream) {
+    socket2::SockRef::from(&socket)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(socket);
+}
+
 fn pattern(length: usize, seed: u8) -> Vec<u8> {
     (0..length)
         .map(|index| (index % 251) as u8 ^ seed)
@@ -64,7 +99,7 @@ async fn joined_sockets_carry_requests_and_the_half_close_both_ways_with_counts(
     tokio::time::sleep(Duration::from_millis(20)).await;
     let carried = tokio::spawn(async move {
         splicer
-            .run(a, b, Transferred::default(), std::future::pending())
+            .run(a, b, Transferred::default(), std::future::pending(), joined)
             .await
     });
 
@@ -123,7 +158,7 @@ async fn megabytes_both_ways_at_once_arrive_in_order_to_a_slow_reader() {
     } = pair().await;
     let carried = tokio::spawn(async move {
         splicer
-            .run(a, b, Transferred::default(), std::future::pending())
+            .run(a, b, Transferred::default(), std::future::pending(), joined)
             .await
     });
     const LENGTH: usize = 8 << 20;
@@ -184,9 +219,15 @@ async fn a_stop_closes_both_sides_and_counts_what_was_moved() {
     let (stop, stopped) = oneshot::channel::<()>();
     let carried = tokio::spawn(async move {
         splicer
-            .run(a, b, Transferred::default(), async {
-                let _ = stopped.await;
-            })
+            .run(
+                a,
+                b,
+                Transferred::default(),
+                async {
+                    let _ = stopped.await;
+                },
+                joined,
+            )
             .await
     });
     client.write_all(b"ping").await.unwrap();
@@ -217,17 +258,10 @@ async fn a_reset_server_ends_the_splice_and_closes_the_client() {
         b,
         server,
     } = pair().await;
-    let carried = tokio::spawn(async move {
-        splicer
-            .run(a, b, Transferred::default(), std::future::pending())
-            .await
-    });
+    let (carried, was_taken) = carry(splicer, a, b);
+    assert!(was_taken.await.unwrap(), "the kernel took the sockets");
     client.write_all(b"ping").await.unwrap();
-    // A linger of zero turns the close into a reset.
-    socket2::SockRef::from(&server)
-        .set_linger(Some(Duration::ZERO))
-        .unwrap();
-    drop(server);
+    reset(server);
     let result = tokio::time::timeout(Duration::from_secs(10), carried)
         .await
         .expect("a reset ends the splice")
@@ -239,4 +273,31 @@ async fn a_reset_server_ends_the_splice_and_closes_the_client() {
     let mut rest = Vec::new();
     let _ = client.read_to_end(&mut rest).await;
     assert!(rest.is_empty());
+}
+
+#[tokio::test]
+async fn sockets_the_kernel_will_not_take_are_copied_by_the_proxy() {
+    let Some(splicer) = splicer() else { return };
+    let Pair {
+        mut client,
+        a,
+        b,
+        server,
+    } = pair().await;
+    // A reset socket is no longer established: no socket map takes it.
+    reset(server);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (carried, was_taken) = carry(splicer, a, b);
+    assert!(!was_taken.await.unwrap(), "refused, and told so");
+    // The proxy's copy carries on and passes the end to the client.
+    let mut rest = Vec::new();
+    let _ = client.read_to_end(&mut rest).await;
+    assert!(rest.is_empty());
+    client.shutdown().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), carried)
+        .await
+        .expect("the copy ends once both sides are gone")
+        .unwrap()
+        .map(drop)
+        .unwrap_or_default();
 }
