@@ -123,18 +123,16 @@ impl CopyError {
 /// EOF. An EOF on one side shuts down the write half of the other side, and
 /// the other direction keeps going. A reset while reading counts as EOF,
 /// like a clean close (WIRE.md §4).
-pub async fn copy_bidirectional<A, B>(a: &mut A, b: &mut B) -> Result<Transferred, CopyError>
+pub fn copy_bidirectional<'a, A, B>(
+    a: &'a mut A,
+    b: &'a mut B,
+) -> impl Future<Output = Result<Transferred, CopyError>> + 'a
 where
     A: Side + ?Sized,
     B: Side + ?Sized,
 {
-    let mut copy = Copy::new();
-    let mut stop = std::future::pending();
-    poll_fn(|cx| {
-        copy.poll(cx, Pin::new(&mut stop), a, b, None)
-            .map_ok(Ended::moved)
-    })
-    .await
+    // The future itself, not an async fn awaiting it (see below).
+    copy_bidirectional_until(a, b, std::future::pending())
 }
 
 /// [`copy_bidirectional`] that gives up with [`CopyError::Stopped`] as soon

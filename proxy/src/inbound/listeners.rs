@@ -49,10 +49,7 @@ impl AsyncRead for AppConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Some(stream) => Pin::new(stream).poll_read(cx, buf),
-            None => Poll::Ready(Err(taken())),
-        }
+        self.stream()?.poll_read(cx, buf)
     }
 }
 
@@ -62,32 +59,17 @@ impl AsyncWrite for AppConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
-            Some(stream) => Pin::new(stream).poll_write(cx, buf),
-            None => Poll::Ready(Err(taken())),
-        }
+        self.stream()?.poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Some(stream) => Pin::new(stream).poll_flush(cx),
-            None => Poll::Ready(Err(taken())),
-        }
+        self.stream()?.poll_flush(cx)
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Some(stream) => Pin::new(stream).poll_shutdown(cx),
-            None => Poll::Ready(Err(taken())),
-        }
+        self.stream()?.poll_shutdown(cx)
     }
 }
 
 impl crate::copy::Side for AppConnection {}
-
-/// What reading or writing an application connection whose socket was
-/// taken fails with.
-fn taken() -> io::Error {
-    io::ErrorKind::NotConnected.into()
-}
 
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +86,14 @@ impl AppConnection {
     /// left, or a policy re-check no longer allows the connection.
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
+    }
+
+    /// The application socket to read and write; gone once taken.
+    fn stream(self: Pin<&mut Self>) -> io::Result<Pin<&mut TcpStream>> {
+        match &mut self.get_mut().stream {
+            Some(stream) => Ok(Pin::new(stream)),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
     }
 
     /// The application socket, to carry the connection by other means;
