@@ -1,8 +1,9 @@
 //! HBONE (WIRE.md §4): TCP tunneled in HTTP/2 `CONNECT` streams over mesh
 //! mTLS. The dialing side is `hbone/client.rs`, the accepting side
 //! `hbone/server.rs`, the stream-as-socket adapter `hbone/stream.rs`, the
-//! request headers `hbone/headers.rs`. What is shared lives here: the h2
-//! settings, the parsed `:authority`, and the PING keepalive.
+//! request headers `hbone/headers.rs`, the TLS stream under h2 (each frame
+//! header a record of its own) `hbone/record.rs`. What is shared lives here:
+//! the h2 settings, the parsed `:authority`, and the PING keepalive.
 //!
 //! Pooling of client connections lives in `pool.rs`; copying bytes in `copy.rs`.
 
@@ -17,6 +18,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 mod client;
 mod headers;
+mod record;
 mod server;
 mod stream;
 
@@ -25,6 +27,7 @@ pub use headers::{
     BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, baggage, connect_headers,
     forwarded, traceparent,
 };
+pub use record::{QueuedPlaintext, RecordAligned};
 pub use server::{
     InboundHandler, InboundRefusal, InboundRequest, ServerError, accept_tls, serve_connection,
 };

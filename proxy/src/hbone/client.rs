@@ -20,6 +20,7 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::{ALPN_H2, dummy_server_name, peer_identity};
 
 use crate::hbone::Authority;
+use crate::hbone::record::RecordAligned;
 use crate::hbone::stream::{ActiveStream, H2Stream};
 use crate::hbone::{H2Settings, keepalive};
 
@@ -120,7 +121,7 @@ pub async fn connect(
         .initial_max_send_streams(settings.client_initial_max_streams)
         .max_send_buffer_size(settings.client_send_buffer)
         .enable_push(false)
-        .handshake::<_, Bytes>(tls_stream)
+        .handshake::<_, Bytes>(RecordAligned::new(tls_stream))
         .await?;
     let ping_pong = connection.ping_pong();
     let shared = Arc::new(Shared {

@@ -27,6 +27,7 @@ use ztunnel_certs::tls::peer_identity;
 
 use crate::copy::{CopyError, Side, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
+use crate::hbone::record::RecordAligned;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
 
@@ -129,7 +130,7 @@ pub async fn accept_tls(
     tcp: TcpStream,
     config: Arc<ServerConfig>,
     timeout: Duration,
-) -> Result<(TlsStream<TcpStream>, Identity), ServerError> {
+) -> Result<(RecordAligned<TlsStream<TcpStream>>, Identity), ServerError> {
     let accept = TlsAcceptor::from(config).accept(tcp);
     let mut stream = tokio::time::timeout(timeout, accept)
         .await
@@ -140,7 +141,7 @@ pub async fn accept_tls(
         .1
         .set_buffer_limit(Some(super::TLS_SEND_BUFFER));
     let identity = peer_identity(stream.get_ref().1).ok_or(ServerError::NoPeerIdentity)?;
-    Ok((stream, identity))
+    Ok((RecordAligned::new(stream), identity))
 }
 
 /// Serves HBONE on an accepted TLS connection until the client closes it,
