@@ -3,13 +3,15 @@
 //!
 //! The dialing side is `tls/client.rs`, the accepting side `tls/server.rs`,
 //! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`,
-//! the cipher suites' record encrypter `tls/seal.rs`.
+//! the cipher suites' record encrypter `tls/seal.rs`, and the record layer
+//! that takes over an established connection from rustls `tls/record.rs`.
 
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 
 mod client;
+pub mod record;
 mod roots;
 mod seal;
 mod server;

@@ -50,6 +50,9 @@ pub fn client_config(
     config.enable_sni = false;
     config.resumption = Resumption::disabled();
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // The record layer (`tls/record.rs`) takes the traffic secrets out of
+    // the session once the handshake is done.
+    config.enable_secret_extraction = true;
     Ok(config)
 }
 

@@ -40,6 +40,9 @@ pub fn server_config(cert: &WorkloadCertificate) -> Result<ServerConfig, TlsErro
     // for nothing.
     config.send_tls13_tickets = 0;
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    // The record layer (`tls/record.rs`) takes the traffic secrets out of
+    // the session once the handshake is done.
+    config.enable_secret_extraction = true;
     Ok(config)
 }
 

@@ -1,0 +1,788 @@
+//! The record layer against stock rustls (tokio-rustls) and against itself:
+//! handshakes in both directions, data of every size intact and in order
+//! under back-pressure, key updates asked for by the peer and forced by a
+//! lowered limit, close_notify, session tickets, the memory an idle stream
+//! holds; and a raw peer, holding the keys of a real session, that sends
+//! what no TLS stack would.
+
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, UnboundKey};
+use rustls::server::ServerSessionMemoryCache;
+use rustls::{ClientConfig, ServerConfig};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf,
+};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::send::SEND_BUFFER;
+use super::*;
+use crate::cert::WorkloadCertificate;
+use crate::csr::CertRequest;
+use crate::identity::Identity;
+use crate::issuer::{Issuer, SigningMaterial, SigningRequest, generate_root};
+use crate::tls::{ALPN_H2, client_config, dummy_server_name, peer_identity, server_config};
+
+const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+
+/// Capacity of each pipe between the two sides: a quarter of our send
+/// buffer, so writers meet back-pressure.
+const PIPE: usize = 64 * 1024;
+
+/// What sealing adds to a record's content on the wire: header, content
+/// type, AES-GCM tag.
+const SEALING: usize = HEADER_LEN + 1 + 16;
+
+/// A KeyUpdate record on the wire: its 5-byte message, sealed.
+const KEY_UPDATE_RECORD: usize = 5 + SEALING;
+
+/// Generous: everything here is in memory; this only stops a hung test.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+type StockServer = tokio_rustls::server::TlsStream<DuplexStream>;
+type StockClient = tokio_rustls::client::TlsStream<DuplexStream>;
+/// Lengths on the wire of the records one side sent, handshake included.
+type Wire = Arc<Mutex<Vec<usize>>>;
+
+/// A client and a server certificate from one root of their own.
+struct Pki {
+    client: WorkloadCertificate,
+    server: WorkloadCertificate,
+}
+
+fn pki() -> &'static Pki {
+    static PKI: OnceLock<Pki> = OnceLock::new();
+    PKI.get_or_init(|| {
+        let root = generate_root("cluster.local", SystemTime::now()).unwrap();
+        let issuer = Issuer::new(&SigningMaterial {
+            root_cert_pem: root.cert_pem,
+            root_key_pem: Some(root.key_pem),
+            ..SigningMaterial::default()
+        })
+        .unwrap();
+        Pki {
+            client: issue(&issuer, &identity(CLIENT)),
+            server: issue(&issuer, &identity(SERVER)),
+        }
+    })
+}
+
+fn issue(issuer: &Issuer, identity: &Identity) -> WorkloadCertificate {
+    let request = CertRequest::generate(identity).unwrap();
+    let signing = SigningRequest::from_pem(request.csr_pem()).unwrap();
+    let hour = Duration::from_secs(3600);
+    let chain = issuer
+        .sign_workload(&signing, identity, hour, SystemTime::now())
+        .unwrap();
+    WorkloadCertificate::from_ca_response(&chain, request.private_key(), Some(identity)).unwrap()
+}
+
+fn identity(uri: &str) -> Identity {
+    uri.parse().unwrap()
+}
+
+fn client_tls() -> Arc<ClientConfig> {
+    Arc::new(client_config(&pki().client, vec![identity(SERVER)]).unwrap())
+}
+
+fn server_tls() -> Arc<ServerConfig> {
+    Arc::new(server_config(&pki().server).unwrap())
+}
+
+/// Our server config, sending `tickets` session tickets after each
+/// handshake as a stock server does.
+fn server_tls_with_tickets(tickets: usize) -> Arc<ServerConfig> {
+    let mut config = server_config(&pki().server).unwrap();
+    config.send_tls13_tickets = tickets;
+    config.session_storage = ServerSessionMemoryCache::new(16);
+    Arc::new(config)
+}
+
+/// A plaintext whose bytes differ from their neighbours', so that a
+/// shifted or reordered byte shows; `seed` tells directions apart.
+fn plaintext(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 7 + i / 251) as u8).wrapping_add(seed))
+        .collect()
+}
+
+/// Copies `from` to `to`, noting each record's length on the wire before
+/// it passes, and passes the end of the stream on.
+async fn tap(mut from: ReadHalf<DuplexStream>, mut to: WriteHalf<DuplexStream>, wire: Wire) {
+    let mut pending = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    loop {
+        let read = match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        pending.extend_from_slice(&chunk[..read]);
+        while pending.len() >= HEADER_LEN {
+            let len = HEADER_LEN + usize::from(u16::from_be_bytes([pending[3], pending[4]]));
+            if pending.len() < len {
+                break;
+            }
+            wire.lock().unwrap().push(len);
+            pending.drain(..len);
+        }
+        if to.write_all(&chunk[..read]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Two ends of a connection with a tap between them, and what the tap
+/// sees of the records sent from `ours`.
+fn tapped() -> (DuplexStream, DuplexStream, Wire) {
+    let (ours, tap_ours) = tokio::io::duplex(PIPE);
+    let (tap_theirs, theirs) = tokio::io::duplex(PIPE);
+    let (from_ours, to_ours) = tokio::io::split(tap_ours);
+    let (from_theirs, to_theirs) = tokio::io::split(tap_theirs);
+    let wire = Wire::default();
+    tokio::spawn(tap(from_ours, to_theirs, Arc::clone(&wire)));
+    tokio::spawn(tap(from_theirs, to_ours, Wire::default()));
+    (ours, theirs, wire)
+}
+
+/// Our client connected to a stock server with `server`'s config.
+async fn ours_to_stock(
+    server: Arc<ServerConfig>,
+) -> (RecordStream<DuplexStream>, Negotiated, StockServer, Wire) {
+    let (ours, theirs, wire) = tapped();
+    let (ours, theirs) = tokio::join!(
+        connect(client_tls(), dummy_server_name(), ours),
+        TlsAcceptor::from(server).accept(theirs),
+    );
+    let (ours, negotiated) = ours.unwrap();
+    (ours, negotiated, theirs.unwrap(), wire)
+}
+
+/// A stock client with `client`'s config connected to our server with
+/// `server`'s.
+async fn stock_to_ours(
+    client: Arc<ClientConfig>,
+    server: Arc<ServerConfig>,
+) -> (RecordStream<DuplexStream>, Negotiated, StockClient, Wire) {
+    let (ours, theirs, wire) = tapped();
+    let (ours, theirs) = tokio::join!(
+        accept(server, ours),
+        TlsConnector::from(client).connect(dummy_server_name(), theirs),
+    );
+    let (ours, negotiated) = ours.unwrap();
+    (ours, negotiated, theirs.unwrap(), wire)
+}
+
+/// Our client connected to our server.
+async fn ours_to_ours() -> (RecordStream<DuplexStream>, RecordStream<DuplexStream>) {
+    let (client, server, _) = tapped();
+    let (client, server) = tokio::join!(
+        connect(client_tls(), dummy_server_name(), client),
+        accept(server_tls(), server),
+    );
+    (client.unwrap().0, server.unwrap().0)
+}
+
+/// Writes all of `data` in vectored writes of up to four slices, cut into
+/// pieces whose sizes cycle through `cuts`, then flushes.
+async fn write_sliced(writer: &mut (impl AsyncWrite + Unpin), data: &[u8], cuts: &[usize]) {
+    let mut pieces = Vec::new();
+    let mut rest = data;
+    for &cut in cuts.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let (piece, after) = rest.split_at(cut.min(rest.len()));
+        pieces.push(piece);
+        rest = after;
+    }
+    let (mut index, mut offset) = (0, 0);
+    while index < pieces.len() {
+        let mut slices = vec![IoSlice::new(&pieces[index][offset..])];
+        slices.extend(pieces[index + 1..].iter().take(3).map(|p| IoSlice::new(p)));
+        let mut written = writer.write_vectored(&slices).await.unwrap();
+        assert!(written > 0, "a write took nothing");
+        while written > 0 {
+            let left = pieces[index].len() - offset;
+            if written < left {
+                offset += written;
+                written = 0;
+            } else {
+                written -= left;
+                (index, offset) = (index + 1, 0);
+            }
+        }
+    }
+    writer.flush().await.unwrap();
+}
+
+/// Slices as h2 hands a stream its frames: a header, payloads of every
+/// size around the record size, a byte alone.
+const FRAME_CUTS: [usize; 7] = [9, 1000, 16_384, 40_000, 1, 16_385, 100_003];
+
+/// Slices of whole records only, so that every data record on the wire is
+/// 16 KiB and a 27-byte record can only be a KeyUpdate.
+const RECORD_CUTS: [usize; 2] = [16_384, 3 * 16_384];
+
+/// Reads exactly `len` bytes slowly: small reads, a pause now and then.
+async fn read_slowly(reader: &mut (impl AsyncRead + Unpin), len: usize) -> Vec<u8> {
+    let mut received = Vec::with_capacity(len);
+    let mut chunk = [0; 3000];
+    for reads in 1.. {
+        if received.len() == len {
+            break;
+        }
+        let want = chunk.len().min(len - received.len());
+        let read = reader.read(&mut chunk[..want]).await.unwrap();
+        assert!(
+            read > 0,
+            "the end of the stream after {} of {len} bytes",
+            received.len()
+        );
+        received.extend_from_slice(&chunk[..read]);
+        if reads % 64 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    received
+}
+
+/// Sends `len` bytes from `from` to `to` in slices cut at `cuts`, and
+/// checks that they arrive intact.
+async fn send(
+    from: &mut (impl AsyncWrite + Unpin),
+    to: &mut (impl AsyncRead + Unpin),
+    len: usize,
+    cuts: &[usize],
+) {
+    let data = plaintext(len, len as u8);
+    let (_, received) = tokio::time::timeout(PATIENCE, async {
+        tokio::join!(write_sliced(from, &data, cuts), read_slowly(to, len))
+    })
+    .await
+    .expect("the transfer hung");
+    assert!(received == data, "{len} bytes arrive intact and in order");
+}
+
+/// Sends `len` bytes each way at once, cut as h2 cuts frames, and checks
+/// that they arrive intact.
+async fn exchange<A, B>(a: A, b: B, len: usize) -> (A, B)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut a_read, mut a_write) = tokio::io::split(a);
+    let (mut b_read, mut b_write) = tokio::io::split(b);
+    tokio::join!(
+        send(&mut a_write, &mut b_read, len, &FRAME_CUTS),
+        send(&mut b_write, &mut a_read, len, &FRAME_CUTS),
+    );
+    (a_read.unsplit(a_write), b_read.unsplit(b_write))
+}
+
+/// Sizes from a byte to 4 MiB, around the record size on both sides.
+const SIZES: [usize; 8] = [1, 9, 16_383, 16_384, 16_385, 100_000, 1 << 20, 4 << 20];
+
+/// The KeyUpdate records among `wire[from..]`.
+fn key_updates(wire: &Wire, from: usize) -> usize {
+    let wire = wire.lock().unwrap();
+    wire[from..]
+        .iter()
+        .filter(|&&len| len == KEY_UPDATE_RECORD)
+        .count()
+}
+
+/// The record error inside an I/O error from the stream.
+fn record_error(error: &io::Error) -> Option<&RecordError> {
+    error.get_ref()?.downcast_ref::<RecordError>()
+}
+
+#[tokio::test]
+async fn our_client_and_a_stock_server_agree_on_h2_and_move_every_byte_both_ways() {
+    let (ours, negotiated, theirs, _) = ours_to_stock(server_tls()).await;
+    assert_eq!(negotiated.alpn_protocol.as_deref(), Some(ALPN_H2));
+    assert_eq!(negotiated.peer_identity, Some(identity(SERVER)));
+    assert_eq!(peer_identity(theirs.get_ref().1), Some(identity(CLIENT)));
+    let mut pair = (ours, theirs);
+    for len in SIZES {
+        pair = exchange(pair.0, pair.1, len).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stock_client_and_our_server_agree_on_h2_and_move_every_byte_both_ways() {
+    let (ours, negotiated, theirs, _) = stock_to_ours(client_tls(), server_tls()).await;
+    assert_eq!(negotiated.alpn_protocol.as_deref(), Some(ALPN_H2));
+    assert_eq!(negotiated.peer_identity, Some(identity(CLIENT)));
+    assert_eq!(peer_identity(theirs.get_ref().1), Some(identity(SERVER)));
+    let mut pair = (ours, theirs);
+    for len in SIZES {
+        pair = exchange(pair.0, pair.1, len).await;
+    }
+}
+
+#[tokio::test]
+async fn each_slice_is_cut_into_records_of_its_own_and_every_byte_arrives_in_order() {
+    let (mut ours, _, mut theirs, wire) = ours_to_stock(server_tls()).await;
+    // (frame header and what h2 queued before it, payload, the records
+    // we send, by content length)
+    let cases: &[(usize, usize, &[usize])] = &[
+        (9, 40_000, &[9, 16_384, 16_384, 7232]),
+        (9, 16_384, &[9, 16_384]),
+        (9, 100, &[9, 100]),
+        (20_000, 16_384, &[16_384, 3616, 16_384]),
+        (0, 5, &[5]),
+    ];
+    for &(head_len, payload_len, expected) in cases {
+        let bytes = plaintext(head_len + payload_len, head_len as u8);
+        let (head, payload) = bytes.split_at(head_len);
+        let noted = wire.lock().unwrap().len();
+        let slices = [IoSlice::new(head), IoSlice::new(payload)];
+        let written = ours.write_vectored(&slices).await.unwrap();
+        assert_eq!(written, bytes.len(), "below the send buffer, all is taken");
+        ours.flush().await.unwrap();
+        let mut received = vec![0; bytes.len()];
+        theirs.read_exact(&mut received).await.unwrap();
+        assert!(received == bytes, "{head_len} + {payload_len} bytes intact");
+        let contents: Vec<usize> = wire.lock().unwrap()[noted..]
+            .iter()
+            .map(|len| len - SEALING)
+            .collect();
+        assert_eq!(
+            contents, expected,
+            "records of {head_len} + {payload_len} bytes"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_writer_waits_for_a_slow_peer_with_no_more_than_the_send_buffer_queued() {
+    let (mut ours, _, mut theirs, _) = ours_to_stock(server_tls()).await;
+    let data = plaintext(4 << 20, 3);
+    // Nobody reads: writes are taken until the send buffer is full, then
+    // one waits. A write that waits has taken nothing.
+    let mut offset = 0;
+    while let Ok(written) =
+        tokio::time::timeout(Duration::from_millis(100), ours.write(&data[offset..])).await
+    {
+        offset += written.unwrap();
+        assert!(offset < data.len(), "4 MiB went into pipes nobody reads");
+    }
+    assert!(ours.sender.buffer_capacity() <= SEND_BUFFER + 2 * MAX_RECORD);
+    // A reader comes: the rest is taken and all of it arrives.
+    let (_, received) = tokio::join!(
+        async {
+            ours.write_all(&data[offset..]).await.unwrap();
+            ours.flush().await.unwrap();
+        },
+        read_slowly(&mut theirs, data.len()),
+    );
+    assert!(received == data);
+}
+
+#[tokio::test]
+async fn an_idle_stream_holds_no_buffers() {
+    let (ours, _, theirs, _) = ours_to_stock(server_tls()).await;
+    let (mut ours, _theirs) = exchange(ours, theirs, 1 << 20).await;
+    // A read that finds nothing to read gives the receive buffer back; a
+    // flushed queue gives the send buffer back.
+    let mut buf = [0; 16];
+    let idle = tokio::time::timeout(Duration::from_millis(50), ours.read(&mut buf)).await;
+    assert!(idle.is_err(), "nothing was sent");
+    assert_eq!(ours.receiver.buffer_capacity(), 0);
+    assert_eq!(ours.sender.buffer_capacity(), 0);
+}
+
+#[tokio::test]
+async fn a_stock_peers_key_update_requests_are_answered_and_data_keeps_flowing() {
+    let len = 4 * 16_384;
+    // Our client, a stock server asking for key updates.
+    let (mut ours, _, mut theirs, wire) = ours_to_stock(server_tls()).await;
+    for _ in 0..3 {
+        theirs.get_mut().1.refresh_traffic_keys().unwrap();
+        let noted = wire.lock().unwrap().len();
+        // The request travels with the stock side's data; ours reads it,
+        // then answers with one KeyUpdate before its own data.
+        send(&mut theirs, &mut ours, len, &RECORD_CUTS).await;
+        send(&mut ours, &mut theirs, len, &RECORD_CUTS).await;
+        assert_eq!(key_updates(&wire, noted), 1, "one answer per request");
+    }
+    // Our server, a stock client asking for key updates.
+    let (mut ours, _, mut theirs, wire) = stock_to_ours(client_tls(), server_tls()).await;
+    for _ in 0..3 {
+        theirs.get_mut().1.refresh_traffic_keys().unwrap();
+        let noted = wire.lock().unwrap().len();
+        send(&mut theirs, &mut ours, len, &RECORD_CUTS).await;
+        send(&mut ours, &mut theirs, len, &RECORD_CUTS).await;
+        assert_eq!(key_updates(&wire, noted), 1, "one answer per request");
+    }
+    let (ours, theirs) = exchange(ours, theirs, 1 << 20).await;
+    drop((ours, theirs));
+}
+
+#[tokio::test]
+async fn crossing_the_confidentiality_limit_updates_our_key_and_the_stock_peer_reads_everything() {
+    // 4 MiB in 16 KiB records is 256 records; a key seals 64, the last of
+    // them its KeyUpdate, so data records 63, 126, 189 and 252 each come
+    // after an update.
+    let len = 4 << 20;
+    let (mut ours, _, mut theirs, wire) = ours_to_stock(server_tls()).await;
+    ours.sender.set_limit(64);
+    let noted = wire.lock().unwrap().len();
+    send(&mut ours, &mut theirs, len, &RECORD_CUTS).await;
+    assert_eq!(key_updates(&wire, noted), 4, "our client");
+
+    let (mut ours, _, mut theirs, wire) = stock_to_ours(client_tls(), server_tls()).await;
+    ours.sender.set_limit(64);
+    let noted = wire.lock().unwrap().len();
+    send(&mut ours, &mut theirs, len, &RECORD_CUTS).await;
+    assert_eq!(key_updates(&wire, noted), 4, "our server");
+}
+
+#[tokio::test]
+async fn our_client_and_our_server_update_their_keys_across_the_limit_both_ways() {
+    let (mut client, mut server) = ours_to_ours().await;
+    client.sender.set_limit(16);
+    server.sender.set_limit(16);
+    let (client, server) = exchange(client, server, 4 << 20).await;
+    drop((client, server));
+}
+
+#[tokio::test]
+async fn close_notify_either_way_is_the_end_of_the_stream_on_the_other_side() {
+    let (mut ours, _, mut theirs, _) = ours_to_stock(server_tls()).await;
+    ours.write_all(b"last words").await.unwrap();
+    ours.shutdown().await.unwrap();
+    ours.shutdown().await.unwrap();
+    let mut received = Vec::new();
+    theirs.read_to_end(&mut received).await.unwrap();
+    assert_eq!(received, b"last words", "then the end of the stream");
+    let error = ours.write(b"more").await.unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    assert_eq!(record_error(&error), Some(&RecordError::WriteAfterShutdown));
+
+    // The other way, on the same connection: our side still reads.
+    theirs.write_all(b"goodbye").await.unwrap();
+    theirs.shutdown().await.unwrap();
+    let mut received = Vec::new();
+    ours.read_to_end(&mut received).await.unwrap();
+    assert_eq!(received, b"goodbye");
+    assert_eq!(
+        ours.read(&mut [0; 8]).await.unwrap(),
+        0,
+        "and the end stays"
+    );
+}
+
+#[tokio::test]
+async fn our_client_takes_the_stock_servers_session_tickets_in_stride() {
+    let (ours, _, theirs, _) = ours_to_stock(server_tls_with_tickets(4)).await;
+    exchange(ours, theirs, 1 << 20).await;
+    // A client that keeps tickets hands them to rustls's store.
+    let mut config = client_config(&pki().client, vec![identity(SERVER)]).unwrap();
+    config.resumption = rustls::client::Resumption::in_memory_sessions(8);
+    let (ours, theirs, _) = tapped();
+    let (ours, theirs) = tokio::join!(
+        connect(Arc::new(config), dummy_server_name(), ours),
+        TlsAcceptor::from(server_tls_with_tickets(2)).accept(theirs),
+    );
+    exchange(ours.unwrap().0, theirs.unwrap(), 1 << 20).await;
+}
+
+#[tokio::test]
+async fn our_server_that_sent_tickets_updates_its_key_before_its_first_record() {
+    // The tickets took sequence numbers 0 and 1 of the server's key, and
+    // aws-lc's nonce check counts from a key's first record: without the
+    // update the key would refuse records a few in.
+    let (ours, _, theirs, wire) = stock_to_ours(client_tls(), server_tls_with_tickets(2)).await;
+    // The tickets are in the pipe; the tap notes them when it next runs.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let noted = wire.lock().unwrap().len();
+    let (ours, theirs) = exchange(ours, theirs, 1 << 20).await;
+    assert_eq!(wire.lock().unwrap()[noted], KEY_UPDATE_RECORD);
+    drop((ours, theirs));
+}
+
+/// A peer holding the keys of a real session, which seals whatever it is
+/// told to and writes it raw.
+struct RawPeer {
+    io: DuplexStream,
+    key: LessSafeKey,
+    iv: [u8; NONCE_LEN],
+    seq: u64,
+}
+
+impl RawPeer {
+    fn new(io: DuplexStream, (seq, secrets): (u64, ConnectionTrafficSecrets)) -> RawPeer {
+        let (algorithm, key, iv) = traffic_key(&secrets).unwrap();
+        let key = LessSafeKey::new(UnboundKey::new(algorithm, key).unwrap());
+        RawPeer { io, key, iv, seq }
+    }
+
+    /// The next record, sealed around `inner` (content, type, padding).
+    fn seal(&mut self, inner: &[u8]) -> Vec<u8> {
+        let mut sealed = inner.to_vec();
+        let len = (inner.len() + 16) as u16;
+        let [high, low] = len.to_be_bytes();
+        let header = [APPLICATION_DATA, 3, 3, high, low];
+        let nonce = nonce(&self.iv, self.seq);
+        self.key
+            .seal_in_place_append_tag(nonce, Aad::from(header), &mut sealed)
+            .unwrap();
+        self.seq += 1;
+        [&header[..], &sealed].concat()
+    }
+
+    /// The next record, carrying `content` of `content_type`.
+    fn record(&mut self, content_type: u8, content: &[u8]) -> Vec<u8> {
+        self.seal(&[content, &[content_type]].concat())
+    }
+}
+
+/// Our client after a real handshake, and the server as a raw peer.
+async fn ours_to_raw() -> (RecordStream<DuplexStream>, RawPeer) {
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let (ours, theirs) = tokio::join!(
+        connect(client_tls(), dummy_server_name(), ours),
+        TlsAcceptor::from(server_tls()).accept(theirs),
+    );
+    let (io, session) = theirs.unwrap().into_inner();
+    let secrets = session.dangerous_extract_secrets().unwrap();
+    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+}
+
+/// Our server after a real handshake, and the client as a raw peer.
+async fn raw_to_ours() -> (RecordStream<DuplexStream>, RawPeer) {
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let (ours, theirs) = tokio::join!(
+        accept(server_tls(), ours),
+        TlsConnector::from(client_tls()).connect(dummy_server_name(), theirs),
+    );
+    let (io, session) = theirs.unwrap().into_inner();
+    let secrets = session.dangerous_extract_secrets().unwrap();
+    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+}
+
+/// A NewSessionTicket's body (RFC 8446 §4.6.1): lifetime, age_add, nonce,
+/// ticket, no extensions.
+const TICKET: [u8; 17] = [0, 0, 0, 60, 0, 0, 0, 1, 1, 7, 0, 3, 1, 2, 3, 0, 0];
+
+/// What a raw peer sends in one case: the records' bytes, and whether it
+/// then closes the connection.
+type Sending = fn(&mut RawPeer) -> (Vec<u8>, bool);
+
+#[tokio::test]
+async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_call() {
+    let cases: Vec<(&str, Sending, RecordError)> = vec![
+        (
+            "a flipped ciphertext byte",
+            |peer| {
+                let mut record = peer.record(APPLICATION_DATA, b"hello");
+                record[7] ^= 1;
+                (record, false)
+            },
+            RecordError::BadRecordMac,
+        ),
+        (
+            "a record sent twice",
+            |peer| {
+                let record = peer.record(APPLICATION_DATA, b"hello");
+                ([record.clone(), record].concat(), false)
+            },
+            RecordError::BadRecordMac,
+        ),
+        (
+            "a record longer than allowed",
+            |_| {
+                let [high, low] = ((MAX_CIPHERTEXT + 1) as u16).to_be_bytes();
+                ([APPLICATION_DATA, 3, 3, high, low].to_vec(), false)
+            },
+            RecordError::RecordOverflow,
+        ),
+        (
+            "a plaintext longer than allowed",
+            |peer| {
+                (
+                    peer.record(APPLICATION_DATA, &[7; MAX_PLAINTEXT + 1]),
+                    false,
+                )
+            },
+            RecordError::RecordOverflow,
+        ),
+        (
+            "a truncated record, then the end",
+            |peer| (peer.record(APPLICATION_DATA, b"hello")[..10].to_vec(), true),
+            RecordError::Truncated,
+        ),
+        (
+            "the end without close_notify",
+            |_| (Vec::new(), true),
+            RecordError::NoCloseNotify,
+        ),
+        (
+            "an unknown content type",
+            |peer| (peer.record(99, b"x"), false),
+            RecordError::UnexpectedContentType(99),
+        ),
+        (
+            "a sealed ChangeCipherSpec",
+            |peer| (peer.record(20, &[1]), false),
+            RecordError::UnexpectedContentType(20),
+        ),
+        (
+            "a plaintext ChangeCipherSpec",
+            |_| ([20, 3, 3, 0, 1, 1].to_vec(), false),
+            RecordError::BadHeader {
+                content_type: 20,
+                version: 0x0303,
+            },
+        ),
+        (
+            "another record version",
+            |peer| {
+                let mut record = peer.record(APPLICATION_DATA, b"hello");
+                record[2] = 1;
+                (record, false)
+            },
+            RecordError::BadHeader {
+                content_type: APPLICATION_DATA,
+                version: 0x0301,
+            },
+        ),
+        (
+            "a plaintext of padding only",
+            |peer| (peer.seal(&[0; 20]), false),
+            RecordError::NoContentType,
+        ),
+        (
+            "a Finished after the handshake",
+            |peer| (peer.record(HANDSHAKE, &[20, 0, 0, 1, 0]), false),
+            RecordError::UnexpectedHandshake(20),
+        ),
+        (
+            "a KeyUpdate with a request of 2",
+            |peer| (peer.record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 2]), false),
+            RecordError::Malformed("KeyUpdate"),
+        ),
+        (
+            "a KeyUpdate with more after it in its record",
+            |peer| {
+                let two = [KEY_UPDATE, 0, 0, 1, 0, KEY_UPDATE, 0, 0, 1, 0];
+                (peer.record(HANDSHAKE, &two), false)
+            },
+            RecordError::Interleaved,
+        ),
+        (
+            "application data between a ticket's fragments",
+            |peer| {
+                let first = peer.record(HANDSHAKE, &TICKET[..6]);
+                let data = peer.record(APPLICATION_DATA, b"x");
+                ([first, data].concat(), false)
+            },
+            RecordError::Interleaved,
+        ),
+        (
+            "a handshake message longer than allowed",
+            |peer| {
+                (
+                    peer.record(HANDSHAKE, &[NEW_SESSION_TICKET, 1, 0, 0]),
+                    false,
+                )
+            },
+            RecordError::HandshakeTooLong(0x10000),
+        ),
+        (
+            "an empty handshake record",
+            |peer| (peer.record(HANDSHAKE, &[]), false),
+            RecordError::Malformed("empty record"),
+        ),
+        (
+            "an error alert",
+            |peer| (peer.record(ALERT, &[2, 40]), false),
+            RecordError::Alert(AlertDescription::HandshakeFailure),
+        ),
+        (
+            "an alert of three bytes",
+            |peer| (peer.record(ALERT, &[1, 0, 0]), false),
+            RecordError::Malformed("alert"),
+        ),
+        (
+            "33 empty records in a row",
+            |peer| {
+                let records = (0..33).map(|_| peer.record(APPLICATION_DATA, &[]));
+                (records.collect::<Vec<_>>().concat(), false)
+            },
+            RecordError::TooManyEmptyRecords,
+        ),
+    ];
+    for (case, send, expected) in cases {
+        let (mut ours, mut peer) = ours_to_raw().await;
+        let (bytes, close) = send(&mut peer);
+        peer.io.write_all(&bytes).await.unwrap();
+        if close {
+            peer.io.shutdown().await.unwrap();
+        }
+        // What came before the fault is read first.
+        let mut buf = [0; 64];
+        let first = loop {
+            match ours.read(&mut buf).await {
+                Ok(0) => panic!("{case}: the end of the stream, not an error"),
+                Ok(_) => {}
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(record_error(&first), Some(&expected), "{case}");
+        let again = ours.read(&mut buf).await.unwrap_err();
+        assert_eq!(
+            record_error(&again),
+            Some(&expected),
+            "{case}: the next read"
+        );
+        assert_eq!(again.kind(), first.kind(), "{case}");
+        let write = ours.write(b"reply").await.unwrap_err();
+        assert_eq!(record_error(&write), Some(&expected), "{case}: a write");
+        let flush = ours.flush().await.unwrap_err();
+        assert_eq!(record_error(&flush), Some(&expected), "{case}: a flush");
+    }
+}
+
+#[tokio::test]
+async fn a_server_refuses_a_session_ticket_from_its_client() {
+    let (mut ours, mut peer) = raw_to_ours().await;
+    let ticket = [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+    let record = peer.record(HANDSHAKE, &ticket);
+    peer.io.write_all(&record).await.unwrap();
+    let error = ours.read(&mut [0; 16]).await.unwrap_err();
+    let expected = RecordError::UnexpectedHandshake(NEW_SESSION_TICKET);
+    assert_eq!(record_error(&error), Some(&expected));
+}
+
+#[tokio::test]
+async fn what_tls_allows_is_read_through() {
+    let (mut ours, mut peer) = ours_to_raw().await;
+    let ticket = [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+    let records = [
+        // Padding after the content type.
+        peer.seal(&[b"padded" as &[u8], &[APPLICATION_DATA], &[0; 100]].concat()),
+        // An alert that only says the peer gave up on something.
+        peer.record(ALERT, &[1, 90]),
+        // A few empty records.
+        peer.record(APPLICATION_DATA, &[]),
+        peer.record(APPLICATION_DATA, &[]),
+        // A session ticket across two records, then two in one.
+        peer.record(HANDSHAKE, &ticket[..7]),
+        peer.record(HANDSHAKE, &ticket[7..]),
+        peer.record(HANDSHAKE, &[ticket.clone(), ticket].concat()),
+        peer.record(APPLICATION_DATA, b" and more"),
+        // close_notify, after which anything is ignored.
+        peer.record(ALERT, &[1, 0]),
+        b"not even a record".to_vec(),
+    ];
+    peer.io.write_all(&records.concat()).await.unwrap();
+    let mut received = Vec::new();
+    ours.read_to_end(&mut received).await.unwrap();
+    assert_eq!(received, b"padded and more");
+}
