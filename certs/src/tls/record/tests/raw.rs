@@ -1,0 +1,288 @@
+//! A raw peer holding the keys of a real session, sending what no TLS
+//! stack would: each fault fails the stream, and every later call, with
+//! the same error; what TLS allows is read through.
+
+use aws_lc_rs::aead::{Aad, LessSafeKey, UnboundKey};
+
+use super::*;
+
+/// A peer holding the keys of a real session, which seals whatever it is
+/// told to and writes it raw.
+struct RawPeer {
+    io: DuplexStream,
+    key: LessSafeKey,
+    iv: [u8; NONCE_LEN],
+    seq: u64,
+}
+
+impl RawPeer {
+    fn new(io: DuplexStream, (seq, secrets): (u64, ConnectionTrafficSecrets)) -> RawPeer {
+        let (algorithm, key, iv) = traffic_key(&secrets).unwrap();
+        let key = LessSafeKey::new(UnboundKey::new(algorithm, key).unwrap());
+        RawPeer { io, key, iv, seq }
+    }
+
+    /// The next record, sealed around `inner` (content, type, padding).
+    fn seal(&mut self, inner: &[u8]) -> Vec<u8> {
+        let mut sealed = inner.to_vec();
+        let len = (inner.len() + 16) as u16;
+        let [high, low] = len.to_be_bytes();
+        let header = [APPLICATION_DATA, 3, 3, high, low];
+        let nonce = nonce(&self.iv, self.seq);
+        self.key
+            .seal_in_place_append_tag(nonce, Aad::from(header), &mut sealed)
+            .unwrap();
+        self.seq += 1;
+        [&header[..], &sealed].concat()
+    }
+
+    /// The next record, carrying `content` of `content_type`.
+    fn record(&mut self, content_type: u8, content: &[u8]) -> Vec<u8> {
+        self.seal(&[content, &[content_type]].concat())
+    }
+}
+
+/// Our client after a real handshake, and the server as a raw peer.
+async fn ours_to_raw() -> (RecordStream<DuplexStream>, RawPeer) {
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let (ours, theirs) = tokio::join!(
+        connect(client_tls(), dummy_server_name(), ours),
+        TlsAcceptor::from(server_tls()).accept(theirs),
+    );
+    let (io, session) = theirs.unwrap().into_inner();
+    let secrets = session.dangerous_extract_secrets().unwrap();
+    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+}
+
+/// Our server after a real handshake, and the client as a raw peer.
+async fn raw_to_ours() -> (RecordStream<DuplexStream>, RawPeer) {
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let (ours, theirs) = tokio::join!(
+        accept(server_tls(), ours),
+        TlsConnector::from(client_tls()).connect(dummy_server_name(), theirs),
+    );
+    let (io, session) = theirs.unwrap().into_inner();
+    let secrets = session.dangerous_extract_secrets().unwrap();
+    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+}
+
+/// A NewSessionTicket's body (RFC 8446 §4.6.1): lifetime, age_add, nonce,
+/// ticket, no extensions.
+const TICKET: [u8; 17] = [0, 0, 0, 60, 0, 0, 0, 1, 1, 7, 0, 3, 1, 2, 3, 0, 0];
+
+/// What a raw peer sends in one case: the records' bytes, and whether it
+/// then closes the connection.
+type Sending = fn(&mut RawPeer) -> (Vec<u8>, bool);
+
+#[tokio::test]
+async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_call() {
+    let cases: Vec<(&str, Sending, RecordError)> = vec![
+        (
+            "a flipped ciphertext byte",
+            |peer| {
+                let mut record = peer.record(APPLICATION_DATA, b"hello");
+                record[7] ^= 1;
+                (record, false)
+            },
+            RecordError::BadRecordMac,
+        ),
+        (
+            "a record sent twice",
+            |peer| {
+                let record = peer.record(APPLICATION_DATA, b"hello");
+                ([record.clone(), record].concat(), false)
+            },
+            RecordError::BadRecordMac,
+        ),
+        (
+            "a record longer than allowed",
+            |_| {
+                let [high, low] = ((MAX_CIPHERTEXT + 1) as u16).to_be_bytes();
+                ([APPLICATION_DATA, 3, 3, high, low].to_vec(), false)
+            },
+            RecordError::RecordOverflow,
+        ),
+        (
+            "a plaintext longer than allowed",
+            |peer| {
+                (
+                    peer.record(APPLICATION_DATA, &[7; MAX_PLAINTEXT + 1]),
+                    false,
+                )
+            },
+            RecordError::RecordOverflow,
+        ),
+        (
+            "a truncated record, then the end",
+            |peer| (peer.record(APPLICATION_DATA, b"hello")[..10].to_vec(), true),
+            RecordError::Truncated,
+        ),
+        (
+            "the end without close_notify",
+            |_| (Vec::new(), true),
+            RecordError::NoCloseNotify,
+        ),
+        (
+            "an unknown content type",
+            |peer| (peer.record(99, b"x"), false),
+            RecordError::UnexpectedContentType(99),
+        ),
+        (
+            "a sealed ChangeCipherSpec",
+            |peer| (peer.record(20, &[1]), false),
+            RecordError::UnexpectedContentType(20),
+        ),
+        (
+            "a plaintext ChangeCipherSpec",
+            |_| ([20, 3, 3, 0, 1, 1].to_vec(), false),
+            RecordError::BadHeader {
+                content_type: 20,
+                version: 0x0303,
+            },
+        ),
+        (
+            "another record version",
+            |peer| {
+                let mut record = peer.record(APPLICATION_DATA, b"hello");
+                record[2] = 1;
+                (record, false)
+            },
+            RecordError::BadHeader {
+                content_type: APPLICATION_DATA,
+                version: 0x0301,
+            },
+        ),
+        (
+            "a plaintext of padding only",
+            |peer| (peer.seal(&[0; 20]), false),
+            RecordError::NoContentType,
+        ),
+        (
+            "a Finished after the handshake",
+            |peer| (peer.record(HANDSHAKE, &[20, 0, 0, 1, 0]), false),
+            RecordError::UnexpectedHandshake(20),
+        ),
+        (
+            "a KeyUpdate with a request of 2",
+            |peer| (peer.record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 2]), false),
+            RecordError::Malformed("KeyUpdate"),
+        ),
+        (
+            "a KeyUpdate with more after it in its record",
+            |peer| {
+                let two = [KEY_UPDATE, 0, 0, 1, 0, KEY_UPDATE, 0, 0, 1, 0];
+                (peer.record(HANDSHAKE, &two), false)
+            },
+            RecordError::Interleaved,
+        ),
+        (
+            "application data between a ticket's fragments",
+            |peer| {
+                let first = peer.record(HANDSHAKE, &TICKET[..6]);
+                let data = peer.record(APPLICATION_DATA, b"x");
+                ([first, data].concat(), false)
+            },
+            RecordError::Interleaved,
+        ),
+        (
+            "a handshake message longer than allowed",
+            |peer| {
+                (
+                    peer.record(HANDSHAKE, &[NEW_SESSION_TICKET, 1, 0, 0]),
+                    false,
+                )
+            },
+            RecordError::HandshakeTooLong(0x10000),
+        ),
+        (
+            "an empty handshake record",
+            |peer| (peer.record(HANDSHAKE, &[]), false),
+            RecordError::Malformed("empty record"),
+        ),
+        (
+            "an error alert",
+            |peer| (peer.record(ALERT, &[2, 40]), false),
+            RecordError::Alert(AlertDescription::HandshakeFailure),
+        ),
+        (
+            "an alert of three bytes",
+            |peer| (peer.record(ALERT, &[1, 0, 0]), false),
+            RecordError::Malformed("alert"),
+        ),
+        (
+            "33 empty records in a row",
+            |peer| {
+                let records = (0..33).map(|_| peer.record(APPLICATION_DATA, &[]));
+                (records.collect::<Vec<_>>().concat(), false)
+            },
+            RecordError::TooManyEmptyRecords,
+        ),
+    ];
+    for (case, send, expected) in cases {
+        let (mut ours, mut peer) = ours_to_raw().await;
+        let (bytes, close) = send(&mut peer);
+        peer.io.write_all(&bytes).await.unwrap();
+        if close {
+            peer.io.shutdown().await.unwrap();
+        }
+        // What came before the fault is read first.
+        let mut buf = [0; 64];
+        let first = loop {
+            match ours.read(&mut buf).await {
+                Ok(0) => panic!("{case}: the end of the stream, not an error"),
+                Ok(_) => {}
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(record_error(&first), Some(&expected), "{case}");
+        let again = ours.read(&mut buf).await.unwrap_err();
+        assert_eq!(
+            record_error(&again),
+            Some(&expected),
+            "{case}: the next read"
+        );
+        assert_eq!(again.kind(), first.kind(), "{case}");
+        let write = ours.write(b"reply").await.unwrap_err();
+        assert_eq!(record_error(&write), Some(&expected), "{case}: a write");
+        let flush = ours.flush().await.unwrap_err();
+        assert_eq!(record_error(&flush), Some(&expected), "{case}: a flush");
+    }
+}
+
+#[tokio::test]
+async fn a_server_refuses_a_session_ticket_from_its_client() {
+    let (mut ours, mut peer) = raw_to_ours().await;
+    let ticket = [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+    let record = peer.record(HANDSHAKE, &ticket);
+    peer.io.write_all(&record).await.unwrap();
+    let error = ours.read(&mut [0; 16]).await.unwrap_err();
+    let expected = RecordError::UnexpectedHandshake(NEW_SESSION_TICKET);
+    assert_eq!(record_error(&error), Some(&expected));
+}
+
+#[tokio::test]
+async fn what_tls_allows_is_read_through() {
+    let (mut ours, mut peer) = ours_to_raw().await;
+    let ticket = [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+    let records = [
+        // Padding after the content type.
+        peer.seal(&[b"padded" as &[u8], &[APPLICATION_DATA], &[0; 100]].concat()),
+        // An alert that only says the peer gave up on something.
+        peer.record(ALERT, &[1, 90]),
+        // A few empty records.
+        peer.record(APPLICATION_DATA, &[]),
+        peer.record(APPLICATION_DATA, &[]),
+        // A session ticket across two records, then two in one.
+        peer.record(HANDSHAKE, &ticket[..7]),
+        peer.record(HANDSHAKE, &ticket[7..]),
+        peer.record(HANDSHAKE, &[ticket.clone(), ticket].concat()),
+        peer.record(APPLICATION_DATA, b" and more"),
+        // close_notify, after which anything is ignored.
+        peer.record(ALERT, &[1, 0]),
+        b"not even a record".to_vec(),
+    ];
+    peer.io.write_all(&records.concat()).await.unwrap();
+    let mut received = Vec::new();
+    ours.read_to_end(&mut received).await.unwrap();
+    assert_eq!(received, b"padded and more");
+}
