@@ -88,8 +88,8 @@ fn frame(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(len as u64));
     for (name, mut encrypter) in encrypters() {
         let mut seq = 0;
-        // The proxy's TLS session queues a frame's records until the socket
-        // takes them all (`TLS_SEND_BUFFER`, 256 KiB), so they are held
+        // A rustls session with a 256 KiB buffer limit queues a frame's
+        // records until the socket takes them all, so they are held
         // together and freed together.
         let mut queued = Vec::with_capacity(len.div_ceil(RECORD));
         group.bench_function(BenchmarkId::new(name, "256 KiB"), |b| {

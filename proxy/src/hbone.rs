@@ -1,9 +1,9 @@
 //! HBONE (WIRE.md §4): TCP tunneled in HTTP/2 `CONNECT` streams over mesh
 //! mTLS. The dialing side is `hbone/client.rs`, the accepting side
 //! `hbone/server.rs`, the stream-as-socket adapter `hbone/stream.rs`, the
-//! request headers `hbone/headers.rs`, the TLS stream under h2 (each frame
-//! header a record of its own) `hbone/record.rs`. What is shared lives here:
-//! the h2 settings, the parsed `:authority`, and the PING keepalive.
+//! request headers `hbone/headers.rs`. What is shared lives here: the h2
+//! settings, the parsed `:authority`, and the PING keepalive. The TLS
+//! stream under h2 is `ztunnel_certs::tls::record`'s.
 //!
 //! Pooling of client connections lives in `pool.rs`; copying bytes in `copy.rs`.
 
@@ -18,7 +18,6 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 mod client;
 mod headers;
-mod record;
 mod server;
 mod stream;
 
@@ -27,16 +26,10 @@ pub use headers::{
     BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, baggage, connect_headers,
     forwarded, traceparent,
 };
-pub use record::{QueuedPlaintext, RecordAligned};
 pub use server::{
     InboundHandler, InboundRefusal, InboundRequest, ServerError, accept_tls, serve_connection,
 };
 pub use stream::{ActiveStream, H2Stream};
-
-/// Encrypted bytes a TLS session queues before its writer waits for the
-/// socket. Each write to the socket takes all that is queued, so this is
-/// also the largest write: 256 KiB lets TCP build full 64 KiB packets.
-pub(crate) const TLS_SEND_BUFFER: usize = 256 * 1024;
 
 /// The HTTP/2 settings of both sides (WIRE.md §4 "HTTP/2 settings"). The
 /// defaults are ztunnel's; `HTTP2_*` configuration overrides the windows and

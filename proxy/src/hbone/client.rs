@@ -14,13 +14,12 @@ use http::uri::{Authority as UriAuthority, InvalidUri};
 use http::{HeaderMap, Method, Request, StatusCode, Uri, Version};
 use rustls::ClientConfig;
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
-use ztunnel_certs::tls::{ALPN_H2, dummy_server_name, peer_identity};
+use ztunnel_certs::tls::record::{self, HandshakeError};
+use ztunnel_certs::tls::{ALPN_H2, dummy_server_name};
 
 use crate::hbone::Authority;
-use crate::hbone::record::RecordAligned;
 use crate::hbone::stream::{ActiveStream, H2Stream};
 use crate::hbone::{H2Settings, keepalive};
 
@@ -36,7 +35,7 @@ pub enum HboneError {
     /// The TLS handshake failed: a wrong server identity, an unknown CA, or a
     /// broken connection.
     #[error("TLS handshake failed")]
-    Tls(#[source] std::io::Error),
+    Tls(#[source] HandshakeError),
     /// The server did not agree to speak h2 over the TLS session.
     #[error("server did not negotiate ALPN h2")]
     NoAlpnH2,
@@ -91,7 +90,9 @@ impl std::fmt::Debug for HboneConnection {
 
 /// Runs TLS (no SNI, ALPN h2) and the h2 client handshake over `tcp`, then
 /// spawns the connection driver with its keepalive. The server's identity
-/// is checked by `tls`, built with `ztunnel_certs::tls::client_config`.
+/// is checked by `tls`, built with `ztunnel_certs::tls::client_config`;
+/// after the handshake, records are sealed and opened by
+/// `ztunnel_certs::tls::record`.
 ///
 /// Not bounded in time by itself: the caller wraps it in its connect timeout.
 pub async fn connect(
@@ -99,19 +100,13 @@ pub async fn connect(
     tls: Arc<ClientConfig>,
     settings: &H2Settings,
 ) -> Result<HboneConnection, HboneError> {
-    let mut tls_stream = TlsConnector::from(tls)
-        .connect(dummy_server_name(), tcp)
+    let (tls_stream, negotiated) = record::connect(tls, dummy_server_name(), tcp)
         .await
         .map_err(HboneError::Tls)?;
-    tls_stream
-        .get_mut()
-        .1
-        .set_buffer_limit(Some(super::TLS_SEND_BUFFER));
-    let session = tls_stream.get_ref().1;
-    if session.alpn_protocol() != Some(ALPN_H2) {
+    if negotiated.alpn_protocol.as_deref() != Some(ALPN_H2) {
         return Err(HboneError::NoAlpnH2);
     }
-    let peer = peer_identity(session).ok_or(HboneError::NoPeerIdentity)?;
+    let peer = negotiated.peer_identity.ok_or(HboneError::NoPeerIdentity)?;
 
     let (send_request, mut connection) = h2::client::Builder::new()
         .initial_window_size(settings.stream_window)
@@ -121,7 +116,7 @@ pub async fn connect(
         .initial_max_send_streams(settings.client_initial_max_streams)
         .max_send_buffer_size(settings.client_send_buffer)
         .enable_push(false)
-        .handshake::<_, Bytes>(RecordAligned::new(tls_stream))
+        .handshake::<_, Bytes>(tls_stream)
         .await?;
     let ping_pong = connection.ping_pong();
     let shared = Arc::new(Shared {

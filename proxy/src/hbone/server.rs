@@ -17,17 +17,14 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
-use ztunnel_certs::tls::peer_identity;
+use ztunnel_certs::tls::record::{self, HandshakeError, RecordStream};
 
 use crate::copy::{CopyError, Side, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
-use crate::hbone::record::RecordAligned;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
 
@@ -42,7 +39,7 @@ pub enum ServerError {
     /// The TLS handshake failed: no client certificate, unknown CA, foreign
     /// trust domain, or a broken connection.
     #[error("TLS handshake failed")]
-    Tls(#[source] std::io::Error),
+    Tls(#[source] HandshakeError),
     /// The client did not finish the TLS handshake in time.
     #[error("TLS handshake timed out after {0:?}")]
     HandshakeTimeout(Duration),
@@ -125,23 +122,21 @@ pub trait InboundHandler: Send + Sync + 'static {
 
 /// Accepts TLS on `tcp` within `timeout` and returns the stream and the
 /// client's identity. `config` (from `ztunnel_certs::tls::server_config`)
-/// requires and verifies the client certificate.
+/// requires and verifies the client certificate; after the handshake,
+/// records are sealed and opened by `ztunnel_certs::tls::record`.
 pub async fn accept_tls(
     tcp: TcpStream,
     config: Arc<ServerConfig>,
     timeout: Duration,
-) -> Result<(RecordAligned<TlsStream<TcpStream>>, Identity), ServerError> {
-    let accept = TlsAcceptor::from(config).accept(tcp);
-    let mut stream = tokio::time::timeout(timeout, accept)
+) -> Result<(RecordStream<TcpStream>, Identity), ServerError> {
+    let (stream, negotiated) = tokio::time::timeout(timeout, record::accept(config, tcp))
         .await
         .map_err(|_elapsed| ServerError::HandshakeTimeout(timeout))?
         .map_err(ServerError::Tls)?;
-    stream
-        .get_mut()
-        .1
-        .set_buffer_limit(Some(super::TLS_SEND_BUFFER));
-    let identity = peer_identity(stream.get_ref().1).ok_or(ServerError::NoPeerIdentity)?;
-    Ok((RecordAligned::new(stream), identity))
+    let identity = negotiated
+        .peer_identity
+        .ok_or(ServerError::NoPeerIdentity)?;
+    Ok((stream, identity))
 }
 
 /// Serves HBONE on an accepted TLS connection until the client closes it,

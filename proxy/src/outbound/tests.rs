@@ -36,7 +36,7 @@ fn every_outbound_failure_maps_to_one_flag() {
             ResponseFlags::Connect,
         ),
         (
-            tunnel(HboneError::Tls(io_error())),
+            tunnel(HboneError::Tls(io_error().into())),
             ResponseFlags::TlsFailure,
         ),
         (tunnel(HboneError::NoAlpnH2), ResponseFlags::Connect),
@@ -86,7 +86,7 @@ fn a_same_node_refusal_maps_like_the_hbone_answer_it_stands_for() {
 
 #[test]
 fn a_pool_failure_is_the_dial_error_itself_not_a_wrapper() {
-    let shared = Arc::new(HboneError::Tls(io_error()));
+    let shared = Arc::new(HboneError::Tls(io_error().into()));
     let error = OutboundError::from(PoolError::Dial(Arc::clone(&shared)));
     assert!(matches!(&error, OutboundError::Tunnel(inner) if Arc::ptr_eq(inner, &shared)));
     assert_eq!(flags(&error), ResponseFlags::TlsFailure);
