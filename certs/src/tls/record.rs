@@ -151,6 +151,35 @@ pub enum RecordError {
 }
 
 impl RecordError {
+    /// The alert that tells the peer of this error, when the peer's bytes
+    /// caused it and the peer can still hear (RFC 8446 §6.2).
+    fn alert(&self) -> Option<AlertDescription> {
+        match self {
+            RecordError::BadRecordMac => Some(AlertDescription::BadRecordMac),
+            RecordError::RecordOverflow => Some(AlertDescription::RecordOverflow),
+            RecordError::BadHeader { .. }
+            | RecordError::NoContentType
+            | RecordError::UnexpectedContentType(_)
+            | RecordError::UnexpectedHandshake(_)
+            | RecordError::Interleaved
+            | RecordError::HandshakeTooLong(_)
+            | RecordError::TooManyEmptyRecords => Some(AlertDescription::UnexpectedMessage),
+            RecordError::Malformed(_) | RecordError::SessionTicket(_) => {
+                Some(AlertDescription::DecodeError)
+            }
+            RecordError::KeyUpdate(_) | RecordError::SequenceExhausted => {
+                Some(AlertDescription::InternalError)
+            }
+            RecordError::Alert(_)
+            | RecordError::Truncated
+            | RecordError::NoCloseNotify
+            | RecordError::UnsupportedSuite
+            | RecordError::Seal
+            | RecordError::Transport(_)
+            | RecordError::WriteAfterShutdown => None,
+        }
+    }
+
     /// The kind of the `io::Error` this error is reported as.
     fn kind(&self) -> io::ErrorKind {
         match self {
@@ -240,6 +269,19 @@ impl<IO> RecordStream<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> RecordStream<IO> {
+    /// Fails the stream with `error`, the peer's fault, after sending the
+    /// alert that tells it why as far as the transport takes it now: best
+    /// effort, since the stream is done either way.
+    fn fail_and_tell(&mut self, error: RecordError, cx: &mut Context<'_>) -> io::Error {
+        if let Some(alert) = error.alert()
+            && !self.closing
+            && self.sender.seal_alert(&mut self.kernel, alert).is_ok()
+        {
+            let _ = self.sender.poll_drain(Pin::new(&mut self.io), cx);
+        }
+        self.fail(error)
+    }
+
     /// Writes queued records until none is left, or the transport would
     /// block; fails the stream if the transport fails.
     fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -258,18 +300,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<IO> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check()?;
+        // Plaintext goes to the reader from as many buffered records as it
+        // has room for; the transport is read only when none is left.
+        let mut delivered = false;
         loop {
-            if this.receiver.read_plaintext(buf) || this.receiver.is_closed() {
-                return Poll::Ready(Ok(()));
-            }
-            if buf.remaining() == 0 {
+            delivered |= this.receiver.read_plaintext(buf);
+            if buf.remaining() == 0 || this.receiver.is_closed() {
                 return Poll::Ready(Ok(()));
             }
             match this.receiver.open_next(&mut this.kernel) {
                 Ok(Opened::Record) => {}
                 // Answered before our next record (RFC 8446 §4.6.3): sent
-                // with the next write, flush or shutdown.
+                // with the next write or shutdown.
                 Ok(Opened::UpdateRequested) => this.sender.owe_update(),
+                Ok(Opened::NeedMore) if delivered => return Poll::Ready(Ok(())),
                 Ok(Opened::NeedMore) => match this.receiver.poll_fill(Pin::new(&mut this.io), cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(true)) => {}
@@ -281,7 +325,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for RecordStream<IO> {
                         return Poll::Ready(Err(this.fail_transport(error)));
                     }
                 },
-                Err(error) => return Poll::Ready(Err(this.fail(error))),
+                Err(error) => {
+                    let error = this.fail_and_tell(error, cx);
+                    // What came before the fault is the reader's; the
+                    // fault is the next call's.
+                    return Poll::Ready(if delivered { Ok(()) } else { Err(error) });
+                }
             }
         }
     }

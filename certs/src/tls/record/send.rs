@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use aws_lc_rs::aead::{Aad, NONCE_LEN, TlsProtocolId, TlsRecordSealingKey};
-use rustls::ConnectionTrafficSecrets;
+use rustls::{AlertDescription, ConnectionTrafficSecrets};
 use tokio::io::AsyncWrite;
 
 use super::spare::{self, Spare};
@@ -34,6 +34,9 @@ const KEY_UPDATE_NOT_REQUESTED: [u8; 5] = [KEY_UPDATE, 0, 0, 1, 0];
 
 /// close_notify (RFC 8446 §6.1): level warning, description 0.
 const CLOSE_NOTIFY: [u8; 2] = [1, 0];
+
+/// The level of error alerts (RFC 8446 §6).
+const FATAL: u8 = 2;
 
 /// The sending half: the key and the queued records.
 pub(super) struct Sender {
@@ -89,6 +92,15 @@ impl Sender {
     /// comes once.
     pub(super) fn seal_close_notify(&mut self, kernel: &mut Kernel) -> Result<(), RecordError> {
         self.seal(kernel, ALERT, &CLOSE_NOTIFY)
+    }
+
+    /// Queues a fatal alert, after whatever the queue holds.
+    pub(super) fn seal_alert(
+        &mut self,
+        kernel: &mut Kernel,
+        description: AlertDescription,
+    ) -> Result<(), RecordError> {
+        self.seal(kernel, ALERT, &[FATAL, u8::from(description)])
     }
 
     /// Writes queued records to `io` until none is left or it would block.

@@ -1,25 +1,48 @@
 //! A raw peer holding the keys of a real session, sending what no TLS
 //! stack would: each fault fails the stream, and every later call, with
-//! the same error; what TLS allows is read through.
+//! the same error, and the peer gets the alert that says why; what TLS
+//! allows is read through.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, UnboundKey};
 
 use super::*;
 
 /// A peer holding the keys of a real session, which seals whatever it is
-/// told to and writes it raw.
+/// told to and writes it raw, and opens what we send.
 struct RawPeer {
     io: DuplexStream,
+    sending: RawKey,
+    receiving: RawKey,
+}
+
+/// One direction's key, nonces unchecked.
+struct RawKey {
     key: LessSafeKey,
     iv: [u8; NONCE_LEN],
     seq: u64,
 }
 
-impl RawPeer {
-    fn new(io: DuplexStream, (seq, secrets): (u64, ConnectionTrafficSecrets)) -> RawPeer {
+impl RawKey {
+    fn new((seq, secrets): (u64, ConnectionTrafficSecrets)) -> RawKey {
         let (algorithm, key, iv) = traffic_key(&secrets).unwrap();
         let key = LessSafeKey::new(UnboundKey::new(algorithm, key).unwrap());
-        RawPeer { io, key, iv, seq }
+        RawKey { key, iv, seq }
+    }
+
+    /// The next nonce.
+    fn nonce(&mut self) -> aws_lc_rs::aead::Nonce {
+        self.seq += 1;
+        nonce(&self.iv, self.seq - 1)
+    }
+}
+
+impl RawPeer {
+    fn new(io: DuplexStream, secrets: ExtractedSecrets) -> RawPeer {
+        RawPeer {
+            io,
+            sending: RawKey::new(secrets.tx),
+            receiving: RawKey::new(secrets.rx),
+        }
     }
 
     /// The next record, sealed around `inner` (content, type, padding).
@@ -28,17 +51,31 @@ impl RawPeer {
         let len = (inner.len() + 16) as u16;
         let [high, low] = len.to_be_bytes();
         let header = [APPLICATION_DATA, 3, 3, high, low];
-        let nonce = nonce(&self.iv, self.seq);
-        self.key
-            .seal_in_place_append_tag(nonce, Aad::from(header), &mut sealed)
+        let nonce = self.sending.nonce();
+        let key = &self.sending.key;
+        key.seal_in_place_append_tag(nonce, Aad::from(header), &mut sealed)
             .unwrap();
-        self.seq += 1;
         [&header[..], &sealed].concat()
     }
 
     /// The next record, carrying `content` of `content_type`.
     fn record(&mut self, content_type: u8, content: &[u8]) -> Vec<u8> {
         self.seal(&[content, &[content_type]].concat())
+    }
+
+    /// The next record we sent, opened: its content type and content.
+    async fn receive(&mut self) -> (u8, Vec<u8>) {
+        let mut header = [0; HEADER_LEN];
+        self.io.read_exact(&mut header).await.unwrap();
+        let mut sealed = vec![0; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+        self.io.read_exact(&mut sealed).await.unwrap();
+        let nonce = self.receiving.nonce();
+        let key = &self.receiving.key;
+        let inner = key
+            .open_in_place(nonce, Aad::from(header), &mut sealed)
+            .unwrap();
+        let type_at = inner.iter().rposition(|&byte| byte != 0).unwrap();
+        (inner[type_at], inner[..type_at].to_vec())
     }
 }
 
@@ -51,7 +88,7 @@ async fn ours_to_raw() -> (RecordStream<DuplexStream>, RawPeer) {
     );
     let (io, session) = theirs.unwrap().into_inner();
     let secrets = session.dangerous_extract_secrets().unwrap();
-    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+    (ours.unwrap().0, RawPeer::new(io, secrets))
 }
 
 /// Our server after a real handshake, and the client as a raw peer.
@@ -63,7 +100,7 @@ async fn raw_to_ours() -> (RecordStream<DuplexStream>, RawPeer) {
     );
     let (io, session) = theirs.unwrap().into_inner();
     let secrets = session.dangerous_extract_secrets().unwrap();
-    (ours.unwrap().0, RawPeer::new(io, secrets.tx))
+    (ours.unwrap().0, RawPeer::new(io, secrets))
 }
 
 /// A NewSessionTicket's body (RFC 8446 §4.6.1): lifetime, age_add, nonce,
@@ -246,6 +283,11 @@ async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_ca
         assert_eq!(record_error(&write), Some(&expected), "{case}: a write");
         let flush = ours.flush().await.unwrap_err();
         assert_eq!(record_error(&flush), Some(&expected), "{case}: a flush");
+        // The peer is told why, when it can still hear.
+        if let Some(alert) = expected.alert() {
+            let told = peer.receive().await;
+            assert_eq!(told, (ALERT, vec![2, u8::from(alert)]), "{case}");
+        }
     }
 }
 
