@@ -240,11 +240,6 @@ impl<IO> RecordStream<IO> {
         })
     }
 
-    /// The transport.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-
     /// Fails the stream with `error`, for this call and every later one.
     fn fail(&mut self, error: RecordError) -> io::Error {
         self.failed = Some(error.clone());

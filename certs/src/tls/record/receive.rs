@@ -122,27 +122,9 @@ impl Receiver {
     /// Opens the next buffered record and acts on what it carries.
     pub(super) fn open_next(&mut self, kernel: &mut Kernel) -> Result<Opened, RecordError> {
         let unread = self.buf.get_mut(self.start..self.end).unwrap_or_default();
-        let Some(header) = unread.get(..HEADER_LEN) else {
+        let Some((header, sealed_len)) = checked_header(unread)? else {
             return Ok(Opened::NeedMore);
         };
-        let header: [u8; HEADER_LEN] = header.try_into().map_err(|_| RecordError::Truncated)?;
-        let [
-            content_type,
-            version_major,
-            version_minor,
-            len_high,
-            len_low,
-        ] = header;
-        if content_type != APPLICATION_DATA || [version_major, version_minor] != LEGACY_VERSION {
-            return Err(RecordError::BadHeader {
-                content_type,
-                version: u16::from_be_bytes([version_major, version_minor]),
-            });
-        }
-        let sealed_len = usize::from(u16::from_be_bytes([len_high, len_low]));
-        if sealed_len > MAX_CIPHERTEXT {
-            return Err(RecordError::RecordOverflow);
-        }
         let record_len = HEADER_LEN + sealed_len;
         let Some(sealed) = unread.get_mut(HEADER_LEN..record_len) else {
             return Ok(Opened::NeedMore);
@@ -202,7 +184,11 @@ impl Receiver {
                     // Warning or fatal; in TLS 1.3 the description decides
                     // (RFC 8446 §6).
                     Some(&[1 | 2, description]) => match AlertDescription::from(description) {
-                        AlertDescription::CloseNotify => self.closed = true,
+                        AlertDescription::CloseNotify => {
+                            // Nothing buffered is read any more.
+                            self.closed = true;
+                            self.release();
+                        }
                         AlertDescription::UserCanceled => {}
                         other => return Err(RecordError::Alert(other)),
                     },
@@ -299,7 +285,7 @@ impl Receiver {
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
                 if self.start == self.end {
-                    spare::give(Spare::Receive, std::mem::take(&mut self.buf));
+                    self.release();
                 }
                 Poll::Pending
             }
@@ -313,6 +299,14 @@ impl Receiver {
         } else {
             RecordError::Truncated
         }
+    }
+
+    /// Gives the buffer back, with whatever it holds.
+    fn release(&mut self) {
+        spare::give(Spare::Receive, std::mem::take(&mut self.buf));
+        self.start = 0;
+        self.end = 0;
+        self.plaintext = 0..0;
     }
 
     /// Makes sure the buffer is there and at least `len` long.
@@ -330,6 +324,33 @@ impl Receiver {
     pub(super) fn buffer_capacity(&self) -> usize {
         self.buf.capacity()
     }
+}
+
+/// The header at the front of `unread`, if it is all there, and the length
+/// of the sealed body after it: an encrypted TLS 1.3 record of at most the
+/// longest ciphertext allowed (RFC 8446 §5.2).
+fn checked_header(unread: &[u8]) -> Result<Option<([u8; HEADER_LEN], usize)>, RecordError> {
+    let Some(&header) = unread.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let [
+        content_type,
+        version_major,
+        version_minor,
+        len_high,
+        len_low,
+    ] = header;
+    if content_type != APPLICATION_DATA || [version_major, version_minor] != LEGACY_VERSION {
+        return Err(RecordError::BadHeader {
+            content_type,
+            version: u16::from_be_bytes([version_major, version_minor]),
+        });
+    }
+    let sealed_len = usize::from(u16::from_be_bytes([len_high, len_low]));
+    if sealed_len > MAX_CIPHERTEXT {
+        return Err(RecordError::RecordOverflow);
+    }
+    Ok(Some((header, sealed_len)))
 }
 
 /// The peer's traffic key, with the sequence number of the next record it
