@@ -477,6 +477,7 @@ async fn close_notify_either_way_is_the_end_of_the_stream_on_the_other_side() {
         0,
         "and the end stays"
     );
+    assert_eq!(ours.receiver.buffer_capacity(), 0, "nothing more is read");
 }
 
 #[tokio::test]
