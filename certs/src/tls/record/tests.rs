@@ -58,18 +58,23 @@ struct Pki {
 fn pki() -> &'static Pki {
     static PKI: OnceLock<Pki> = OnceLock::new();
     PKI.get_or_init(|| {
-        let root = generate_root("cluster.local", SystemTime::now()).unwrap();
-        let issuer = Issuer::new(&SigningMaterial {
-            root_cert_pem: root.cert_pem,
-            root_key_pem: Some(root.key_pem),
-            ..SigningMaterial::default()
-        })
-        .unwrap();
+        let issuer = root_issuer();
         Pki {
             client: issue(&issuer, &identity(CLIENT)),
             server: issue(&issuer, &identity(SERVER)),
         }
     })
+}
+
+/// An issuer signing from a root of its own.
+fn root_issuer() -> Issuer {
+    let root = generate_root("cluster.local", SystemTime::now()).unwrap();
+    Issuer::new(&SigningMaterial {
+        root_cert_pem: root.cert_pem,
+        root_key_pem: Some(root.key_pem),
+        ..SigningMaterial::default()
+    })
+    .unwrap()
 }
 
 fn issue(issuer: &Issuer, identity: &Identity) -> WorkloadCertificate {

@@ -30,6 +30,18 @@ async fn stock_handshake_with_data(
     }
 }
 
+/// Checks that `ours` holds bytes read with the handshake's end, and that
+/// they are the stock side's first data.
+async fn reads_what_came_with_the_handshake(mut ours: RecordStream<DuplexStream>) {
+    assert!(
+        ours.receiver.buffer_capacity() > 0,
+        "the data came with the handshake"
+    );
+    let mut received = [0; 10];
+    ours.read_exact(&mut received).await.unwrap();
+    assert_eq!(&received, b"right away");
+}
+
 #[tokio::test]
 async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
     // Our client: the stock server's first data follows its Finished. A
@@ -49,14 +61,7 @@ async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
         connect(client_tls(), dummy_server_name(), ours),
         stock_handshake_with_data(server.into(), theirs, b"right away"),
     );
-    let mut ours = ours.unwrap().0;
-    assert!(
-        ours.receiver.buffer_capacity() > 0,
-        "the data came with the handshake"
-    );
-    let mut received = [0; 10];
-    ours.read_exact(&mut received).await.unwrap();
-    assert_eq!(&received, b"right away");
+    reads_what_came_with_the_handshake(ours.unwrap().0).await;
 
     // Our server: the stock client's first data follows its Finished.
     let (ours, theirs) = tokio::io::duplex(PIPE);
@@ -65,14 +70,7 @@ async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
         accept(server_tls(), ours),
         stock_handshake_with_data(client.into(), theirs, b"right away"),
     );
-    let mut ours = ours.unwrap().0;
-    assert!(
-        ours.receiver.buffer_capacity() > 0,
-        "the data came with the handshake"
-    );
-    let mut received = [0; 10];
-    ours.read_exact(&mut received).await.unwrap();
-    assert_eq!(&received, b"right away");
+    reads_what_came_with_the_handshake(ours.unwrap().0).await;
 }
 
 /// The rustls error a stock tokio-rustls stream reported.
@@ -107,13 +105,7 @@ async fn a_server_of_an_unexpected_identity_is_refused_and_told_why() {
 #[tokio::test]
 async fn a_client_of_another_trust_domain_is_refused_and_told_why() {
     // One root for both, so that only the trust domain differs.
-    let root = generate_root("cluster.local", SystemTime::now()).unwrap();
-    let issuer = Issuer::new(&SigningMaterial {
-        root_cert_pem: root.cert_pem,
-        root_key_pem: Some(root.key_pem),
-        ..SigningMaterial::default()
-    })
-    .unwrap();
+    let issuer = root_issuer();
     let server = issue(&issuer, &identity(SERVER));
     let foreign = issue(
         &issuer,
