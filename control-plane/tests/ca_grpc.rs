@@ -400,7 +400,8 @@ async fn a_pod_moving_node_revokes_the_node_agent_authorization() {
         "uid-zb",
         Some("node-b"),
     );
-    assert!(ca.issue(&ztunnel_b, Some(APP)).await.is_ok());
+    let issued = ca.issue(&ztunnel_b, Some(APP)).await;
+    assert!(issued.is_ok(), "ztunnel-b after the move: {issued:?}");
 
     // A broken file keeps the last good registry.
     std::fs::write(&ca.mesh, "- {name: [broken\n").unwrap();
