@@ -260,29 +260,13 @@ impl Drop for TestCa {
 
 /// A certificate for `identity` from a root of its own, unknown to the mesh.
 pub fn foreign_certificate(identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
-    certificates_from_one_root(std::slice::from_ref(identity))?
-        .pop()
-        .context("one certificate for one identity")
-}
-
-/// Certificates for `identities`, all signed by one root of their own:
-/// peers that trust each other and no mesh.
-pub fn certificates_from_one_root(
-    identities: &[Identity],
-) -> anyhow::Result<Vec<WorkloadCertificate>> {
-    let trust_domain = identities
-        .first()
-        .map_or("cluster.local", |identity| identity.trust_domain());
-    let root = generate_root(trust_domain, SystemTime::now())?;
+    let root = generate_root(identity.trust_domain(), SystemTime::now())?;
     let issuer = Issuer::new(&SigningMaterial {
         root_cert_pem: root.cert_pem,
         root_key_pem: Some(root.key_pem),
         ..SigningMaterial::default()
     })?;
-    identities
-        .iter()
-        .map(|identity| issue_with(&issuer, identity))
-        .collect()
+    issue_with(&issuer, identity)
 }
 
 fn issue_with(issuer: &Issuer, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {

@@ -293,6 +293,18 @@ where
 /// Sizes from a byte to 4 MiB, around the record size on both sides.
 const SIZES: [usize; 8] = [1, 9, 16_383, 16_384, 16_385, 100_000, 1 << 20, 4 << 20];
 
+/// [`exchange`] of each of [`SIZES`] in turn.
+async fn exchange_every_size<A, B>(a: A, b: B)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut pair = (a, b);
+    for len in SIZES {
+        pair = exchange(pair.0, pair.1, len).await;
+    }
+}
+
 /// The KeyUpdate records among `wire[from..]`.
 fn key_updates(wire: &Wire, from: usize) -> usize {
     let wire = wire.lock().unwrap();
@@ -313,10 +325,7 @@ async fn our_client_and_a_stock_server_agree_on_h2_and_move_every_byte_both_ways
     assert_eq!(negotiated.alpn_protocol.as_deref(), Some(ALPN_H2));
     assert_eq!(negotiated.peer_identity, Some(identity(SERVER)));
     assert_eq!(peer_identity(theirs.get_ref().1), Some(identity(CLIENT)));
-    let mut pair = (ours, theirs);
-    for len in SIZES {
-        pair = exchange(pair.0, pair.1, len).await;
-    }
+    exchange_every_size(ours, theirs).await;
 }
 
 #[tokio::test]
@@ -325,10 +334,7 @@ async fn a_stock_client_and_our_server_agree_on_h2_and_move_every_byte_both_ways
     assert_eq!(negotiated.alpn_protocol.as_deref(), Some(ALPN_H2));
     assert_eq!(negotiated.peer_identity, Some(identity(CLIENT)));
     assert_eq!(peer_identity(theirs.get_ref().1), Some(identity(SERVER)));
-    let mut pair = (ours, theirs);
-    for len in SIZES {
-        pair = exchange(pair.0, pair.1, len).await;
-    }
+    exchange_every_size(ours, theirs).await;
 }
 
 #[tokio::test]
