@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes parts the tests run against: kube-apiserver and
-# kubectl (test-support/kube-env, k8s.io/kubernetes), etcd
-# (test-support/kube-env/etcd, go.etcd.io/etcd/server), helm
-# (test-support/kube-env/helm, helm.sh/helm/v4) and umoci
-# (test-support/kube-env/umoci, the daemonless OCI image tool that
-# scripts/build-images.sh uses). Every version is pinned in those modules'
-# go.mod and go.sum.
+# Builds the real Kubernetes parts the tests run against, each group from a
+# wrapper module under test-support/kube-env whose go.mod and go.sum pin
+# every version:
+#   kube        kube-apiserver, kubectl, kubelet, kube-controller-manager,
+#               kube-scheduler, kube-proxy (k8s.io/kubernetes)
+#   etcd        etcd (go.etcd.io/etcd/server)
+#   helm        helm (helm.sh/helm/v4)
+#   umoci       umoci, the daemonless OCI image tool of scripts/build-images.sh
+#   containerd  containerd, containerd-shim-runc-v2, ctr
+#   runc        runc (cgo, with seccomp: needs libseccomp-dev)
+#   cri-tools   crictl
+#   coredns     coredns, the test cluster's DNS
 #
-# The binaries go to a cache outside target/ (default
-# ~/.cache/ztunnel-kube-env), in a directory named after the hash of the
-# pinning files, with `current` pointing at it; test-support's `KubeApi`
-# looks there. A second call with the same pins does nothing.
+# Each group is cached on its own, outside target/ (default
+# ~/.cache/ztunnel-kube-env/parts/GROUP-HASH), keyed by its module files and
+# its build recipe, so a change to one group rebuilds only that one. The
+# directory `current/bin` (the one test-support looks in) links every
+# group's binaries. A second call with the same pins builds nothing.
 #
-#   scripts/k8s-test-env.sh          build if needed, print the bin directory
+#   scripts/k8s-test-env.sh          build what is missing, print the bin directory
 #   ZTUNNEL_KUBE_ENV=DIR ...         another cache directory
 #   GOCACHE=DIR ...                  build with (and keep) this Go build cache
 set -euo pipefail
@@ -23,90 +29,151 @@ modules=test-support/kube-env
 version=v1.37.2
 
 if ! command -v go >/dev/null; then
-  echo "k8s-test-env: no Go toolchain on PATH; the API server cannot be built" >&2
+  echo "k8s-test-env: no Go toolchain on PATH; the Kubernetes parts cannot be built" >&2
   exit 1
 fi
 
-key="$(cat "$0" "$modules"/go.mod "$modules"/go.sum "$modules"/tools.go \
-  "$modules"/etcd/go.mod "$modules"/etcd/go.sum "$modules"/etcd/main.go \
-  "$modules"/helm/go.mod "$modules"/helm/go.sum "$modules"/helm/tools.go \
-  "$modules"/umoci/go.mod "$modules"/umoci/go.sum "$modules"/umoci/tools.go \
-  | sha256sum | cut -c1-16)"
-out="$cache/$key"
-built() {
-  for tool in kube-apiserver etcd kubectl helm umoci; do
-    [ -x "$out/bin/$tool" ] || return 1
+# The version the Kubernetes binaries report (/version, kubectl version,
+# the node's kubeletVersion) is stamped at link time, as Kubernetes' own
+# build does.
+kube_stamp="-X k8s.io/component-base/version.gitVersion=$version"
+kube_stamp+=" -X k8s.io/component-base/version.gitMajor=1"
+kube_stamp+=" -X k8s.io/component-base/version.gitMinor=37"
+kube_stamp+=" -X k8s.io/component-base/version.gitTreeState=clean"
+kube_stamp+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
+kube_stamp+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+kube_stamp+=" -X k8s.io/client-go/pkg/version.gitMinor=37"
+
+# One line per group: name, module directory, binaries, then the build
+# command run in the module directory with $OUT the output directory. The
+# line is part of the group's cache key.
+recipes=(
+  "kube|.|kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler kube-proxy|CGO_ENABLED=0 go build -trimpath -ldflags \"-s -w $kube_stamp\" -o \$OUT/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy"
+  "etcd|etcd|etcd|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o \$OUT/etcd ."
+  "helm|helm|helm|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2 -X helm.sh/helm/v4/internal/version.metadata=' -o \$OUT/helm helm.sh/helm/v4/cmd/helm"
+  "umoci|umoci|umoci|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o \$OUT/umoci github.com/opencontainers/umoci/cmd/umoci"
+  "containerd|containerd|containerd containerd-shim-runc-v2 ctr|CGO_ENABLED=0 go build -trimpath -tags 'no_btrfs no_devmapper no_zfs' -ldflags '-s -w -X github.com/containerd/containerd/v2/version.Version=v2.4.2' -o \$OUT/ github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr"
+  "runc|runc|runc|CGO_ENABLED=1 go build -trimpath -tags seccomp -ldflags '-s -w -X main.version=1.5.3' -o \$OUT/runc github.com/opencontainers/runc"
+  "cri-tools|cri-tools|crictl|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0' -o \$OUT/crictl sigs.k8s.io/cri-tools/cmd/crictl"
+  "coredns|coredns|coredns|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o \$OUT/coredns github.com/coredns/coredns"
+)
+
+group_key() { # recipe -> hash of the recipe and its module's files
+  local dir
+  dir="$modules/$(cut -d'|' -f2 <<<"$1")"
+  { printf '%s\n' "$1"; cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go; } | sha256sum | cut -c1-16
+}
+group_built() { # directory binaries...
+  local dir="$1" tool
+  shift
+  for tool in "$@"; do
+    [ -x "$dir/bin/$tool" ] || return 1
   done
 }
-if built; then
-  ln -sfn "$key" "$cache/current"
-  echo "$out/bin"
+
+# Links every group's binaries into one bin directory named after all the
+# keys, then points `current` at it.
+assemble() {
+  local keys="" recipe name bins key tool
+  for recipe in "${recipes[@]}"; do
+    keys+="$(group_key "$recipe")"
+  done
+  local combined
+  combined="$(sha256sum <<<"$keys" | cut -c1-16)"
+  rm -rf "$cache/$combined.tmp"
+  mkdir -p "$cache/$combined.tmp/bin"
+  for recipe in "${recipes[@]}"; do
+    IFS='|' read -r name _ bins _ <<<"$recipe"
+    key="$(group_key "$recipe")"
+    for tool in $bins; do
+      ln -s "../../parts/$name-$key/bin/$tool" "$cache/$combined.tmp/bin/$tool"
+    done
+  done
+  rm -rf "${cache:?}/$combined"
+  mv "$cache/$combined.tmp" "$cache/$combined"
+  ln -sfn "$combined" "$cache/current"
+  # Bin directories of other pins (and of this script's older one-key
+  # layout) are left from earlier builds: give their disk back.
+  local dir
+  for dir in "$cache"/*/; do
+    dir="${dir%/}"
+    case "${dir##*/}" in parts | current | "$combined") ;; *) rm -rf "$dir" ;; esac
+  done
+}
+
+missing() {
+  local recipe name bins
+  for recipe in "${recipes[@]}"; do
+    IFS='|' read -r name _ bins _ <<<"$recipe"
+    # shellcheck disable=SC2086
+    group_built "$cache/parts/$name-$(group_key "$recipe")" $bins || echo "$name"
+  done
+}
+
+if [ -z "$(missing)" ]; then
+  assemble
+  echo "$cache/current/bin"
   exit 0
 fi
 
 # One build at a time: two concurrent runs would share (and delete) each
 # other's build directory. The second waits, then finds the binaries built.
-mkdir -p "$cache"
+mkdir -p "$cache/parts"
 exec 9>"$cache/.lock"
 if ! flock -n 9; then
   echo "k8s-test-env: another build is running; waiting for it" >&2
   flock 9
 fi
-if built; then
-  ln -sfn "$key" "$cache/current"
-  echo "$out/bin"
-  exit 0
+
+# runc links libseccomp: install its headers when we can.
+if missing | grep -qx runc && ! [ -e /usr/include/seccomp.h ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q libseccomp-dev >&2
+  else
+    echo "k8s-test-env: runc needs libseccomp-dev (seccomp.h); install it as root" >&2
+    exit 1
+  fi
 fi
 
-mkdir -p "$out"
-# A build cache of its own, removed after a good build: the API server's
-# takes ~3 GB and would only be used again when the pins change. A GOCACHE
-# the caller exported is used instead, and kept.
+# A build cache of its own, removed after a good build: Kubernetes' takes
+# ~4 GB and would only be used again when the pins change. A GOCACHE the
+# caller exported is used instead, and kept.
 build_cache=""
 if [ -z "${GOCACHE:-}" ]; then
-  build_cache="$out/go-build"
+  build_cache="$cache/go-build"
   export GOCACHE="$build_cache"
 fi
 export GOFLAGS="-mod=readonly -buildvcs=false"
-export CGO_ENABLED=0
 
 started=$(date +%s)
-echo "k8s-test-env: building kube-apiserver, kubectl $version, etcd, helm and umoci into $out (cold: 10-15 minutes on 2 cores)" >&2
-# The version the binaries report (/version, kubectl version) is stamped at
-# link time, as Kubernetes' own build does.
-stamp="-X k8s.io/component-base/version.gitVersion=$version"
-stamp+=" -X k8s.io/component-base/version.gitMajor=1"
-stamp+=" -X k8s.io/component-base/version.gitMinor=37"
-stamp+=" -X k8s.io/component-base/version.gitTreeState=clean"
-stamp+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
-stamp+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
-stamp+=" -X k8s.io/client-go/pkg/version.gitMinor=37"
-(
-  cd "$modules"
-  go build -trimpath -ldflags "-s -w $stamp" -o "$out/bin.tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
-)
-(
-  cd "$modules/etcd"
-  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/etcd" .
-)
-(
-  cd "$modules/helm"
-  go build -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2 -X helm.sh/helm/v4/internal/version.metadata=" \
-    -o "$out/bin.tmp/helm" helm.sh/helm/v4/cmd/helm
-)
-(
-  cd "$modules/umoci"
-  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/umoci" github.com/opencontainers/umoci/cmd/umoci
-)
-rm -rf "$out/bin"
-mv "$out/bin.tmp" "$out/bin"
+echo "k8s-test-env: building $(missing | tr '\n' ' ')into $cache/parts (cold, all groups: about 35 minutes on 2 cores)" >&2
+for recipe in "${recipes[@]}"; do
+  IFS='|' read -r name dir bins command <<<"$recipe"
+  key="$(group_key "$recipe")"
+  out="$cache/parts/$name-$key"
+  # shellcheck disable=SC2086
+  group_built "$out" $bins && continue
+  group_started=$(date +%s)
+  rm -rf "$out"
+  mkdir -p "$out/bin.tmp"
+  (cd "$modules/$dir" && OUT="$out/bin.tmp" bash -c "$command")
+  mv "$out/bin.tmp" "$out/bin"
+  echo "k8s-test-env: $name built in $(( $(date +%s) - group_started )) s" >&2
+done
 if [ -n "$build_cache" ]; then
   chmod -R u+w "$build_cache" 2>/dev/null || true
   rm -rf "$build_cache"
 fi
-ln -sfn "$key" "$cache/current"
-echo "k8s-test-env: built in $(( $(date +%s) - started )) s; $(du -sh "$out/bin" | cut -f1) of binaries" >&2
-"$out/bin/kube-apiserver" --version >&2
-echo "$out/bin"
+# Groups of older pins are no longer linked from anywhere: give their disk back.
+for dir in "$cache"/parts/*; do
+  keep=""
+  for recipe in "${recipes[@]}"; do
+    [ "$dir" = "$cache/parts/$(cut -d'|' -f1 <<<"$recipe")-$(group_key "$recipe")" ] && keep=1
+  done
+  [ -n "$keep" ] || rm -rf "$dir"
+done
+assemble
+echo "k8s-test-env: built in $(( $(date +%s) - started )) s; $(du -shL "$cache/current/bin" | cut -f1) of binaries" >&2
+"$cache/current/bin/kube-apiserver" --version >&2
+echo "$cache/current/bin"

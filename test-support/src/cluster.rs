@@ -484,7 +484,7 @@ fn route_pod_subnets(nodes: &[Node]) -> anyhow::Result<()> {
 }
 
 /// Joins `member` to the fabric bridge with a veth pair and gives it `ip`.
-fn attach(fabric: &NetNs, member: &NetNs, ip: Ipv4Addr) -> anyhow::Result<()> {
+pub(crate) fn attach(fabric: &NetNs, member: &NetNs, ip: Ipv4Addr) -> anyhow::Result<()> {
     let last = ip.octets()[3];
     let (outer, inner) = (format!("f{}x{last}", std::process::id() % 100_000), "eth0");
     netns::run(

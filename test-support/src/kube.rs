@@ -6,13 +6,18 @@
 //! RBAC authorization. There is no kubelet, scheduler or controller
 //! manager: tests write pod status themselves (`objects.rs`).
 //!
+//! [`KubeApi::start_for_cluster`] starts the same API server for a cluster
+//! of real nodes (`crate::real_cluster`): it advertises an address the
+//! nodes reach, authorizes kubelets with the Node authorizer, and signs
+//! client certificates for the other components.
+//!
 //! Dropping a [`KubeApi`] stops both processes (by PID) and removes the
 //! directory. The admin identity is a client certificate in group
 //! `system:masters`; [`KubeApi::kubeconfig_for_token`] gives a kubeconfig
 //! for any other identity, such as a service account bound to exactly the
 //! role a component ships with.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,7 +35,11 @@ pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster
 /// Virtual IPs of Services: inside the benchmarking range the tests may
 /// use, and apart from the pod subnets (198.18.x.0/24) the netns cluster
 /// hands out.
-const SERVICE_CLUSTER_IP_RANGE: &str = "198.19.128.0/20";
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "198.19.128.0/20";
+
+/// The `kubernetes` Service's virtual IP: the first of the range, which the
+/// API server reserves for it.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 128, 1);
 
 /// How long the API server may take to report ready: a cold start on two
 /// busy cores takes a few seconds; the bound only keeps a broken start from
@@ -50,6 +59,12 @@ pub struct KubeApi {
     /// The serving CA, PEM.
     ca_pem: String,
     admin_kubeconfig: PathBuf,
+    /// The signing CA's key, PEM: client certificates for cluster
+    /// components are signed with it.
+    ca_key_pem: String,
+    /// Set for a cluster of real nodes: the address the API server
+    /// advertises to them.
+    advertise: Option<Ipv4Addr>,
     started_in: Duration,
 }
 
@@ -87,13 +102,34 @@ impl KubeApi {
                 return Ok(None);
             }
         };
-        Self::start_with(bin).map(Some)
+        Self::start_with(bin, None).map(Some)
     }
 
-    fn start_with(bin: PathBuf) -> anyhow::Result<KubeApi> {
+    /// Starts etcd and kube-apiserver for a cluster of real nodes. It
+    /// listens on this process's loopback as [`KubeApi::start`]'s does,
+    /// and advertises `advertise` (where the cluster carries the nodes'
+    /// connections to it) as the `kubernetes` Service's endpoint; its
+    /// certificate names that address and the Service's. Kubelets are
+    /// authorized by the Node authorizer and NodeRestriction admission, as
+    /// in any cluster.
+    pub fn start_for_cluster(bin: PathBuf, advertise: Ipv4Addr) -> anyhow::Result<KubeApi> {
+        Self::start_with(bin, Some(advertise))
+    }
+
+    fn start_with(bin: PathBuf, advertise: Option<Ipv4Addr>) -> anyhow::Result<KubeApi> {
         let started = Instant::now();
         let dir = tempfile::Builder::new().prefix("ztunnel-kube-").tempdir()?;
-        let pki = Pki::generate()?;
+        let mut names = vec![];
+        if let Some(address) = advertise {
+            names.extend([
+                address.to_string(),
+                KUBERNETES_SERVICE_IP.to_string(),
+                "kubernetes".to_owned(),
+                "kubernetes.default".to_owned(),
+                "kubernetes.default.svc.cluster.local".to_owned(),
+            ]);
+        }
+        let pki = Pki::generate(names)?;
         pki.write(dir.path())?;
 
         let etcd_client = free_port()?;
@@ -135,6 +171,8 @@ impl KubeApi {
             etcd_url,
             ca_pem: pki.ca_pem,
             admin_kubeconfig,
+            ca_key_pem: pki.ca_key_pem,
+            advertise,
             started_in: Duration::ZERO,
         };
         api.start_apiserver_on(port)?;
@@ -145,14 +183,25 @@ impl KubeApi {
     fn start_apiserver_on(&mut self, port: u16) -> anyhow::Result<()> {
         let dir = self.dir.path();
         let file = |name: &str| dir.join(name).display().to_string();
+        let mut command = Command::new(self.bin.join("kube-apiserver"));
+        match self.advertise {
+            // Pods reach the API through the `kubernetes` Service, whose
+            // endpoint is the advertised address.
+            Some(address) => command
+                .arg(format!("--advertise-address={address}"))
+                .arg("--authorization-mode=Node,RBAC")
+                .arg("--enable-admission-plugins=NodeRestriction"),
+            // The `kubernetes` Service's endpoints would have to be a
+            // routable address; no pod here talks to the API through it.
+            None => command
+                .arg("--advertise-address=127.0.0.1")
+                .arg("--endpoint-reconciler-type=none")
+                .arg("--authorization-mode=RBAC"),
+        };
         let child = spawn(
-            Command::new(self.bin.join("kube-apiserver"))
+            command
                 .arg(format!("--etcd-servers={}", self.etcd_url))
                 .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
-                // The `kubernetes` Service's endpoints would have to be a
-                // routable address; no pod here talks to the API through it.
-                .arg("--endpoint-reconciler-type=none")
                 .arg(format!("--secure-port={port}"))
                 .arg(format!("--cert-dir={}", file("apiserver-certs")))
                 .arg(format!("--tls-cert-file={}", file("serving.pem")))
@@ -167,7 +216,6 @@ impl KubeApi {
                     "--service-account-signing-key-file={}",
                     file("sa-key.pem")
                 ))
-                .arg("--authorization-mode=RBAC")
                 .arg(format!(
                     "--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"
                 ))
@@ -277,6 +325,77 @@ impl KubeApi {
         Ok(path)
     }
 
+    /// A kubeconfig file for a client certificate with common name `user`
+    /// in `groups`, signed by the API server's client CA: how a kubelet
+    /// (`system:node:<name>` in `system:nodes`), kube-proxy, the scheduler
+    /// and the controller-manager authenticate.
+    pub fn kubeconfig_for_user(
+        &self,
+        name: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> anyhow::Result<PathBuf> {
+        let ca_key = KeyPair::from_pem(&self.ca_key_pem)?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&self.ca_pem, ca_key)?;
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        for group in groups {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            kubeconfig(
+                &self.server,
+                &self.ca_pem,
+                User::Certificate {
+                    cert_pem: &cert.pem(),
+                    key_pem: &key.serialize_pem(),
+                },
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// The same kubeconfig with another server URL: for a component that
+    /// reaches the API server at another address than this process does.
+    pub fn kubeconfig_with_server(
+        &self,
+        kubeconfig: &Path,
+        server: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(kubeconfig)?)?;
+        config["clusters"][0]["cluster"]["server"] = serde_json::Value::from(server);
+        let stem = kubeconfig
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .unwrap_or("kubeconfig");
+        let path = kubeconfig.with_file_name(format!("{stem}-remote.kubeconfig"));
+        std::fs::write(&path, config.to_string())?;
+        Ok(path)
+    }
+
+    /// The service-account signing key (PEM file): the controller-manager
+    /// signs the legacy token Secrets with it.
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.path().join("sa-key.pem")
+    }
+
+    /// The client and serving CA (PEM file), as kubelets and pods trust it.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The directory of the binaries `scripts/k8s-test-env.sh` built.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
     /// A directory for the test's own files, removed with the API server.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -362,6 +481,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client>
 /// The generated certificates and keys, PEM.
 struct Pki {
     ca_pem: String,
+    ca_key_pem: String,
     serving_pem: String,
     serving_key_pem: String,
     admin_cert_pem: String,
@@ -371,7 +491,8 @@ struct Pki {
 }
 
 impl Pki {
-    fn generate() -> anyhow::Result<Pki> {
+    /// `names`: serving-certificate names beside the loopback ones.
+    fn generate(names: Vec<String>) -> anyhow::Result<Pki> {
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params
@@ -382,11 +503,13 @@ impl Pki {
         let issuer = rcgen::Issuer::new(ca_params, &ca_key);
 
         let serving_key = KeyPair::generate()?;
-        let mut serving = CertificateParams::new(vec![
+        let mut serving_names = vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
             "kubernetes.default.svc".to_owned(),
-        ])?;
+        ];
+        serving_names.extend(names);
+        let mut serving = CertificateParams::new(serving_names)?;
         serving
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
@@ -405,6 +528,7 @@ impl Pki {
         let sa_key = KeyPair::generate()?;
         Ok(Pki {
             ca_pem: ca_cert.pem(),
+            ca_key_pem: ca_key.serialize_pem(),
             serving_pem: serving_cert.pem(),
             serving_key_pem: serving_key.serialize_pem(),
             admin_cert_pem: admin_cert.pem(),

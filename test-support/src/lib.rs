@@ -16,4 +16,5 @@ pub mod kube;
 pub mod netns;
 pub mod pause;
 pub mod ports;
+pub mod real_cluster;
 pub mod wait;

@@ -211,9 +211,21 @@ impl PortForward {
     /// Listens on `target` (a loopback address) inside `ns`, and carries
     /// each connection to `target` outside it.
     pub fn to_host(ns: &NetNs, target: SocketAddr) -> anyhow::Result<PortForward> {
+        Self::listen_in(ns, target, target)
+    }
+
+    /// Listens on `listen` (any address of the namespace's) inside `ns`,
+    /// and carries each connection to `target` outside it: how a real
+    /// cluster's nodes reach the test API server on this process's
+    /// loopback.
+    pub fn listen_in(
+        ns: &NetNs,
+        listen: SocketAddr,
+        target: SocketAddr,
+    ) -> anyhow::Result<PortForward> {
         let listener = ns
-            .run(move || std::net::TcpListener::bind(target))?
-            .with_context(|| format!("binding {target} in {}", ns.name()))?;
+            .run(move || std::net::TcpListener::bind(listen))?
+            .with_context(|| format!("binding {listen} in {}", ns.name()))?;
         listener.set_nonblocking(true)?;
         // Its threads are made here, in this process's namespace, so the
         // connections out start from there.
