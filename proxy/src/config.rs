@@ -99,7 +99,9 @@ pub struct Config {
     pub log_filter: String,
     /// Text or JSON logs.
     pub log_format: LogFormat,
-    /// How long a drain waits for connections to finish before closing them.
+    /// How long a drain waits for connections to finish before closing
+    /// them: short enough that the forced close comes before kubelet's
+    /// SIGKILL ([`drain_deadline`]).
     pub drain_deadline: Duration,
     /// How long a connection of a pod whose workload the control plane has
     /// not described yet waits for it.
@@ -345,9 +347,18 @@ struct Args {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "plain")]
     log_format: LogFormat,
-    /// Drain deadline on SIGTERM: connections still open then are closed.
-    #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value = "5s")]
-    drain_deadline: String,
+    /// Drain deadline on SIGTERM, e.g. `10s` (a bare number is seconds):
+    /// connections still open then are closed. Wins over
+    /// TERMINATION_GRACE_PERIOD_SECONDS [default: from the grace period, else 5s].
+    #[arg(long, env = "CONNECTION_TERMINATION_DEADLINE")]
+    connection_termination_deadline: Option<String>,
+    /// The pod's grace period in seconds, as Istio's chart passes it: without
+    /// CONNECTION_TERMINATION_DEADLINE the drain deadline is 5 s less when it
+    /// is over 10 s, else 1 s less but at least 1 s (never more than the
+    /// grace period: 0 closes at once), so connections are closed before
+    /// kubelet's SIGKILL.
+    #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS")]
+    termination_grace_period_seconds: Option<String>,
     /// How long a connection from or to a pod this proxy serves waits for
     /// the control plane to describe the pod's workload, when it arrives
     /// first (a pod sends as soon as its network is up).
@@ -391,6 +402,36 @@ struct Args {
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
 /// Data-plane workers without ZTUNNEL_WORKER_THREADS or ZTUNNEL_CPU_LIMIT.
 const DEFAULT_WORKER_THREADS: usize = 2;
+/// The drain deadline when neither it nor the grace period is set: Istio's.
+const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+/// A grace period longer than this leaves [`LONG_GRACE_MARGIN`] between
+/// the forced close and kubelet's SIGKILL; a shorter one, [`GRACE_MARGIN`].
+/// Istio's rule, so the same chart drains the same way.
+const LONG_GRACE: Duration = Duration::from_secs(10);
+/// The margin under a long grace period.
+const LONG_GRACE_MARGIN: Duration = Duration::from_secs(5);
+/// The margin under a short grace period.
+const GRACE_MARGIN: Duration = Duration::from_secs(1);
+/// The shortest deadline a short grace period gives, if the grace period
+/// itself is not shorter.
+const MIN_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The drain deadline for a pod's grace period (SIGTERM to SIGKILL), as
+/// istio/ztunnel derives it: 5 s less above 10 s, otherwise 1 s less but at
+/// least 1 s. Unlike Istio's, a grace period of 0 (where the u64
+/// subtraction wraps round, so nothing is ever forced) gives 0, and no
+/// deadline exceeds its grace period: SIGKILL follows at once, so there is
+/// nothing to wait for.
+pub fn drain_deadline(grace: Duration) -> Duration {
+    if grace > LONG_GRACE {
+        grace - LONG_GRACE_MARGIN
+    } else {
+        grace
+            .saturating_sub(GRACE_MARGIN)
+            .max(MIN_DEADLINE)
+            .min(grace)
+    }
+}
 
 impl Config {
     /// Parses the process's flags and environment.
@@ -540,8 +581,18 @@ impl Args {
             },
             log_filter: self.log,
             log_format: self.log_format,
-            drain_deadline: parse_duration(&self.drain_deadline)
-                .map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
+            drain_deadline: match (
+                self.connection_termination_deadline,
+                self.termination_grace_period_seconds,
+            ) {
+                (Some(deadline), _) => {
+                    parse_duration(&deadline).map_err(value("CONNECTION_TERMINATION_DEADLINE"))?
+                }
+                (None, Some(grace)) => drain_deadline(
+                    parse_duration(&grace).map_err(value("TERMINATION_GRACE_PERIOD_SECONDS"))?,
+                ),
+                (None, None) => DEFAULT_DRAIN_DEADLINE,
+            },
             local_workload_wait: parse_duration(&self.local_workload_wait)
                 .map_err(value("LOCAL_WORKLOAD_WAIT"))?,
             max_pending_handshakes: match self.max_pending_handshakes {

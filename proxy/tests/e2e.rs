@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 #[path = "support/mesh.rs"]
@@ -15,33 +15,6 @@ mod mesh;
 
 use mesh::{CLIENT_IP, Mesh, OUTSIDE_IP, SERVER_IP};
 use ztunnel_test_support::wait;
-
-/// Serves echo on `addr` inside node b: each connection gets its bytes back,
-/// and a write shutdown once the client's write side ends. Returns a channel
-/// of the peer addresses seen.
-fn echo_server(mesh: &Mesh, addr: &str) -> std::sync::mpsc::Receiver<SocketAddr> {
-    let addr: SocketAddr = addr.parse().unwrap();
-    let listener = mesh
-        .b
-        .run(move || TcpListener::bind(addr))
-        .unwrap()
-        .unwrap();
-    let (peers, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Bounded: the listener closes with the test process.
-        for stream in listener.incoming().take(64) {
-            let Ok(stream) = stream else { return };
-            let _ = peers.send(stream.peer_addr().unwrap());
-            std::thread::spawn(move || {
-                let mut reader = stream.try_clone().unwrap();
-                let mut writer = stream;
-                let _ = std::io::copy(&mut reader, &mut writer);
-                let _ = writer.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    seen
-}
 
 /// Deterministic pseudo-random bytes (xorshift), so runs are comparable.
 fn random_bytes(len: usize, mut seed: u64) -> Vec<u8> {
@@ -110,7 +83,7 @@ fn bulk_data_crosses_the_tunnel_intact_with_the_client_identity() {
     let Some(mesh) = Mesh::start("bulk_data", "") else {
         return;
     };
-    let peers = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
+    let peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
     let data = random_bytes(64 << 20, 0x9e37_79b9_7f4a_7c15);
     let stream = mesh.client_connect(&format!("{SERVER_IP}:8080")).unwrap();
     let echoed = round_trip(stream, data.clone());
@@ -181,7 +154,7 @@ fn policies_deny_and_changes_apply_to_open_connections() {
     let Some(mesh) = Mesh::start("policies", ALLOW_NOBODY) else {
         return;
     };
-    let _peers = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
     let target = format!("{SERVER_IP}:8080");
 
     // An allow policy that does not match the client: closed, 401 counted.
@@ -250,9 +223,9 @@ fn routing_vip_unknown_and_plain_tcp_destinations() {
         .exec(&["ip", "route", "add", "198.19.0.0/16", "dev", &a_if])
         .unwrap();
 
-    let server = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
-    let outside = echo_server(&mesh, &format!("{OUTSIDE_IP}:9000"));
-    let legacy = echo_server(&mesh, "198.18.0.4:9001");
+    let server = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    let outside = mesh.echo_server(&format!("{OUTSIDE_IP}:9000"));
+    let legacy = mesh.echo_server("198.18.0.4:9001");
 
     // Service VIP → its endpoint, port 80 mapped to 8080, over HBONE.
     assert!(ping(&mesh, "198.19.0.10:80"));
@@ -272,7 +245,7 @@ fn cached_certificates_keep_serving_through_a_ca_outage() {
     let Some(mut mesh) = Mesh::start("ca_outage", "") else {
         return;
     };
-    let _peers = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
     let target = format!("{SERVER_IP}:8080");
     assert!(ping(&mesh, &target));
     mesh.ca.stop();
@@ -289,7 +262,7 @@ fn the_client_refuses_a_server_with_the_wrong_identity() {
     let Some(mesh) = Mesh::start("wrong_server_identity", "") else {
         return;
     };
-    let _peers = echo_server(&mesh, &format!("{SERVER_IP}:8080"));
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
     let target = format!("{SERVER_IP}:8080");
     assert!(ping(&mesh, &target));
     // The client node now believes the server runs as another account; the

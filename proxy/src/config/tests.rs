@@ -90,6 +90,55 @@ fn the_cpu_limit_sets_the_workers_unless_they_are_set() {
 }
 
 #[test]
+fn the_drain_deadline_comes_before_kubelets_sigkill() {
+    // Grace period → deadline, in seconds: AMBIENT.md §7.1's table, then
+    // where Istio's rule wraps round (0) and the ends of the range.
+    let rows: &[(u64, u64, &str)] = &[
+        (30, 25, "the chart's grace: 5 s of margin"),
+        (15, 10, "over 10 s: 5 s of margin"),
+        (11, 6, "just over 10 s: 5 s of margin"),
+        (10, 9, "10 s and under: 1 s of margin"),
+        (5, 4, "1 s of margin"),
+        (2, 1, "1 s of margin"),
+        (1, 1, "at least 1 s"),
+        (
+            0,
+            0,
+            "SIGKILL follows at once: close at once, no wrap-round",
+        ),
+        (u64::MAX, u64::MAX - 5, "no overflow"),
+    ];
+    for &(grace, deadline, why) in rows {
+        assert_eq!(
+            drain_deadline(Duration::from_secs(grace)),
+            Duration::from_secs(deadline),
+            "grace {grace} s: {why}"
+        );
+    }
+    let half = Duration::from_millis(500);
+    assert_eq!(drain_deadline(half), half, "never past the grace period");
+}
+
+#[test]
+fn the_connection_termination_deadline_wins_over_the_grace_period() {
+    let deadline = |args: &[&str]| parse(args).unwrap().drain_deadline;
+    assert_eq!(deadline(&[]), Duration::from_secs(5), "Istio's default");
+    let grace = ["--termination-grace-period-seconds", "30"];
+    assert_eq!(deadline(&grace), Duration::from_secs(25));
+    let explicit = ["--connection-termination-deadline", "10s"];
+    assert_eq!(deadline(&explicit), Duration::from_secs(10));
+    assert_eq!(
+        deadline(&[explicit.as_slice(), grace.as_slice()].concat()),
+        Duration::from_secs(10)
+    );
+    assert_eq!(
+        deadline(&["--connection-termination-deadline", "7"]),
+        Duration::from_secs(7),
+        "a bare number is seconds"
+    );
+}
+
+#[test]
 fn bad_values_name_their_variable() {
     let cases: &[(&[&str], &str)] = &[
         (&["--proxy-mode", "sidecar"], "PROXY_MODE"),
@@ -101,6 +150,14 @@ fn bad_values_name_their_variable() {
         (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
         (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
+        (
+            &["--connection-termination-deadline", "soon"],
+            "CONNECTION_TERMINATION_DEADLINE",
+        ),
+        (
+            &["--termination-grace-period-seconds=-1"],
+            "TERMINATION_GRACE_PERIOD_SECONDS",
+        ),
     ];
     for (args, name) in cases {
         let error = parse(args).unwrap_err();

@@ -4,14 +4,20 @@
 //! of the client's outbound TCP to 15001 that skips the proxy's mark, and a
 //! local config file both proxies read.
 
+// Each test file uses its own part of this.
+#![allow(dead_code)]
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use ztunnel_test_support::ca::{PodRef, TestCa};
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::wait;
 
 pub const CLIENT_IP: &str = "198.18.0.1";
 pub const SERVER_IP: &str = "198.18.0.2";
@@ -65,6 +71,24 @@ services:
 /// Kills a child process on drop, by its own handle.
 pub struct Process(pub Child);
 
+impl Process {
+    /// Sends SIGTERM, as kubelet does to stop a pod.
+    pub fn terminate(&self) {
+        let pid = Pid::from_raw(i32::try_from(self.0.id()).unwrap());
+        kill(pid, Signal::SIGTERM).unwrap();
+    }
+
+    /// How it exited, if it does within `within`.
+    pub fn exit_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let mut status = None;
+        wait::until(within, || {
+            status = self.0.try_wait().unwrap();
+            status.is_some()
+        });
+        status
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -75,8 +99,8 @@ impl Drop for Process {
 pub struct Mesh {
     // Field order is drop order: processes first, then the CA, then the
     // namespaces they live in.
-    pub _ztunnel_a: Process,
-    pub _ztunnel_b: Process,
+    pub ztunnel_a: Process,
+    pub ztunnel_b: Process,
     pub ca: TestCa,
     pub dir: tempfile::TempDir,
     pub a: NetNs,
@@ -87,6 +111,11 @@ impl Mesh {
     /// Builds the topology and waits until both proxies are ready. `None`
     /// (after printing why) where this machine cannot build namespaces.
     pub fn start(test: &str, policies: &str) -> Option<Mesh> {
+        Mesh::start_with_env(test, policies, &[])
+    }
+
+    /// [`Mesh::start`], with `env` set on both proxies over the mesh's own.
+    pub fn start_with_env(test: &str, policies: &str, env: &[(&str, &str)]) -> Option<Mesh> {
         if let Some(reason) = netns::unavailable() {
             eprintln!("SKIPPED {test}: {reason}");
             return None;
@@ -179,11 +208,11 @@ impl Mesh {
             &dir.path().join("server.token"),
         )
         .unwrap();
-        let ztunnel_a = spawn(&a, &ca, dir.path(), "client");
-        let ztunnel_b = spawn(&b, &ca, dir.path(), "server");
+        let ztunnel_a = spawn(&a, &ca, dir.path(), "client", env);
+        let ztunnel_b = spawn(&b, &ca, dir.path(), "server", env);
         let mesh = Mesh {
-            _ztunnel_a: ztunnel_a,
-            _ztunnel_b: ztunnel_b,
+            ztunnel_a,
+            ztunnel_b,
             ca,
             dir,
             a,
@@ -232,13 +261,54 @@ impl Mesh {
             .unwrap()
     }
 
+    /// The proxy of `workload` (`client` or `server`).
+    pub fn ztunnel(&mut self, workload: &str) -> &mut Process {
+        match workload {
+            "client" => &mut self.ztunnel_a,
+            "server" => &mut self.ztunnel_b,
+            other => panic!("no workload {other}"),
+        }
+    }
+
+    /// The log of the proxy of `workload` (`client` or `server`).
+    pub fn log(&self, workload: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{workload}.log"))).unwrap_or_default()
+    }
+
+    /// Serves echo on `addr` inside node b: each connection gets its bytes
+    /// back, and a write shutdown once the client's write side ends.
+    /// Returns a channel of the peer addresses seen.
+    pub fn echo_server(&self, addr: &str) -> std::sync::mpsc::Receiver<SocketAddr> {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let listener = self
+            .b
+            .run(move || TcpListener::bind(addr))
+            .unwrap()
+            .unwrap();
+        let (peers, seen) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Bounded: the listener closes with the test process.
+            for stream in listener.incoming().take(64) {
+                let Ok(stream) = stream else { return };
+                let _ = peers.send(stream.peer_addr().unwrap());
+                std::thread::spawn(move || {
+                    let mut reader = stream.try_clone().unwrap();
+                    let mut writer = stream;
+                    let _ = std::io::copy(&mut reader, &mut writer);
+                    let _ = writer.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        seen
+    }
+
     /// The metrics text of the proxy in `ns`.
     pub fn metrics(&self, ns: &NetNs, ip: &str) -> String {
         http_get(ns, &format!("{ip}:15020"), "/metrics").unwrap_or_default()
     }
 }
 
-fn spawn(ns: &NetNs, ca: &TestCa, dir: &Path, workload: &str) -> Process {
+fn spawn(ns: &NetNs, ca: &TestCa, dir: &Path, workload: &str, env: &[(&str, &str)]) -> Process {
     let log = std::fs::File::create(dir.join(format!("{workload}.log"))).unwrap();
     let child = ns
         .command(env!("CARGO_BIN_EXE_ztunnel"))
@@ -256,6 +326,7 @@ fn spawn(ns: &NetNs, ca: &TestCa, dir: &Path, workload: &str) -> Process {
         .env("ZTUNNEL_WORKER_THREADS", "1")
         .env("RUST_LOG", "info,access=debug")
         .env("LOG_FORMAT", "json")
+        .envs(env.iter().copied())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .stdin(Stdio::null())
