@@ -200,7 +200,7 @@ pub fn decide(policy: ExitPolicy, observation: &Observation) -> Exit {
 /// Reads what [`decide`] needs: the agent's pod and its DaemonSet owner
 /// (or the DaemonSet named [`AGENT_DAEMON_SET`] when the pod's name is
 /// unknown or the pod is already gone), and this node. Bounded by
-/// [`OBSERVE_TIMEOUT`]. Needs `get` on pods, on the DaemonSet and on
+/// `OBSERVE_TIMEOUT` (10 s). Needs `get` on pods, on the DaemonSet and on
 /// nodes.
 pub async fn observe(client: kube::Client, agent: &AgentPod, node_name: &str) -> Observation {
     tokio::time::timeout(OBSERVE_TIMEOUT, read(client, agent, node_name))
