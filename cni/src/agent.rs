@@ -20,6 +20,7 @@
 //! | `zds` | the ZDS socket and the snapshot/ack sequence |
 //! | `socket_file` | the sockets' paths: made ready to bind, removed on exit |
 //! | `install` | the plugin binary and its chained entry in the node's CNI configuration (copy, choose, insert, watch, uninstall) |
+//! | `upgrade` | whether a stopping agent leaves that installation and the host probe rules for the next one (Istio's safe upgrade) |
 //! | `reconcile` | following the API without CNI events: running pods enrolled, opted-out and deleted pods taken out, the start-up repairs (A5, A6) |
 //! | `procfs` | finding a running pod's netns from the host through procfs (cgroup pod UID, verified by the pod's IP) |
 
@@ -36,7 +37,7 @@ use ztunnel_mesh::{FileRegistry, RegistryError};
 
 use crate::event::DEFAULT_SOCKET;
 
-use enablement::EnablementSettings;
+use enablement::{DEFAULT_SYSTEM_NAMESPACE, EnablementSettings};
 use health::Readiness;
 use host_rules::HostRules;
 use install::{InstallConfig, InstallError, Installer};
@@ -46,6 +47,7 @@ use pods::{PodSet, PodStore, PodStoreError};
 use reconcile::Reconciler;
 use rules::RuleSettings;
 use source::{FileSource, KubeSource, PodSource};
+use upgrade::{AgentPod, Exit, ExitPolicy, Observation};
 use zds::socket::SeqPacketListener;
 
 pub mod enablement;
@@ -62,6 +64,7 @@ pub mod rules;
 pub mod server;
 mod socket_file;
 pub mod source;
+pub mod upgrade;
 pub mod zds;
 
 /// Default ZDS socket (WIRE.md §5).
@@ -95,17 +98,19 @@ pub struct AgentConfig {
     /// How the in-pod rules are written.
     pub rules: RuleSettings,
     /// Install the plugin binary and its chained entry on start, keep them
-    /// in place while running, and take them out on exit; `None` leaves
-    /// the node's CNI configuration alone. The entry's `agent_socket` is
-    /// always set to `plugin_socket`, so the installed plugin reaches this
-    /// agent.
+    /// in place while running, and take them out on exit as `on_exit`
+    /// says; `None` leaves the node's CNI configuration alone. The entry's
+    /// `agent_socket` is always set to `plugin_socket`, so the installed
+    /// plugin reaches this agent, and its `pod_namespace` to
+    /// `agent_pod.namespace`, so the plugin lets the next agent's pod
+    /// start.
     pub install: Option<InstallConfig>,
-    /// Leave the plugin and its entry installed on exit, because an
-    /// upgrade or a reboot is in progress: pods created until the next
-    /// agent answers then fail closed rather than start outside the mesh.
-    /// Stands in for istio-cni's check of its own DaemonSet (KUBERNETES.md
-    /// B6).
-    pub keep_cni_on_exit: bool,
+    /// Whether the installation and the host probe rules are taken out on
+    /// exit, or left for the agent that replaces this one (`upgrade`).
+    pub on_exit: ExitPolicy,
+    /// This agent's pod, whose DaemonSet tells an upgrade from an
+    /// uninstall at exit.
+    pub agent_pod: AgentPod,
     /// Where the kubelet's readiness and liveness probes are answered
     /// (`health`); `None` serves no probes.
     pub readiness_listen: Option<SocketAddr>,
@@ -159,7 +164,11 @@ impl AgentConfig {
                 virtual_interfaces: Vec::new(),
             },
             install: None,
-            keep_cni_on_exit: false,
+            on_exit: ExitPolicy::default(),
+            agent_pod: AgentPod {
+                namespace: DEFAULT_SYSTEM_NAMESPACE.to_owned(),
+                name: None,
+            },
             readiness_listen: None,
             host_root: PathBuf::from("/"),
             procfs: PathBuf::from(procfs::DEFAULT_PROCFS),
@@ -231,9 +240,10 @@ impl std::fmt::Display for KubeCredentials {
 ///
 /// With [`AgentConfig::install`], the plugin is installed once both sockets
 /// are bound (so an installed plugin finds the agent listening), kept in
-/// place until `shutdown`, then uninstalled unless
-/// [`AgentConfig::keep_cni_on_exit`]. A failed install is logged and
-/// retried by the watcher; the agent serves meanwhile, not ready.
+/// place until `shutdown`, then uninstalled, with the host probe rules,
+/// unless [`AgentConfig::on_exit`] and the API say another agent follows
+/// ([`upgrade::decide`]). A failed install is logged and retried by the
+/// watcher; the agent serves meanwhile, not ready.
 pub async fn run(
     config: AgentConfig,
     shutdown: impl Future<Output = ()>,
@@ -243,6 +253,7 @@ pub async fn run(
         Some(install) => {
             let mut install = install.clone();
             install.entry.agent_socket.clone_from(&config.plugin_socket);
+            install.entry.pod_namespace = Some(config.agent_pod.namespace.clone());
             Some((Installer::new(install.clone())?, Installer::new(install)?))
         }
         None => None,
@@ -276,6 +287,7 @@ pub async fn run(
     } else {
         None
     };
+    let exit_host_rules = host_rules.clone();
     let mesh = Arc::new(
         Mesh::new(source, config.rules.clone(), host_rules, store, pods)?
             .with_host_root(config.host_root.clone()),
@@ -303,19 +315,27 @@ pub async fn run(
     ));
     let zds_server = tokio::spawn(zds::serve(zds_listener, mesh, stopped.clone()));
     let reconciliation = reconciler.map(|reconciler| tokio::spawn(reconciler.run(stopped.clone())));
-    readiness.serving(pod_watch);
+    readiness.serving(pod_watch.clone());
     let installation = installers
         .map(|(installer, uninstaller)| (start_installation(installer, stopped), uninstaller));
     shutdown.await;
     tracing::info!("node agent shutting down");
     let _ = stop.send(true);
-    if let Some((watcher, uninstaller)) = installation {
-        finish_installation(watcher, uninstaller, config.keep_cni_on_exit).await;
-    }
     let _ = plugin_server.await;
     let _ = zds_server.await;
     if let Some(reconciliation) = reconciliation {
         let _ = reconciliation.await;
+    }
+    // Every add has finished, so none puts an address back into the probe
+    // sets once they are gone.
+    if installation.is_some() || exit_host_rules.is_some() {
+        let exit = exit(&config, pod_watch.as_deref()).await;
+        if let Some((watcher, uninstaller)) = installation {
+            finish_installation(watcher, uninstaller, exit.keeps()).await;
+        }
+        if let (Some(host_rules), false) = (exit_host_rules, exit.keeps()) {
+            uninstall_host_rules(host_rules).await;
+        }
     }
     if let Some(health_server) = health_server {
         let _ = health_server.await;
@@ -401,6 +421,41 @@ fn start_installation(
         tracing::error!(error = %ErrorChain(&error), "installing the CNI plugin; the watcher retries");
     }
     tokio::spawn(installer.watch(async move { stopped(&mut shutdown).await }))
+}
+
+/// Whether this agent's installation stays for the next agent: asks the
+/// API when the policy needs it, and logs the decision.
+async fn exit(config: &AgentConfig, pod_watch: Option<&PodWatch>) -> Exit {
+    let observation = match (config.on_exit, pod_watch, &config.node_name) {
+        (ExitPolicy::SafeUpgrade, Some(watch), Some(node_name)) => {
+            upgrade::observe(watch.client(), &config.agent_pod, node_name).await
+        }
+        _ => Observation::NoApi,
+    };
+    let exit = upgrade::decide(config.on_exit, &observation);
+    match &exit {
+        Exit::Keep(reason) => tracing::info!(
+            %reason,
+            "leaving the CNI plugin, its entry and the host probe rules for the next agent; new pods fail until it answers"
+        ),
+        Exit::Remove(reason) => tracing::info!(
+            %reason,
+            "no agent follows: removing the CNI plugin, its entry and the host probe rules"
+        ),
+    }
+    exit
+}
+
+/// Removes the node's probe SNAT and ipsets, off the async threads (they
+/// run iptables and ipset).
+async fn uninstall_host_rules(host_rules: Arc<HostRules>) {
+    match tokio::task::spawn_blocking(move || host_rules.uninstall()).await {
+        Ok(Ok(())) => tracing::info!("host probe rules removed"),
+        Ok(Err(error)) => {
+            tracing::error!(error = %ErrorChain(&error), "removing the host probe rules")
+        }
+        Err(_) => tracing::error!("the host probe rules task failed"),
+    }
 }
 
 /// Waits for the stopped watcher, then uninstalls (or, `upgrading`,

@@ -7,7 +7,9 @@
 //! /cmddel`) and succeeds even when the agent is away, because the agent
 //! prunes pods whose netns vanished when it starts. CHECK asks the agent
 //! whether it holds the pod (`GET /pods/<ns>/<name>`). Pods outside ambient
-//! namespaces pass through without the agent being contacted.
+//! namespaces, and the agent's own pods (so that a new agent can start
+//! while its predecessor's entry waits for it), pass through without the
+//! agent being contacted.
 //!
 //! Configuration keys are in [`config`]; the environment in [`mod@env`]; the
 //! mapping of failures to CNI error codes in [`error`].
@@ -105,7 +107,7 @@ fn dispatch(
     let pod = env
         .pod
         .as_ref()
-        .filter(|pod| config.captures(&pod.namespace));
+        .filter(|pod| config.captures(&pod.namespace, &pod.name));
     match env.command {
         Command::Add => add(env, &config, pod).map(Some),
         Command::Del => del(env, &config, pod, warnings).map(|()| None),

@@ -13,12 +13,16 @@
 //! ready, find a pod that was already running in an ambient namespace
 //! (procfs), install its rules, hand it to ztunnel (a fake one on the ZDS
 //! socket), annotate it `enabled`, put its address in the node's probe
-//! ipset, and log nothing forbidden. The same run
-//! with `patch` on `pods/status` taken out of the chart's ClusterRole must
-//! fail the check.
+//! ipset, and log nothing forbidden; then, stopped with SIGTERM while the
+//! chart's DaemonSet still places it on its node, leave the plugin's entry
+//! for the next agent (Istio's safe upgrade), again with nothing forbidden.
+//! The same run with `patch` on `pods/status` taken out of the chart's
+//! ClusterRole must fail the check.
 //!
 //! Needs root, `ip`, `iptables`, cgroup v2 and the API server and helm
-//! binaries; skips with the reason otherwise.
+//! binaries; skips with the reason otherwise. The chart's exit values
+//! (`nodeAgent.keepCniOnExit`, `nodeAgent.disableSafeUpgrade`) are checked
+//! on the rendering alone, with helm.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -26,7 +30,10 @@ use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::PostParams;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::runtime::Runtime;
@@ -59,6 +66,8 @@ const APPS: &str = "apps";
 const REDIRECTION: &str = "ambient.istio.io/redirection";
 /// The readiness port inside the agent's namespace.
 const READINESS_PORT: u16 = 8000;
+/// The agent's pod, as the chart's DaemonSet would name it.
+const AGENT_POD: &str = "istio-cni-node-chart";
 /// How long each step of the agent's job may take; passing runs take well
 /// under a second per step.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -155,6 +164,7 @@ impl AgentProcess {
             // The downward API's values.
             .env("NODE_NAME", NODE)
             .env("POD_NAMESPACE", NAMESPACE)
+            .env("POD_NAME", AGENT_POD)
             // The host paths the chart mounts (/var/run/istio-cni,
             // /var/run/ztunnel), here the test's own.
             .env(
@@ -200,6 +210,14 @@ impl AgentProcess {
 
     fn conf_dir(&self) -> PathBuf {
         self.log.with_file_name("etc/cni/net.d")
+    }
+
+    /// Stops the agent with SIGTERM, as the kubelet does, and waits for it:
+    /// its whole log.
+    fn terminate(self) -> String {
+        let log = self.log.clone();
+        drop(self);
+        std::fs::read_to_string(log).unwrap_or_default()
     }
 }
 
@@ -307,6 +325,7 @@ fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
     });
     let mut rendered = helm.template("ztunnel-mesh", NAMESPACE, &[]).unwrap();
     api.apply_server_side(&rendered.to_yaml().unwrap()).unwrap();
+    runtime.block_on(agent_pod_on_a_linux_node(&client));
     let token = runtime
         .block_on(request_token(&client, NAMESPACE, "istio-cni", None, None))
         .unwrap();
@@ -329,7 +348,16 @@ fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
         "with the chart's RBAC; the agent's log:\n{}",
         agent.log()
     );
-    drop(agent);
+    let conf = agent.conf_dir().join("10-node.conflist");
+    let log = agent.terminate();
+    assert!(
+        std::fs::read_to_string(&conf).is_ok_and(|text| text.contains("ztunnel-cni")),
+        "the DaemonSet still places an agent on the node: the entry stays; the agent's log:\n{log}"
+    );
+    assert!(
+        log.contains("for the next agent") && permission_problems(&log).is_empty(),
+        "the API said so, as the chart's role allows; the agent's log:\n{log}"
+    );
 
     // The check can fail: a second running pod, and an agent whose role
     // lost `patch` on pods/status.
@@ -355,5 +383,104 @@ fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
             .any(|line| line.contains("pods")),
         "the log shows the refusal:\n{}",
         agent.log()
+    );
+}
+
+/// The node, labelled as the chart's nodeSelector wants, and the agent's
+/// pod on it, controlled by the chart's DaemonSet as the DaemonSet
+/// controller would make it: what the agent reads at SIGTERM.
+async fn agent_pod_on_a_linux_node(client: &kube::Client) {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(NODE.to_owned()),
+            labels: Some([("kubernetes.io/os".to_owned(), "linux".to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    kube::Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let daemon_set = kube::Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get("istio-cni-node")
+        .await
+        .unwrap();
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(AGENT_POD.to_owned()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "apps/v1".to_owned(),
+                kind: "DaemonSet".to_owned(),
+                name: "istio-cni-node".to_owned(),
+                uid: daemon_set.metadata.uid.unwrap(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODE.to_owned()),
+            service_account_name: Some("istio-cni".to_owned()),
+            // No kubelet runs it; the image is never pulled.
+            containers: vec![Container {
+                name: "install-cni".to_owned(),
+                image: Some("registry.invalid/ztunnel-agent:test".to_owned()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    kube::Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+#[test]
+fn the_charts_exit_values_become_the_agents_switches_and_exclude_each_other() {
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let render = |yaml: &str| {
+        let values = dir.path().join("values.yaml");
+        std::fs::write(&values, yaml).unwrap();
+        helm.template("ztunnel-mesh", NAMESPACE, &[values.as_path()])
+    };
+    let agent = |rendered: &Rendered| {
+        rendered
+            .container("DaemonSet", "istio-cni-node", "install-cni")
+            .unwrap()
+    };
+    let disabled = ("AMBIENT_DISABLE_SAFE_UPGRADE".to_owned(), "true".to_owned());
+
+    let safe_upgrade = render("{}").unwrap();
+    let container = agent(&safe_upgrade);
+    assert!(!container.args.contains(&"--keep-cni-on-exit".to_owned()));
+    assert!(!container.env.contains(&disabled));
+    let daemon_set = safe_upgrade.get("DaemonSet", "istio-cni-node").unwrap();
+    let env = &daemon_set["spec"]["template"]["spec"]["containers"][0]["env"];
+    let pod_name = env
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|item| item["name"].as_str() == Some("POD_NAME"))
+        .expect("POD_NAME from the downward API, which leads the agent to its DaemonSet");
+    assert_eq!(
+        pod_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+
+    let keep = render("nodeAgent: {keepCniOnExit: true}").unwrap();
+    assert!(agent(&keep).args.contains(&"--keep-cni-on-exit".to_owned()));
+    let remove = render("nodeAgent: {disableSafeUpgrade: true}").unwrap();
+    assert!(agent(&remove).env.contains(&disabled));
+    let both = render("nodeAgent: {keepCniOnExit: true, disableSafeUpgrade: true}")
+        .expect_err("both switches at once");
+    assert!(
+        both.to_string().contains("opposite things on exit"),
+        "{both}"
     );
 }

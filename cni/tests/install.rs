@@ -98,6 +98,7 @@ impl Node {
                 agent_socket: self.agent_socket(),
                 ambient_namespaces: vec!["*".to_owned()],
                 exclude_namespaces: vec!["kube-system".to_owned()],
+                pod_namespace: None,
             },
         }
     }

@@ -224,12 +224,12 @@ impl Installer {
     /// Takes our entry out of every plugin list in the configuration
     /// directory and deletes the installed binary (B6). With `upgrading`,
     /// leaves both, so that pods created while the new agent starts still
-    /// go through the plugin (and fail closed until it answers). Call it
-    /// once the watcher has stopped, or the watcher puts both back.
+    /// go through the plugin (and fail closed until it answers); whether
+    /// one is coming is `upgrade.rs`'s decision. Call it once the watcher
+    /// has stopped, or the watcher puts both back.
     pub fn uninstall(&self, upgrading: bool) -> Result<(), InstallError> {
         self.state.set_ready(false);
         if upgrading {
-            tracing::info!("upgrade in progress: leaving the CNI plugin and its entry installed");
             return Ok(());
         }
         for file in self.read_conf_dir()? {

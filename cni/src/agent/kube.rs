@@ -90,6 +90,12 @@ impl PodWatch {
         watch
     }
 
+    /// The client the watches use, for reads of other kinds (the agent's
+    /// DaemonSet and node at exit, `upgrade.rs`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// Whether both watches have listed once.
     pub fn ready(&self) -> bool {
         *self.ready.borrow()

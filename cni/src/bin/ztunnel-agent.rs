@@ -16,6 +16,7 @@ use ztunnel_cni::agent::enablement::{
 use ztunnel_cni::agent::health;
 use ztunnel_cni::agent::install::{self, InstallConfig};
 use ztunnel_cni::agent::rules::RuleSettings;
+use ztunnel_cni::agent::upgrade::{AgentPod, ExitPolicy};
 use ztunnel_cni::agent::{self, AgentConfig, KubeCredentials, PodSourceConfig};
 use ztunnel_cni::event;
 
@@ -105,12 +106,26 @@ struct Cli {
     /// comma-separated; `*` means all (the agent then decides).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     ambient_namespaces: Vec<String>,
-    /// Leave the installed plugin and its entry in place on exit: an
-    /// upgrade or a reboot is in progress, and pods created until the next
-    /// agent answers should fail rather than start outside the mesh. A
-    /// stand-in for istio-cni's check of its own DaemonSet.
+    /// Always leave the installed plugin, its entry and the host probe
+    /// rules in place on exit, without asking the API. Without this flag
+    /// (and without --ambient-disable-safe-upgrade) they stay only when the
+    /// agent's DaemonSet still exists, is not being deleted and still
+    /// places a pod on this node: an upgrade or a reboot, after which the
+    /// next agent answers the pods that failed meanwhile (Istio's safe
+    /// upgrade). For agents without the API; after an uninstall, new pods
+    /// on the node fail until the entry is removed by hand.
     #[arg(long, default_value_t = false)]
     keep_cni_on_exit: bool,
+    /// istio-cni's switch: `true` always takes the plugin, its entry and
+    /// the host probe rules out on exit, so pods created while the agent
+    /// is replaced start outside the mesh.
+    #[arg(long, env = "AMBIENT_DISABLE_SAFE_UPGRADE", default_value_t = false, action = clap::ArgAction::Set)]
+    ambient_disable_safe_upgrade: bool,
+    /// This agent's pod (downward API): at exit, its controlling DaemonSet
+    /// tells an upgrade from an uninstall. Without it, the DaemonSet named
+    /// istio-cni-node in POD_NAMESPACE.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
     /// Where the kubelet's probes are answered: `GET /readyz` and
     /// `GET /healthz` (HTTP/1.1).
     #[arg(long, default_value = health::DEFAULT_LISTEN)]
@@ -247,6 +262,7 @@ fn run() -> anyhow::Result<()> {
     };
     let pods = pod_source(&cli)?;
     let install = install_config(&cli)?;
+    let on_exit = exit_policy(&cli)?;
     let config = AgentConfig {
         plugin_socket: cli.plugin_socket,
         zds_socket: cli.zds_socket,
@@ -260,7 +276,11 @@ fn run() -> anyhow::Result<()> {
             virtual_interfaces: cli.virtual_interfaces,
         },
         install,
-        keep_cni_on_exit: cli.keep_cni_on_exit,
+        on_exit,
+        agent_pod: AgentPod {
+            namespace: cli.system_namespace,
+            name: cli.pod_name,
+        },
         readiness_listen: Some(cli.readiness_listen),
         host_root: cli.host_root,
         procfs: cli.procfs,
@@ -300,7 +320,7 @@ fn pod_source(cli: &Cli) -> anyhow::Result<PodSourceConfig> {
 }
 
 /// What `--install-cni` installs, or `None` without it. The entry's
-/// `agent_socket` is set by the agent to its plugin socket.
+/// `agent_socket` and `pod_namespace` are set by the agent.
 fn install_config(cli: &Cli) -> anyhow::Result<Option<InstallConfig>> {
     if !cli.install_cni {
         return Ok(None);
@@ -318,6 +338,19 @@ fn install_config(cli: &Cli) -> anyhow::Result<Option<InstallConfig>> {
     config.entry.ambient_namespaces = trimmed(&cli.ambient_namespaces);
     config.entry.exclude_namespaces = trimmed(&cli.exclude_namespaces);
     Ok(Some(config))
+}
+
+/// What the agent does with its installation on exit: the two explicit
+/// switches exclude each other.
+fn exit_policy(cli: &Cli) -> anyhow::Result<ExitPolicy> {
+    match (cli.keep_cni_on_exit, cli.ambient_disable_safe_upgrade) {
+        (false, false) => Ok(ExitPolicy::SafeUpgrade),
+        (true, false) => Ok(ExitPolicy::Keep),
+        (false, true) => Ok(ExitPolicy::Remove),
+        (true, true) => anyhow::bail!(
+            "--keep-cni-on-exit and AMBIENT_DISABLE_SAFE_UPGRADE=true ask for opposite things on exit"
+        ),
+    }
 }
 
 /// The non-empty entries of a comma-separated list, trimmed.
@@ -453,6 +486,30 @@ mod tests {
             ["batch", "kube-system"].map(str::to_owned).into()
         );
         assert_eq!(enablement.system_namespace, "mesh-system");
+    }
+
+    #[test]
+    fn the_exit_policy_is_the_safe_upgrade_unless_one_switch_says_otherwise() {
+        use clap::Parser;
+        use ztunnel_cni::agent::upgrade::ExitPolicy;
+        let policy = |args: &[&str]| {
+            let cli = super::Cli::try_parse_from(
+                ["ztunnel-agent", "--pods", "p"].iter().chain(args).copied(),
+            )
+            .unwrap();
+            super::exit_policy(&cli).ok()
+        };
+        #[rustfmt::skip]
+        let cases: &[(&str, &[&str], Option<ExitPolicy>)] = &[
+            ("neither switch: Istio's default", &[], Some(ExitPolicy::SafeUpgrade)),
+            ("--keep-cni-on-exit", &["--keep-cni-on-exit"], Some(ExitPolicy::Keep)),
+            ("safe upgrade disabled", &["--ambient-disable-safe-upgrade=true"], Some(ExitPolicy::Remove)),
+            ("disabled set to false, as a ConfigMap may", &["--ambient-disable-safe-upgrade=false"], Some(ExitPolicy::SafeUpgrade)),
+            ("both", &["--keep-cni-on-exit", "--ambient-disable-safe-upgrade=true"], None),
+        ];
+        for (reason, args, expected) in cases {
+            assert_eq!(policy(args), *expected, "{reason}");
+        }
     }
 
     #[test]

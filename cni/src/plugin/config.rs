@@ -6,6 +6,7 @@
 //! | `agent_socket` | `/var/run/istio-cni/pluginevent.sock` | the node agent's plugin-event socket |
 //! | `ambient_namespaces` | `[]` | namespaces whose pods join the mesh; `"*"` means all |
 //! | `exclude_namespaces` | `["kube-system", "istio-system"]` | never captured, even with `"*"` |
+//! | `pod_namespace` | none | the agent's namespace: its own pods there pass without it |
 //!
 //! Other keys are ignored, as the spec asks of plugins.
 
@@ -20,6 +21,12 @@ use crate::event::DEFAULT_SOCKET;
 pub const SUPPORTED_VERSIONS: [&str; 4] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 /// Namespaces never captured: the control plane and the mesh itself.
 const DEFAULT_EXCLUDED: [&str; 2] = ["kube-system", "istio-system"];
+/// The agent's DaemonSet in istio-cni's chart and ours; its pods are named
+/// `<it>-<suffix>`. The plugin lets them pass without asking the agent
+/// (KUBERNETES.md A2), so that a new agent can start while the entry of
+/// the one it replaces is still in place; the agent looks the DaemonSet up
+/// when it stops (`agent/upgrade.rs`).
+pub const AGENT_DAEMON_SET: &str = "istio-cni-node";
 /// Largest configuration read from stdin. Real ones are a few kilobytes;
 /// the bound keeps a broken runtime from making the plugin hold gigabytes.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
@@ -37,6 +44,9 @@ pub struct PluginConfig {
     pub ambient_namespaces: Vec<String>,
     /// Namespaces excluded from capture; wins over `ambient_namespaces`.
     pub exclude_namespaces: Vec<String>,
+    /// The agent's namespace, where its own pods are recognised by name;
+    /// `None` recognises none.
+    pub pod_namespace: Option<String>,
 }
 
 /// The JSON shape, before defaults and checks.
@@ -52,6 +62,8 @@ struct RawConfig {
     ambient_namespaces: Vec<String>,
     #[serde(rename = "exclude_namespaces", default)]
     exclude_namespaces: Option<Vec<String>>,
+    #[serde(rename = "pod_namespace", default)]
+    pod_namespace: Option<String>,
 }
 
 impl PluginConfig {
@@ -85,15 +97,31 @@ impl PluginConfig {
             exclude_namespaces: raw
                 .exclude_namespaces
                 .unwrap_or_else(|| DEFAULT_EXCLUDED.iter().map(|ns| (*ns).to_owned()).collect()),
+            pod_namespace: raw.pod_namespace.filter(|namespace| !namespace.is_empty()),
         })
     }
 
-    /// Whether pods of `namespace` join the mesh.
-    pub fn captures(&self, namespace: &str) -> bool {
+    /// Whether the pod `namespace/name` joins the mesh: its namespace is
+    /// listed and not excluded, and it is not one of the agent's own pods.
+    pub fn captures(&self, namespace: &str, name: &str) -> bool {
         let listed = |list: &[String]| list.iter().any(|entry| entry == namespace);
         !listed(&self.exclude_namespaces)
+            && !self.is_agent_pod(namespace, name)
             && (listed(&self.ambient_namespaces)
                 || self.ambient_namespaces.iter().any(|entry| entry == "*"))
+    }
+
+    /// Whether `namespace/name` is a pod of the agent's DaemonSet, as
+    /// istio-cni's plugin tells (`isCNIPod`): the name, from the runtime's
+    /// `CNI_ARGS`, is `<AGENT_DAEMON_SET>-<suffix>` in the agent's
+    /// namespace. Were it captured, a new agent could not start while the
+    /// entry its predecessor left waits for it.
+    fn is_agent_pod(&self, namespace: &str, name: &str) -> bool {
+        self.pod_namespace.as_deref() == Some(namespace)
+            && name
+                .strip_prefix(AGENT_DAEMON_SET)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|suffix| !suffix.is_empty())
     }
 }
 
@@ -139,6 +167,7 @@ mod tests {
         assert!(config.ambient_namespaces.is_empty());
         assert_eq!(config.exclude_namespaces, ["kube-system", "istio-system"]);
         assert_eq!(config.prev_result, None);
+        assert_eq!(config.pod_namespace, None);
 
         let config = PluginConfig::parse(
             br#"{"cniVersion":"0.4.0","name":"k8s","agent_socket":"/tmp/a.sock","ambient_namespaces":["*"],
@@ -176,31 +205,43 @@ mod tests {
     }
 
     #[test]
-    fn capture_follows_the_namespace_lists() {
+    fn capture_follows_the_namespace_lists_and_spares_the_agents_own_pods() {
         let config = |ambient: &[&str], exclude: Option<&[&str]>| {
-            let mut json =
-                serde_json::json!({"cniVersion": "1.0.0", "ambient_namespaces": ambient});
+            let mut json = serde_json::json!({
+                "cniVersion": "1.0.0",
+                "ambient_namespaces": ambient,
+                "pod_namespace": "istio-system",
+            });
             if let Some(exclude) = exclude {
                 json["exclude_namespaces"] = serde_json::json!(exclude);
             }
             PluginConfig::parse(json.to_string().as_bytes()).unwrap()
         };
+        let all_but_kube_system = || config(&["*"], Some(&["kube-system"]));
+        let no_agent_namespace = PluginConfig {
+            pod_namespace: None,
+            ..all_but_kube_system()
+        };
+        #[rustfmt::skip]
         let cases = [
-            (config(&["shop"], None), "shop", true),
-            (config(&["shop"], None), "other", false),
-            (config(&[], None), "shop", false),
-            (config(&["*"], None), "anything", true),
-            (config(&["*"], None), "kube-system", false),
-            (config(&["kube-system"], None), "kube-system", false),
-            (config(&["kube-system"], Some(&[])), "kube-system", true),
-            (config(&["*"], Some(&["shop"])), "shop", false),
+            ("a listed namespace", config(&["shop"], None), "shop/web-0", true),
+            ("an unlisted namespace", config(&["shop"], None), "other/web-0", false),
+            ("no list", config(&[], None), "shop/web-0", false),
+            ("every namespace", config(&["*"], None), "anything/web-0", true),
+            ("the default exclusions win over *", config(&["*"], None), "kube-system/dns-0", false),
+            ("and over a listed namespace", config(&["kube-system"], None), "kube-system/dns-0", false),
+            ("an empty exclusion list", config(&["kube-system"], Some(&[])), "kube-system/dns-0", true),
+            ("an exclusion wins over *", config(&["*"], Some(&["shop"])), "shop/web-0", false),
+            ("the agent's own pod", all_but_kube_system(), "istio-system/istio-cni-node-x7k2p", false),
+            ("ztunnel beside it", all_but_kube_system(), "istio-system/ztunnel-x7k2p", true),
+            ("the agent's name elsewhere", all_but_kube_system(), "shop/istio-cni-node-x7k2p", true),
+            ("the bare DaemonSet name", all_but_kube_system(), "istio-system/istio-cni-node-", true),
+            ("a longer name", all_but_kube_system(), "istio-system/istio-cni-nodes-x7k2p", true),
+            ("no agent namespace configured", no_agent_namespace, "istio-system/istio-cni-node-x7k2p", true),
         ];
-        for (config, namespace, want) in cases {
-            assert_eq!(
-                config.captures(namespace),
-                want,
-                "{namespace} with {config:?}"
-            );
+        for (reason, config, pod, want) in cases {
+            let (namespace, name) = pod.split_once('/').unwrap();
+            assert_eq!(config.captures(namespace, name), want, "{reason}: {pod}");
         }
     }
 

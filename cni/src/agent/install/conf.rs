@@ -71,6 +71,9 @@ pub struct EntrySettings {
     pub ambient_namespaces: Vec<String>,
     /// `exclude_namespaces`: never captured, even with `"*"`.
     pub exclude_namespaces: Vec<String>,
+    /// `pod_namespace`: the agent's namespace, whose agent pods the plugin
+    /// lets pass; left out when `None`.
+    pub pod_namespace: Option<String>,
 }
 
 impl Default for EntrySettings {
@@ -80,6 +83,7 @@ impl Default for EntrySettings {
             agent_socket: PathBuf::from(DEFAULT_SOCKET),
             ambient_namespaces: Vec::new(),
             exclude_namespaces: DEFAULT_EXCLUDED.iter().map(|ns| (*ns).to_owned()).collect(),
+            pod_namespace: None,
         }
     }
 }
@@ -105,7 +109,7 @@ impl ChainEntry {
         let text = |value: &str| OrderedValue::String(value.to_owned());
         let list =
             |values: &[String]| OrderedValue::Array(values.iter().map(|v| text(v)).collect());
-        let json = OrderedValue::Object(vec![
+        let mut members = vec![
             ("name".to_owned(), text(plugin_name)),
             ("type".to_owned(), text(plugin_name)),
             ("agent_socket".to_owned(), text(socket)),
@@ -117,7 +121,11 @@ impl ChainEntry {
                 "exclude_namespaces".to_owned(),
                 list(&settings.exclude_namespaces),
             ),
-        ]);
+        ];
+        if let Some(namespace) = &settings.pod_namespace {
+            members.push(("pod_namespace".to_owned(), text(namespace)));
+        }
+        let json = OrderedValue::Object(members);
         Ok(ChainEntry {
             plugin_type: plugin_name.to_owned(),
             json,

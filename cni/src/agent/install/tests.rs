@@ -71,6 +71,7 @@ fn settings() -> EntrySettings {
         agent_socket: "/var/run/istio-cni/pluginevent.sock".into(),
         ambient_namespaces: vec!["shop".into(), "bank".into()],
         exclude_namespaces: vec!["kube-system".into()],
+        pod_namespace: Some("istio-system".into()),
     }
 }
 
@@ -146,7 +147,8 @@ fn a_bridge_conflist_gets_our_entry_last_and_keeps_everything_else() {
             "type",
             "agent_socket",
             "ambient_namespaces",
-            "exclude_namespaces"
+            "exclude_namespaces",
+            "pod_namespace"
         ]
     );
     assert!(has_entry(
@@ -489,8 +491,9 @@ fn the_plugin_reads_the_entry_we_write() {
     assert_eq!(config.agent_socket, settings().agent_socket);
     assert_eq!(config.ambient_namespaces, settings().ambient_namespaces);
     assert_eq!(config.exclude_namespaces, settings().exclude_namespaces);
-    assert!(config.captures("shop"));
-    assert!(!config.captures("kube-system"));
+    assert_eq!(config.pod_namespace, settings().pod_namespace);
+    assert!(config.captures("shop", "web-0"));
+    assert!(!config.captures("kube-system", "dns-0"));
 
     // A wrapped .conf gives the plugin 0.3.1, which it speaks.
     let write = plan_insert(&file("10-bridge.conf", BRIDGE_CONF), &entry()).unwrap();
