@@ -16,8 +16,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use ztunnel_test_support::cluster::AccessEntry;
 use ztunnel_test_support::helm::{self, Helm};
-use ztunnel_test_support::real_cluster::{self, ClusterSpec, RealCluster};
+use ztunnel_test_support::real_cluster::{self, ClusterSpec, PodStatus, RealCluster};
 use ztunnel_test_support::wait;
 
 /// The namespace the chart is installed in, as Istio's is.
@@ -25,6 +26,15 @@ const MESH_NAMESPACE: &str = "istio-system";
 /// The taint a node provisioner puts on new nodes, removed by the control
 /// plane once the node's agent is Ready.
 const NOT_READY_TAINT: &str = "cni.istio.io/not-ready";
+/// The ambient namespace of the application.
+const APP_NAMESPACE: &str = "demo";
+/// The echo server's port.
+const APP_PORT: u16 = 8080;
+/// The trust domain the chart's default issues identities in.
+const TRUST_DOMAIN: &str = "cluster.local";
+/// The bound on pods turning Ready or a client pod finishing: seconds on a
+/// warm machine.
+const POD_WITHIN: Duration = Duration::from_secs(90);
 /// The bound on the install becoming Ready: about a minute on a warm
 /// machine; the figure is printed.
 const INSTALL_READY_WITHIN: Duration = Duration::from_secs(300);
@@ -50,6 +60,8 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
     );
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         install(&cluster, &helm);
+        let app = App::deploy(&cluster);
+        traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
     }));
     if let Err(panic) = outcome {
         if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {
@@ -87,6 +99,9 @@ fn install(cluster: &RealCluster, helm: &Helm) {
             "imagePullPolicy=Never",
             "--set",
             "taint.enabled=true",
+            // Access log lines the tests parse.
+            "--set",
+            "ztunnel.logAsJson=true",
             // Every node starts tainted: the control plane must run for
             // any taint to go (values.yaml says so).
             "--set",
@@ -194,4 +209,239 @@ fn pods_summary(cluster: &RealCluster) -> String {
     cluster
         .kubectl(&["get", "pods", "-A", "-o", "wide"])
         .unwrap_or_else(|error| error.to_string())
+}
+
+/// The application in the ambient namespace: an echo server on each node
+/// behind the Service `echo`.
+struct App {
+    /// Echo pods by node name: (pod name, pod IP).
+    echo: Vec<(String, String, String)>,
+    /// The Service's ClusterIP.
+    cluster_ip: String,
+}
+
+impl App {
+    /// The namespace (labelled ambient), two service accounts, the echo
+    /// Deployment (one pod per node) and its Service; waits until both
+    /// pods are Ready and captured.
+    fn deploy(cluster: &RealCluster) -> App {
+        let image = cluster.images().reference(real_cluster::APP);
+        cluster
+            .api()
+            .unwrap()
+            .apply_server_side(&format!(
+                r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {APP_NAMESPACE}, labels: {{istio.io/dataplane-mode: ambient}}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: echo, namespace: {APP_NAMESPACE}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: client, namespace: {APP_NAMESPACE}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo, namespace: {APP_NAMESPACE}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: echo}}}}
+  template:
+    metadata: {{labels: {{app: echo}}}}
+    spec:
+      serviceAccountName: echo
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {{labelSelector: {{matchLabels: {{app: echo}}}}, topologyKey: kubernetes.io/hostname}}
+      containers:
+        - name: echo
+          image: {image}
+          imagePullPolicy: Never
+          command: [ztunnel-loadgen, --quiet, serve, --listen, "0.0.0.0:{APP_PORT}"]
+          ports: [{{containerPort: {APP_PORT}}}]
+          # A kubelet probe of a meshed pod: it must pass the probe SNAT.
+          readinessProbe: {{tcpSocket: {{port: {APP_PORT}}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: {APP_NAMESPACE}}}
+spec:
+  selector: {{app: echo}}
+  ports: [{{port: {APP_PORT}, targetPort: {APP_PORT}}}]
+"#
+            ))
+            .unwrap();
+        let ready = wait::until(POD_WITHIN, || {
+            cluster.pods(APP_NAMESPACE, "app=echo").is_ok_and(|pods| {
+                pods.len() == 2 && pods.iter().all(|pod| pod.ready && captured(pod))
+            })
+        });
+        assert!(
+            ready,
+            "the echo pods were not Ready and captured in {POD_WITHIN:?}:\n{}",
+            pods_summary(cluster)
+        );
+        let echo = cluster
+            .pods(APP_NAMESPACE, "app=echo")
+            .unwrap()
+            .into_iter()
+            .map(|pod| (pod.node.unwrap(), pod.name, pod.ip.unwrap()))
+            .collect();
+        let service = get_json(cluster, &["get", "service", "-n", APP_NAMESPACE, "echo"]).unwrap();
+        let cluster_ip = service["spec"]["clusterIP"].as_str().unwrap().to_owned();
+        App { echo, cluster_ip }
+    }
+
+    /// The echo pod on `node`: (name, IP).
+    fn echo_on(&self, node: &str) -> (&str, &str) {
+        self.echo
+            .iter()
+            .find(|(on, _, _)| on == node)
+            .map(|(_, name, ip)| (name.as_str(), ip.as_str()))
+            .unwrap()
+    }
+}
+
+/// Whether the node agent marked the pod captured.
+fn captured(pod: &PodStatus) -> bool {
+    pod.annotations["ambient.istio.io/redirection"] == "enabled"
+}
+
+/// From a new client pod on each node, connections to the echo pod on the
+/// same node, to the one on the other node, and to the Service's
+/// ClusterIP all succeed, and every one of them reached the server's
+/// ztunnel over mTLS under the client's identity: the pod was meshed
+/// before its first connection.
+fn traffic_goes_through_ztunnel_with_the_pods_identities(cluster: &RealCluster, app: &App) {
+    let client_identity = format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client");
+    for node in ["node-a", "node-b"] {
+        let other = if node == "node-a" { "node-b" } else { "node-a" };
+        let (same_name, same_ip) = app.echo_on(node);
+        let (other_name, other_ip) = app.echo_on(other);
+        for (what, target, servers) in [
+            ("same node", same_ip.to_owned(), vec![(node, same_name)]),
+            ("cross node", other_ip.to_owned(), vec![(other, other_name)]),
+            (
+                "ClusterIP",
+                app.cluster_ip.clone(),
+                vec![(node, same_name), (other, other_name)],
+            ),
+        ] {
+            let started = Instant::now();
+            let name = format!("client-{node}-{}", what.replace(' ', "-").to_lowercase());
+            let (pod, report) = run_client(
+                cluster,
+                &name,
+                node,
+                &[
+                    "connect",
+                    "--target",
+                    &format!("{target}:{APP_PORT}"),
+                    "--max-connections",
+                    "20",
+                    "--duration",
+                    "10",
+                ],
+            );
+            let made = report["connections_made"].as_u64().unwrap_or(0);
+            assert_eq!(
+                (made, report["errors"].as_u64()),
+                (20, Some(0)),
+                "{what} from {node}: {report}"
+            );
+            let client_ip = pod.ip.clone().unwrap_or_default();
+            let tunnelled = servers
+                .iter()
+                .map(|(server_node, server)| {
+                    access_log(cluster, server_node)
+                        .iter()
+                        .filter(|entry| {
+                            entry.direction == "inbound"
+                                && entry.src_identity.as_deref() == Some(client_identity.as_str())
+                                && entry.src_addr.starts_with(&format!("{client_ip}:"))
+                                && entry.dst_workload.as_deref() == Some(*server)
+                                && entry.error.is_none()
+                        })
+                        .count()
+                })
+                .sum::<usize>();
+            assert_eq!(
+                tunnelled, 20,
+                "{what} from {node}: of 20 connections, {tunnelled} reached the server's ztunnel as {client_identity}"
+            );
+            println!(
+                "{what} from {node}: 20 connections through ztunnel as {client_identity} (client pod created to done: {:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// Runs a client pod named `name` on `node` under the service account
+/// `client`, with `ztunnel-loadgen` and `args`; waits until it ends, and
+/// returns it with its report (the last line of its output).
+fn run_client(cluster: &RealCluster, name: &str, node: &str, args: &[&str]) -> (PodStatus, Value) {
+    let image = cluster.images().reference(real_cluster::APP);
+    let args = serde_json::to_string(args).unwrap();
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: client}}}}
+spec:
+  serviceAccountName: client
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers:
+    - name: client
+      image: {image}
+      imagePullPolicy: Never
+      command: [ztunnel-loadgen, --quiet]
+      args: {args}
+"#
+        ))
+        .unwrap();
+    let mut pod = PodStatus::default();
+    let ended = wait::until(POD_WITHIN, || {
+        pod = cluster
+            .pods(APP_NAMESPACE, "app=client")
+            .unwrap_or_default()
+            .into_iter()
+            .find(|pod| pod.name == name)
+            .unwrap_or_default();
+        pod.phase == "Succeeded" || pod.phase == "Failed"
+    });
+    assert!(
+        ended,
+        "client pod {name} did not end: {pod:?}\n{}",
+        pods_summary(cluster)
+    );
+    let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
+    let report = output
+        .iter()
+        .rev()
+        .find_map(|line| serde_json::from_str::<Value>(line).ok())
+        .unwrap_or(Value::Null);
+    (pod, report)
+}
+
+/// The access log of the ztunnel on `node`.
+fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> {
+    let pod = cluster
+        .pods(MESH_NAMESPACE, "app=ztunnel")
+        .unwrap()
+        .into_iter()
+        .find(|pod| pod.node.as_deref() == Some(node))
+        .unwrap();
+    cluster
+        .pod_output(MESH_NAMESPACE, &pod.name, "istio-proxy")
+        .unwrap()
+        .iter()
+        .filter_map(|line| AccessEntry::parse(line))
+        .collect()
 }

@@ -131,7 +131,12 @@ impl NetNs {
     /// probe or an operator's `curl` there would send it: the status code
     /// and body.
     pub fn http_get(&self, port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        self.http_get_from(SocketAddr::from(([127, 0, 0, 1], port)), path)
+    }
+
+    /// An HTTP/1.1 GET from inside the namespace to `addr` (e.g. a pod's
+    /// metrics port, from its node): the status code and body.
+    pub fn http_get_from(&self, addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
         let mut stream =
             self.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))??;
         stream.set_read_timeout(Some(Duration::from_secs(5)))?;

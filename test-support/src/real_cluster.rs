@@ -373,10 +373,77 @@ impl RealCluster {
         ))
     }
 
+    /// The pods of `namespace` matching the label `selector` (`""`: all).
+    pub fn pods(&self, namespace: &str, selector: &str) -> anyhow::Result<Vec<PodStatus>> {
+        let mut args = vec!["get", "pods", "-n", namespace, "-o", "json"];
+        if !selector.is_empty() {
+            args.extend(["-l", selector]);
+        }
+        let list: serde_json::Value = serde_json::from_str(&self.kubectl(&args)?)?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(PodStatus::from_json)
+            .collect())
+    }
+
+    /// A pod's container log as the container wrote it: kubelet's CRI
+    /// prefix (time, stream, tag) taken off each line.
+    pub fn pod_output(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .pod_log(namespace, pod, container)?
+            .lines()
+            .map(|line| line.splitn(4, ' ').nth(3).unwrap_or_default().to_owned())
+            .collect())
+    }
+
     /// Keeps the cluster's files (logs, configuration) after the test, for
     /// a look at a failure; their path.
     pub fn keep_files(&mut self) -> Option<PathBuf> {
         self.dir.take().map(tempfile::TempDir::keep)
+    }
+}
+
+/// What a test reads of a pod.
+#[derive(Debug, Clone, Default)]
+pub struct PodStatus {
+    /// The pod's name.
+    pub name: String,
+    /// The node it was scheduled to, once scheduled.
+    pub node: Option<String>,
+    /// Its address, once it has one.
+    pub ip: Option<String>,
+    /// `Pending`, `Running`, `Succeeded`, `Failed`.
+    pub phase: String,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    /// Its annotations.
+    pub annotations: serde_json::Value,
+}
+
+impl PodStatus {
+    fn from_json(pod: &serde_json::Value) -> PodStatus {
+        let text = |value: &serde_json::Value| value.as_str().map(str::to_owned);
+        PodStatus {
+            name: text(&pod["metadata"]["name"]).unwrap_or_default(),
+            node: text(&pod["spec"]["nodeName"]),
+            ip: text(&pod["status"]["podIP"]),
+            phase: text(&pod["status"]["phase"]).unwrap_or_default(),
+            ready: pod["status"]["conditions"]
+                .as_array()
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                }),
+            annotations: pod["metadata"]["annotations"].clone(),
+        }
     }
 }
 

@@ -230,7 +230,7 @@ pub struct AccessEntry {
 impl AccessEntry {
     /// The entry of a log line, if it is an access-log "connection
     /// complete" line.
-    fn parse(line: &str) -> Option<AccessEntry> {
+    pub fn parse(line: &str) -> Option<AccessEntry> {
         let entry: serde_json::Value = serde_json::from_str(line).ok()?;
         let field = |name: &str| {
             entry
