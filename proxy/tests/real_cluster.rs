@@ -35,6 +35,18 @@ const TRUST_DOMAIN: &str = "cluster.local";
 /// The bound on pods turning Ready or a client pod finishing: seconds on a
 /// warm machine.
 const POD_WITHIN: Duration = Duration::from_secs(90);
+/// ztunnel's grace period in the install: its drain deadline is 1 s less
+/// (Istio's rule at 10 s or under), so a rollout takes seconds, not the
+/// default's 25 s per node.
+const ZTUNNEL_GRACE_S: u64 = 8;
+/// The drain deadline that grace period gives.
+const ZTUNNEL_DRAIN_S: u64 = ZTUNNEL_GRACE_S - 1;
+/// The certificates' lifetime ztunnel asks for: short, so renewals happen
+/// while the test runs, the control plane's rollout among them.
+const SECRET_TTL: &str = "60s";
+/// The bound on a rollout: its pods replaced one node at a time, each old
+/// one drained.
+const ROLLOUT_WITHIN: Duration = Duration::from_secs(240);
 /// The bound on the install becoming Ready: about a minute on a warm
 /// machine; the figure is printed.
 const INSTALL_READY_WITHIN: Duration = Duration::from_secs(300);
@@ -62,6 +74,11 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         install(&cluster, &helm);
         let app = App::deploy(&cluster);
         traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
+        a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
+        a_pod_scaled_up_later_is_meshed_before_its_first_connection(&cluster, &app);
+        a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(&cluster, &app);
+        let soaks = Soaks::start(&cluster, &app);
+        rollouts_drop_nothing(&cluster, &helm, &soaks);
     }));
     if let Err(panic) = outcome {
         if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {
@@ -102,6 +119,10 @@ fn install(cluster: &RealCluster, helm: &Helm) {
             // Access log lines the tests parse.
             "--set",
             "ztunnel.logAsJson=true",
+            "--set",
+            &format!("ztunnel.terminationGracePeriodSeconds={ZTUNNEL_GRACE_S}"),
+            "--set",
+            &format!("ztunnel.env.SECRET_TTL={SECRET_TTL}"),
             // Every node starts tainted: the control plane must run for
             // any taint to go (values.yaml says so).
             "--set",
@@ -316,7 +337,7 @@ fn captured(pod: &PodStatus) -> bool {
 /// ztunnel over mTLS under the client's identity: the pod was meshed
 /// before its first connection.
 fn traffic_goes_through_ztunnel_with_the_pods_identities(cluster: &RealCluster, app: &App) {
-    let client_identity = format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client");
+    let client_identity = client_identity();
     for node in ["node-a", "node-b"] {
         let other = if node == "node-a" { "node-b" } else { "node-a" };
         let (same_name, same_ip) = app.echo_on(node);
@@ -332,42 +353,18 @@ fn traffic_goes_through_ztunnel_with_the_pods_identities(cluster: &RealCluster, 
         ] {
             let started = Instant::now();
             let name = format!("client-{node}-{}", what.replace(' ', "-").to_lowercase());
-            let (pod, report) = run_client(
-                cluster,
-                &name,
-                node,
-                &[
-                    "connect",
-                    "--target",
-                    &format!("{target}:{APP_PORT}"),
-                    "--max-connections",
-                    "20",
-                    "--duration",
-                    "10",
-                ],
-            );
+            let (pod, report) =
+                run_client(cluster, &name, node, &as_str(&connect_args(&target, 20)));
             let made = report["connections_made"].as_u64().unwrap_or(0);
             assert_eq!(
                 (made, report["errors"].as_u64()),
                 (20, Some(0)),
                 "{what} from {node}: {report}"
             );
-            let client_ip = pod.ip.clone().unwrap_or_default();
-            let tunnelled = servers
+            let tunnelled: usize = servers
                 .iter()
-                .map(|(server_node, server)| {
-                    access_log(cluster, server_node)
-                        .iter()
-                        .filter(|entry| {
-                            entry.direction == "inbound"
-                                && entry.src_identity.as_deref() == Some(client_identity.as_str())
-                                && entry.src_addr.starts_with(&format!("{client_ip}:"))
-                                && entry.dst_workload.as_deref() == Some(*server)
-                                && entry.error.is_none()
-                        })
-                        .count()
-                })
-                .sum::<usize>();
+                .map(|(server_node, server)| delivered_as_client(cluster, server_node, server, &pod))
+                .sum();
             assert_eq!(
                 tunnelled, 20,
                 "{what} from {node}: of 20 connections, {tunnelled} reached the server's ztunnel as {client_identity}"
@@ -384,6 +381,21 @@ fn traffic_goes_through_ztunnel_with_the_pods_identities(cluster: &RealCluster, 
 /// `client`, with `ztunnel-loadgen` and `args`; waits until it ends, and
 /// returns it with its report (the last line of its output).
 fn run_client(cluster: &RealCluster, name: &str, node: &str, args: &[&str]) -> (PodStatus, Value) {
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    create_client(cluster, name, node, &args);
+    let pod = wait_client_done(cluster, name);
+    let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
+    let report = output
+        .iter()
+        .rev()
+        .find_map(|line| serde_json::from_str::<Value>(line).ok())
+        .unwrap_or(Value::Null);
+    (pod, report)
+}
+
+/// Creates a client pod named `name` on `node` under the service account
+/// `client`, running `ztunnel-loadgen` with `args`.
+fn create_client(cluster: &RealCluster, name: &str, node: &str, args: &[String]) {
     let image = cluster.images().reference(real_cluster::APP);
     let args = serde_json::to_string(args).unwrap();
     cluster
@@ -406,6 +418,10 @@ spec:
 "#
         ))
         .unwrap();
+}
+
+/// Waits until the client pod `name` has ended; its status.
+fn wait_client_done(cluster: &RealCluster, name: &str) -> PodStatus {
     let mut pod = PodStatus::default();
     let ended = wait::until(POD_WITHIN, || {
         pod = cluster
@@ -421,13 +437,7 @@ spec:
         "client pod {name} did not end: {pod:?}\n{}",
         pods_summary(cluster)
     );
-    let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
-    let report = output
-        .iter()
-        .rev()
-        .find_map(|line| serde_json::from_str::<Value>(line).ok())
-        .unwrap_or(Value::Null);
-    (pod, report)
+    pod
 }
 
 /// The access log of the ztunnel on `node`.
@@ -444,4 +454,671 @@ fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> {
         .iter()
         .filter_map(|line| AccessEntry::parse(line))
         .collect()
+}
+
+/// The identity of the client pods' service account.
+fn client_identity() -> String {
+    format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client")
+}
+
+/// How many connections from the client pod `client` reached the echo pod
+/// `server` through the ztunnel of `server_node` over mTLS, under the
+/// client's identity, and were served.
+fn delivered_as_client(
+    cluster: &RealCluster,
+    server_node: &str,
+    server: &str,
+    client: &PodStatus,
+) -> usize {
+    let identity = client_identity();
+    let source = format!("{}:", client.ip.as_deref().unwrap_or("none"));
+    access_log(cluster, server_node)
+        .iter()
+        .filter(|entry| {
+            entry.direction == "inbound"
+                && entry.src_identity.as_deref() == Some(identity.as_str())
+                && entry.src_addr.starts_with(&source)
+                && entry.dst_workload.as_deref() == Some(server)
+                && entry.error.is_none()
+        })
+        .count()
+}
+
+/// The arguments of a client that opens `count` connections to `target`.
+fn connect_args(target: &str, count: u32) -> Vec<String> {
+    [
+        "connect",
+        "--target",
+        &format!("{target}:{APP_PORT}"),
+        "--max-connections",
+        &count.to_string(),
+        "--duration",
+        "10",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A DENY policy for the client's identity on the echo pods, applied with
+/// kubectl: new connections from client pods are refused at the server's
+/// ztunnel; once deleted, they are served again.
+fn a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(
+    cluster: &RealCluster,
+    app: &App,
+) {
+    let (_, target) = app.echo_on("node-b");
+    let policy = format!(
+        r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: deny-client, namespace: {APP_NAMESPACE}}}
+spec:
+  selector: {{matchLabels: {{app: echo}}}}
+  action: DENY
+  rules:
+    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client"]}}}}]
+"#
+    );
+    let api = cluster.api().unwrap();
+    api.kubectl(&["apply", "-f", "-"], Some(&policy)).unwrap();
+    let started = Instant::now();
+    let mut attempt = 0;
+    let mut last = Value::Null;
+    let denied = wait::until(POD_WITHIN, || {
+        attempt += 1;
+        let (_, report) = run_client(
+            cluster,
+            &format!("denied-{attempt}"),
+            "node-a",
+            &as_str(&connect_args(target, 5)),
+        );
+        last = report;
+        last["connections_made"] == 0 && last["errors"] == 5
+    });
+    assert!(denied, "the DENY policy did not refuse the client: {last}");
+    println!(
+        "figure: policy applied to every connection refused: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    api.kubectl(
+        &["delete", "authorizationpolicy", "-n", APP_NAMESPACE, "deny-client"],
+        None,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let allowed = wait::until(POD_WITHIN, || {
+        attempt += 1;
+        let (_, report) = run_client(
+            cluster,
+            &format!("allowed-{attempt}"),
+            "node-a",
+            &as_str(&connect_args(target, 5)),
+        );
+        last = report;
+        last["connections_made"] == 5 && last["errors"] == 0
+    });
+    assert!(allowed, "the client was still refused after the policy went: {last}");
+    println!(
+        "figure: policy deleted to every connection served: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A Deployment scaled from 0 to 1 after everything runs: its pod's first
+/// run of connections (the first thing it does) all reach the server over
+/// ztunnel under its identity.
+fn a_pod_scaled_up_later_is_meshed_before_its_first_connection(cluster: &RealCluster, app: &App) {
+    let (server, target) = app.echo_on("node-b");
+    let image = cluster.images().reference(real_cluster::APP);
+    let args = serde_json::to_string(&connect_args(target, 20)).unwrap();
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: late, namespace: {APP_NAMESPACE}}}
+spec:
+  replicas: 0
+  selector: {{matchLabels: {{app: late}}}}
+  template:
+    metadata: {{labels: {{app: late}}}}
+    spec:
+      serviceAccountName: client
+      nodeSelector: {{kubernetes.io/hostname: node-a}}
+      containers:
+        - name: client
+          image: {image}
+          imagePullPolicy: Never
+          command: [ztunnel-loadgen, --quiet]
+          args: {args}
+"#
+        ))
+        .unwrap();
+    let started = Instant::now();
+    cluster
+        .kubectl(&["scale", "deployment", "-n", APP_NAMESPACE, "late", "--replicas=1"])
+        .unwrap();
+    let mut pod = PodStatus::default();
+    let mut report = Value::Null;
+    let reported = wait::until(POD_WITHIN, || {
+        let Some(found) = cluster
+            .pods(APP_NAMESPACE, "app=late")
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+        else {
+            return false;
+        };
+        pod = found;
+        // The first report: the container restarts once it is done.
+        report = cluster
+            .pod_output(APP_NAMESPACE, &pod.name, "client")
+            .unwrap_or_default()
+            .iter()
+            .find_map(|line| {
+                serde_json::from_str::<Value>(line)
+                    .ok()
+                    .filter(|value| value.get("mode").is_some())
+            })
+            .unwrap_or(Value::Null);
+        !report.is_null()
+    });
+    assert!(reported, "the scaled-up pod reported nothing: {pod:?}");
+    assert_eq!(
+        (report["connections_made"].as_u64(), report["errors"].as_u64()),
+        (Some(20), Some(0)),
+        "{report}"
+    );
+    let delivered = delivered_as_client(cluster, "node-b", server, &pod);
+    assert!(
+        delivered >= 20,
+        "of the scaled-up pod's first 20 connections, {delivered} reached the server through ztunnel"
+    );
+    println!(
+        "figure: scale-up to the new pod's 20 connections served through ztunnel: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    cluster
+        .kubectl(&["scale", "deployment", "-n", APP_NAMESPACE, "late", "--replicas=0"])
+        .unwrap();
+}
+
+/// node-b's agent stopped (SIGSTOP, so it neither answers the CNI plugin
+/// nor exits): a pod created there cannot get its sandbox (the plugin
+/// fails the ADD) until the agent is back, and then starts meshed: every
+/// connection it makes reaches the server through ztunnel.
+fn a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(
+    cluster: &RealCluster,
+    app: &App,
+) {
+    let node = cluster.node("node-b").unwrap();
+    let agent = get_json(
+        cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            MESH_NAMESPACE,
+            "-l",
+            "k8s-app=istio-cni-node",
+            "--field-selector",
+            "spec.nodeName=node-b",
+        ],
+    )
+    .unwrap();
+    let container = agent["items"][0]["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let pid = cluster
+        .crictl(node, &["inspect", "-o", "go-template", "--template", "{{.info.pid}}", &container])
+        .unwrap()
+        .trim()
+        .to_owned();
+    node.run(std::path::Path::new("/bin/kill"), &["-STOP", &pid]).unwrap();
+    let stopped = Instant::now();
+
+    let (server, target) = app.echo_on("node-a");
+    let name = "while-agent-down";
+    let image = cluster.images().reference(real_cluster::APP);
+    let args = serde_json::to_string(&connect_args(target, 20)).unwrap();
+    let created = cluster.api().unwrap().apply_server_side(&format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: client}}}}
+spec:
+  serviceAccountName: client
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: node-b}}
+  containers:
+    - name: client
+      image: {image}
+      imagePullPolicy: Never
+      command: [ztunnel-loadgen, --quiet]
+      args: {args}
+"#
+    ));
+    let refused = wait::until(POD_WITHIN, || {
+        cluster
+            .kubectl(&[
+                "get",
+                "events",
+                "-n",
+                APP_NAMESPACE,
+                "--field-selector",
+                &format!("involvedObject.name={name},reason=FailedCreatePodSandBox"),
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|events| !events.trim().is_empty())
+    });
+    let pod_before = cluster.pods(APP_NAMESPACE, "app=client").unwrap_or_default();
+    node.run(std::path::Path::new("/bin/kill"), &["-CONT", &pid]).unwrap();
+    println!(
+        "agent on node-b stopped for {:.1} s",
+        stopped.elapsed().as_secs_f64()
+    );
+    created.unwrap();
+    assert!(
+        refused,
+        "no failed sandbox while the agent was stopped: {pod_before:?}"
+    );
+    let mut pod = PodStatus::default();
+    let ended = wait::until(POD_WITHIN, || {
+        pod = cluster
+            .pods(APP_NAMESPACE, "app=client")
+            .unwrap_or_default()
+            .into_iter()
+            .find(|pod| pod.name == name)
+            .unwrap_or_default();
+        pod.phase == "Succeeded" || pod.phase == "Failed"
+    });
+    assert!(ended, "{name} did not end after the agent came back: {pod:?}");
+    let delivered = delivered_as_client(cluster, "node-a", server, &pod);
+    assert_eq!(
+        delivered, 20,
+        "of the 20 connections of a pod created while its agent was down, {delivered} reached the server through ztunnel"
+    );
+    assert!(captured(&pod), "{name} is not marked captured: {pod:?}");
+}
+
+fn as_str(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Load generators that run through every rollout (`ztunnel-loadgen
+/// soak`): four long-lived connections each exchanging a message every
+/// 200 ms, and 20 new connections a second; across nodes, on one node, and
+/// to the Service by its name (resolved by the cluster DNS for every
+/// connection).
+struct Soaks {
+    /// (pod name, what it covers).
+    pods: Vec<(&'static str, &'static str)>,
+}
+
+/// The bound on one soak run; the test ends them well before.
+const SOAK_DURATION_S: u32 = 1200;
+
+impl Soaks {
+    fn start(cluster: &RealCluster, app: &App) -> Soaks {
+        let (_, echo_a) = app.echo_on("node-a");
+        let (_, echo_b) = app.echo_on("node-b");
+        let service = format!("echo.{APP_NAMESPACE}.svc.cluster.local");
+        let pods = vec![
+            ("soak-cross-node", "node-a", echo_b.to_owned(), "across nodes"),
+            ("soak-same-node", "node-a", echo_a.to_owned(), "on one node"),
+            ("soak-service-name", "node-b", service, "to the Service by name"),
+        ];
+        let image = cluster.images().reference(real_cluster::APP);
+        for (name, node, target, _) in &pods {
+            let args = serde_json::to_string(&[
+                "soak",
+                "--target",
+                &format!("{target}:{APP_PORT}"),
+                "--connections",
+                "4",
+                "--rate",
+                "20",
+                "--duration",
+                &SOAK_DURATION_S.to_string(),
+            ])
+            .unwrap();
+            cluster
+                .api()
+                .unwrap()
+                .apply_server_side(&format!(
+                    r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: soak}}}}
+spec:
+  serviceAccountName: client
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers:
+    - name: soak
+      image: {image}
+      imagePullPolicy: Never
+      command: [ztunnel-loadgen, --quiet]
+      args: {args}
+"#
+                ))
+                .unwrap();
+        }
+        let soaks = Soaks {
+            pods: pods.iter().map(|(name, _, _, what)| (*name, *what)).collect(),
+        };
+        let running = wait::until(POD_WITHIN, || {
+            soaks.pods.iter().all(|(name, _)| {
+                soak_counts(cluster, name).is_some_and(|counts| {
+                    counts["long_lived"]["open"] == 4 && counts["new"]["ok"].as_u64() > Some(20)
+                })
+            })
+        });
+        let counts: Vec<_> = soaks
+            .pods
+            .iter()
+            .map(|(name, _)| soak_counts(cluster, name))
+            .collect();
+        assert!(running, "the soak clients did not get going: {counts:?}");
+        soaks
+    }
+
+    /// Each soak's latest counts.
+    fn counts(&self, cluster: &RealCluster) -> Vec<Value> {
+        self.pods
+            .iter()
+            .map(|(name, _)| soak_counts(cluster, name).unwrap_or(Value::Null))
+            .collect()
+    }
+}
+
+/// The last line of counts a soak pod printed.
+fn soak_counts(cluster: &RealCluster, pod: &str) -> Option<Value> {
+    cluster
+        .pod_output(APP_NAMESPACE, pod, "soak")
+        .ok()?
+        .iter()
+        .rev()
+        .find_map(|line| {
+            serde_json::from_str::<Value>(line)
+                .ok()
+                .filter(|value| value.get("long_lived").is_some())
+        })
+}
+
+/// Failures of every kind in a soak's failure counts.
+fn failures(counts: &Value) -> u64 {
+    counts
+        .as_object()
+        .map(|kinds| kinds.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0)
+}
+
+/// `helm upgrade` of ztunnel, of the node agent, and of the control plane,
+/// each to the same image under a second tag, while the soaks run: no new
+/// connection fails, and no long-lived one breaks before the drain
+/// deadline of the ztunnel that carried it.
+fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &Soaks) {
+    let second = format!("{}-b", cluster.images().tag);
+    let ztunnel = Rollout {
+        what: "ztunnel",
+        set: format!("ztunnel.image=docker.io/library/ztunnel:{second}"),
+        kind: "daemonset",
+        name: "ztunnel",
+        selector: "app=ztunnel",
+    };
+    let broken = ztunnel.run(cluster, helm, soaks, &|| {});
+    assert_eq!(broken, 0, "the ztunnel rollout dropped connections");
+
+    let mut created = vec![];
+    let agent = Rollout {
+        what: "node agent",
+        set: format!("nodeAgent.image=docker.io/library/ztunnel-agent:{second}"),
+        kind: "daemonset",
+        name: "istio-cni-node",
+        selector: "k8s-app=istio-cni-node",
+    };
+    let created_cell = std::cell::RefCell::new(&mut created);
+    let broken = agent.run(cluster, helm, soaks, &|| {
+        // Pods created while the agents roll: each must be meshed from its
+        // first connection.
+        let mut created = created_cell.borrow_mut();
+        if created.len() < 6 {
+            let node = if created.len() % 2 == 0 { "node-a" } else { "node-b" };
+            let name = format!("during-agent-rollout-{}", created.len());
+            create_client(cluster, &name, node, &connect_args(&target_on_other(cluster, node), 20));
+            created.push((name, node));
+        }
+    });
+    assert_eq!(broken, 0, "the node agent's rollout dropped connections");
+    for (name, node) in created {
+        let pod = wait_client_done(cluster, &name);
+        let other = if node == "node-a" { "node-b" } else { "node-a" };
+        let server = echo_pod_on(cluster, other);
+        let delivered = delivered_as_client(cluster, other, &server, &pod);
+        assert_eq!(
+            delivered, 20,
+            "{name}, created during the agents' rollout on {node}: {delivered} of 20 connections reached the server through ztunnel"
+        );
+    }
+    println!("pods created during the agents' rollout: 6, every connection through ztunnel");
+
+    let control_plane = Rollout {
+        what: "control plane",
+        set: format!("controlPlane.image=docker.io/library/ztunnel-ca:{second}"),
+        kind: "deployment",
+        name: "ztunnel-ca",
+        selector: "app=ztunnel-ca",
+    };
+    let broken = control_plane.run(cluster, helm, soaks, &|| {});
+    assert_eq!(broken, 0, "the control plane's rollout dropped connections");
+    certificates_are_renewed_by_the_new_control_plane(cluster);
+}
+
+/// One `helm upgrade` and what it replaces.
+struct Rollout {
+    what: &'static str,
+    /// The `--set` that changes the image.
+    set: String,
+    kind: &'static str,
+    name: &'static str,
+    selector: &'static str,
+}
+
+impl Rollout {
+    /// Upgrades, calls `during` every half second until the rollout is
+    /// done and every old pod gone, and returns the number of connections
+    /// it dropped (printing the figures).
+    fn run(&self, cluster: &RealCluster, helm: &Helm, soaks: &Soaks, during: &dyn Fn()) -> u64 {
+        let before = soaks.counts(cluster);
+        let old: Vec<String> = cluster
+            .pods(MESH_NAMESPACE, self.selector)
+            .unwrap()
+            .into_iter()
+            .map(|pod| pod.name)
+            .collect();
+        let started = Instant::now();
+        let kubeconfig = cluster.api().unwrap().admin_kubeconfig().display().to_string();
+        helm.run(&[
+            "upgrade",
+            "mesh",
+            &helm::chart_dir().display().to_string(),
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            MESH_NAMESPACE,
+            "--reuse-values",
+            "--set",
+            &self.set,
+        ])
+        .unwrap();
+        // When each old pod was asked to stop (its deletionTimestamp less
+        // its grace period), as first seen.
+        let mut stopping: Vec<(String, f64)> = vec![];
+        let done = wait::until(ROLLOUT_WITHIN, || {
+            during();
+            let pods = get_json(cluster, &["get", "pods", "-n", MESH_NAMESPACE, "-l", self.selector])
+                .unwrap_or(Value::Null);
+            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            for pod in &items {
+                let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                if let (Some(deletion), Some(grace)) = (
+                    pod["metadata"]["deletionTimestamp"].as_str(),
+                    pod["metadata"]["deletionGracePeriodSeconds"].as_f64(),
+                ) && !stopping.iter().any(|(seen, _)| *seen == name)
+                {
+                    stopping.push((name, unix_seconds(deletion) - grace));
+                }
+            }
+            let old_left = items.iter().any(|pod| {
+                old.iter()
+                    .any(|name| pod["metadata"]["name"].as_str() == Some(name.as_str()))
+            });
+            !old_left && self.complete(cluster)
+        });
+        assert!(
+            done,
+            "the {} rollout did not finish in {ROLLOUT_WITHIN:?}:\n{}",
+            self.what,
+            pods_summary(cluster)
+        );
+        let rollout_s = started.elapsed().as_secs_f64();
+        // Counts printed after the last old pod is gone.
+        std::thread::sleep(Duration::from_secs(2));
+        let after = soaks.counts(cluster);
+        let first_stop = stopping
+            .iter()
+            .map(|(_, at)| *at)
+            .fold(f64::INFINITY, f64::min);
+        let mut dropped = 0;
+        for (((pod, what), before), after) in soaks.pods.iter().zip(&before).zip(&after) {
+            let new_failed = failures(&after["new"]["failed"]) - failures(&before["new"]["failed"]);
+            let open_failed = failures(&after["long_lived"]["open_failed"])
+                - failures(&before["long_lived"]["open_failed"]);
+            let started_at = after["started_unix_s"].as_f64().unwrap_or(0.0);
+            let since = before["elapsed_s"].as_f64().unwrap_or(0.0);
+            let breaks: Vec<f64> = after["long_lived"]["breaks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b["at_s"].as_f64())
+                .filter(|at| *at > since)
+                .map(|at| started_at + at)
+                .collect();
+            // Allowed: the old ztunnel's forced close at its deadline, and
+            // anything after; half a second of slack for the timestamps'
+            // rounding.
+            let deadline = first_stop + ZTUNNEL_DRAIN_S as f64 - 0.5;
+            let early = breaks.iter().filter(|at| **at < deadline).count() as u64;
+            let new_ok = after["new"]["ok"].as_u64().unwrap_or(0)
+                - before["new"]["ok"].as_u64().unwrap_or(0);
+            println!(
+                "figure: {} rollout, {what} ({pod}): {new_ok} new connections served, {new_failed} refused or failed; {} long-lived broken before the drain deadline, {} at or after it; {open_failed} reopenings failed",
+                self.what,
+                early,
+                breaks.len() as u64 - early,
+            );
+            dropped += new_failed + open_failed + early;
+        }
+        println!(
+            "figure: {} rollout done (every old pod gone) in {rollout_s:.1} s",
+            self.what
+        );
+        dropped
+    }
+
+    /// Whether the workload reports every replica updated and available.
+    fn complete(&self, cluster: &RealCluster) -> bool {
+        let Ok(object) = get_json(cluster, &["get", self.kind, "-n", MESH_NAMESPACE, self.name]) else {
+            return false;
+        };
+        let status = &object["status"];
+        let generation = object["metadata"]["generation"].as_u64();
+        let observed = status["observedGeneration"].as_u64();
+        if generation != observed {
+            return false;
+        }
+        match self.kind {
+            "daemonset" => {
+                let desired = status["desiredNumberScheduled"].as_u64();
+                desired == status["updatedNumberScheduled"].as_u64()
+                    && desired == status["numberAvailable"].as_u64()
+            }
+            _ => {
+                let replicas = status["replicas"].as_u64();
+                replicas == status["updatedReplicas"].as_u64()
+                    && replicas == status["availableReplicas"].as_u64()
+            }
+        }
+    }
+}
+
+/// Seconds since the epoch of an RFC 3339 time as the API writes it
+/// (`2026-12-06T02:00:00Z`).
+fn unix_seconds(rfc3339: &str) -> f64 {
+    let output = std::process::Command::new("date")
+        .args(["-d", rfc3339, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).trim().parse().unwrap()
+}
+
+/// The echo pod's IP on the node other than `node`.
+fn target_on_other(cluster: &RealCluster, node: &str) -> String {
+    let other = if node == "node-a" { "node-b" } else { "node-a" };
+    cluster
+        .pods(APP_NAMESPACE, "app=echo")
+        .unwrap()
+        .into_iter()
+        .find(|pod| pod.node.as_deref() == Some(other))
+        .and_then(|pod| pod.ip)
+        .unwrap()
+}
+
+/// The echo pod's name on `node`.
+fn echo_pod_on(cluster: &RealCluster, node: &str) -> String {
+    cluster
+        .pods(APP_NAMESPACE, "app=echo")
+        .unwrap()
+        .into_iter()
+        .find(|pod| pod.node.as_deref() == Some(node))
+        .unwrap()
+        .name
+}
+
+/// After the control plane's rollout, the new control plane pod has
+/// issued certificates (ztunnels renew every half `SECRET_TTL`) and serves
+/// xDS to both ztunnels.
+fn certificates_are_renewed_by_the_new_control_plane(cluster: &RealCluster) {
+    let pod = cluster.pods(MESH_NAMESPACE, "app=ztunnel-ca").unwrap().remove(0);
+    let address: std::net::SocketAddr = format!("{}:15014", pod.ip.clone().unwrap()).parse().unwrap();
+    let node = cluster.node(pod.node.as_deref().unwrap()).unwrap();
+    let started = Instant::now();
+    let mut metrics = String::new();
+    let renewed = wait::until(Duration::from_secs(90), || {
+        metrics = node
+            .netns()
+            .http_get_from(address, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        metric_sum(&metrics, "ca_certificates_issued") >= 2.0
+    });
+    assert!(
+        renewed,
+        "the new control plane issued no certificates in 90 s:\n{metrics}"
+    );
+    println!(
+        "figure: control plane rolled to certificates renewed by the new one: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The sum of every sample of a metric family in Prometheus text.
+fn metric_sum(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(family))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
