@@ -8,13 +8,21 @@
 #                                 libraries they load, from Debian's packages
 #   <out>/ztunnel-ca.oci.tar      ztunnel-ca (entrypoint), from scratch
 #
+# With --test-images, also the two images the test cluster runs:
+#
+#   <out>/ztunnel-test-pause.oci.tar  pause (entrypoint), from scratch: the
+#                                     CRI sandbox image (test-support/pause)
+#   <out>/ztunnel-test-app.oci.tar    ztunnel-loadgen (entrypoint), from
+#                                     scratch with an /etc/nsswitch.conf: the
+#                                     echo server and load generator of pods
+#
 # Each archive holds one image tagged <tag> (org.opencontainers.image.ref.name).
 # The binaries are static (glibc, -C target-feature=+crt-static), so the
 # ztunnel and control plane images hold nothing else; the node agent's image
 # carries the tools it runs in pods' network namespaces. umoci (built by
 # scripts/k8s-test-env.sh from a pinned Go module) assembles the layouts.
 #
-#   scripts/build-images.sh [--out DIR] [--tag TAG]
+#   scripts/build-images.sh [--out DIR] [--tag TAG] [--test-images]
 #
 # Defaults: --out target/images, --tag the workspace version. Needs apt-get
 # and dpkg (a Debian or Ubuntu host) for the agent's tools; they are taken
@@ -25,10 +33,12 @@ cd "$(dirname "$0")/.."
 
 out=target/images
 tag="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+test_images=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
+    --test-images) test_images=1; shift ;;
     *) echo "build-images: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,15 +53,27 @@ case "$target" in
 esac
 
 # 1. Static binaries. --target keeps crt-static off build scripts and proc
-#    macros, which must stay dynamic.
+#    macros, which must stay dynamic. The test images' binaries are a second
+#    invocation: built together, cargo would unify the features of shared
+#    dependencies and the product's binaries would differ with the flag.
+images=(ztunnel ztunnel-ca ztunnel-agent)
+static=(ztunnel ztunnel-agent ztunnel-cni ztunnel-ca)
 echo "build-images: building static binaries for $target" >&2
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --profile image \
   --target "$target" \
   -p ztunnel-proxy --bin ztunnel \
   -p ztunnel-cni --bin ztunnel-agent --bin ztunnel-cni \
   -p ztunnel-control-plane --bin ztunnel-ca
-bins="target/$target/image"
-for bin in ztunnel ztunnel-agent ztunnel-cni ztunnel-ca; do
+if [ "$test_images" = 1 ]; then
+  images+=(ztunnel-test-pause ztunnel-test-app)
+  static+=(pause ztunnel-loadgen)
+  RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --profile image \
+    --target "$target" \
+    -p ztunnel-test-pause --bin pause \
+    -p ztunnel-benches --bin ztunnel-loadgen
+fi
+bins="${CARGO_TARGET_DIR:-target}/$target/image"
+for bin in "${static[@]}"; do
   if ldd "$bins/$bin" >/dev/null 2>&1 && ! ldd "$bins/$bin" 2>&1 | grep -q "statically linked"; then
     echo "build-images: $bins/$bin is not static:" >&2
     ldd "$bins/$bin" >&2
@@ -103,9 +125,19 @@ agent_stage="$(stage agent "$bins/ztunnel-agent" "$bins/ztunnel-cni")"
 # defaults when started under that name.
 ln -s ztunnel-agent "$agent_stage/usr/local/bin/install-cni"
 build ztunnel-agent /usr/local/bin/ztunnel-agent "$tools_root=/" "$agent_stage=/"
+if [ "$test_images" = 1 ]; then
+  build ztunnel-test-pause /usr/local/bin/pause "$(stage pause "$bins/pause")=/"
+  app_stage="$(stage app "$bins/ztunnel-loadgen")"
+  # The static glibc resolver reads this: the kubelet's /etc/hosts first,
+  # then the cluster DNS of its /etc/resolv.conf, as in a Debian image
+  # (without it glibc would ask DNS first).
+  mkdir -p "$app_stage/etc"
+  printf 'hosts: files dns\n' >"$app_stage/etc/nsswitch.conf"
+  build ztunnel-test-app /usr/local/bin/ztunnel-loadgen "$app_stage=/"
+fi
 
 echo "build-images: built in $(( $(date +%s) - started )) s" >&2
-for name in ztunnel ztunnel-agent ztunnel-ca; do
+for name in "${images[@]}"; do
   printf 'build-images: %s:%s %s\n' "$name" "$tag" "$(du -h "$out/$name.oci.tar" | cut -f1)" >&2
 done
 echo "$out"

@@ -11,7 +11,11 @@
 #   - ztunnel-agent --help, and ztunnel-cni answering CNI's VERSION command;
 #   - the agent's tools: iptables (nf_tables) adding a chain and a rule and
 #     iptables-save printing them back, ip6tables-restore, ipset creating a
-#     set, and `ip -j addr show` (the agent's own use of each).
+#     set, and `ip -j addr show` (the agent's own use of each);
+#   - when the test cluster's images are there (build-images.sh
+#     --test-images): pause, as PID 1 of a PID namespace, exiting 0 on
+#     SIGTERM; ztunnel-loadgen's server and a soak run against it through a
+#     name in /etc/hosts (the image's static resolver), with no failure.
 # Needs root (chroot, unshare). Prints each image's size.
 #
 #   scripts/check-images.sh [DIR]      default target/images
@@ -118,6 +122,44 @@ expect ztunnel-agent "ip6tables-restore loads a table" "ZTUNNEL_CHECK" \
 expect ztunnel-agent "ipset creates a set" "Name: ztunnel-check" \
   'img ipset create ztunnel-check hash:ip && img ipset list ztunnel-check'
 expect ztunnel-agent "ip -j addr show" '"ifname":"lo"' 'img ip -j addr show'
+
+if [ -f "$dir/ztunnel-test-pause.oci.tar" ]; then
+  unpack ztunnel-test-pause
+  entrypoint ztunnel-test-pause /usr/local/bin/pause
+  expect ztunnel-test-pause "version" "^pause $tag" 'img /usr/local/bin/pause -v'
+  # As a pod's sandbox runs it: PID 1 of its PID namespace, where a signal
+  # without a handler of its own would be dropped. Ready once asleep in
+  # sigwait.
+  expect ztunnel-test-pause "as PID 1, SIGTERM ends it with status 0" "^status 0$" '
+    unshare --pid --fork --kill-child chroot "$ROOT" /usr/local/bin/pause & outer=$!
+    for _ in $(seq 100); do
+      pid="$(cat /proc/$outer/task/$outer/children 2>/dev/null)"
+      [ -n "$pid" ] && grep -q sigtimedwait "/proc/$pid/wchan" 2>/dev/null && break
+      sleep 0.1
+    done
+    kill -TERM $pid; wait $outer; echo "status $?"'
+fi
+
+if [ -f "$dir/ztunnel-test-app.oci.tar" ]; then
+  unpack ztunnel-test-app
+  entrypoint ztunnel-test-app /usr/local/bin/ztunnel-loadgen
+  expect ztunnel-test-app "help" "soak" 'img /usr/local/bin/ztunnel-loadgen --help'
+  # The kubelet mounts a pod's /etc/hosts; a name in it must resolve through
+  # the image's static glibc and its nsswitch.conf.
+  printf '127.0.0.1 localhost\n127.0.0.1 echo.check.svc.cluster.local\n' \
+    >"$work/ztunnel-test-app/rootfs/etc/hosts"
+  expect ztunnel-test-app "soak by name against serve: answers, no failure" \
+    '^\{"mode":"soak",.*"new":\{"ok":[1-9][0-9]*,"failed":\{("[a-z]+":0,?)+\}\},"long_lived":\{"wanted":2,"open":2,"exchanges":[1-9]' '
+    chroot "$ROOT" /usr/local/bin/ztunnel-loadgen serve --listen 127.0.0.1:9000 \
+      >"$ROOT/../serve.out" 2>&1 & server=$!
+    for _ in $(seq 100); do
+      grep -q listening "$ROOT/../serve.out" && break
+      sleep 0.1
+    done
+    img /usr/local/bin/ztunnel-loadgen soak --target echo.check.svc.cluster.local:9000 \
+      --duration 1.5 --connections 2 --rate 10 | tail -n 1
+    kill $server'
+fi
 
 if [ "$failed" != 0 ]; then
   echo "check-images: some checks failed" >&2

@@ -1,8 +1,10 @@
 //! The load generator `ztunnel-loadgen`: a server that answers every mode on
-//! one port, and four client modes (stream, rr, connect, idle) that print
-//! one JSON result each. The benchmark harness runs the server in one pod's
-//! network namespace and a client in another, and parses the result with
-//! the [`Report`] type; what goes over the wire is decided here alone.
+//! one port, and five client modes (stream, rr, connect, idle, soak) that
+//! print one JSON result each. The benchmark harness runs the server in one
+//! pod's network namespace and a client in another, and parses the result
+//! with the [`Report`] type; the cluster tests run soak, which prints its
+//! counts every second, through a rollout. What goes over the wire is
+//! decided here alone.
 //!
 //! Layout: `cli` parses the command line, `protocol` is the wire header and
 //! messages, `server` serves, `dial` opens client connections, one module
@@ -25,11 +27,15 @@ mod report;
 mod rr;
 mod server;
 mod shutdown;
+mod soak;
 mod stream;
 
 pub use cli::{Cli, Close, Command, Direction};
 pub use latency::Latency;
 pub use report::{ConnectReport, Event, IdleReport, Outcome, Report, RrReport, StreamReport};
+pub use soak::{
+    Break, FailureCounts, FailureKind, LongLived, MAX_BREAKS_LISTED, NewConnections, SoakReport,
+};
 
 use progress::Counters;
 
@@ -45,6 +51,9 @@ pub enum Error {
     /// The idle mode could not run.
     #[error(transparent)]
     Idle(#[from] idle::IdleError),
+    /// The soak mode could not run.
+    #[error(transparent)]
+    Soak(#[from] soak::SoakError),
     /// A latency histogram could not be built or merged.
     #[error(transparent)]
     Latency(#[from] latency::LatencyError),
@@ -89,6 +98,7 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Rr(args) => Report::Rr(rr::run(args, quiet, &counters).await?),
         Command::Connect(args) => Report::Connect(connect::run(args, quiet, &counters).await?),
         Command::Idle(args) => Report::Idle(idle::run(args, quiet, &counters).await?),
+        Command::Soak(args) => return finish_soak(soak::run(args, &counters).await?, &counters),
     };
     let outcome = report::Outcome {
         report,
@@ -96,6 +106,24 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
     };
     report::print(&outcome).map_err(Error::Output)?;
     conclude(&outcome.report, &counters)
+}
+
+/// Prints a soak run's counts as its result, after the first failure's
+/// message on stderr: the result must be the last line of all output, where
+/// `kubectl logs --tail=1` finds it. The counts are the run's outcome, so
+/// failures in them are not an error of the program.
+fn finish_soak(counts: SoakReport, counters: &Counters) -> Result<(), Error> {
+    if let Some(first) = counters.first_error() {
+        eprintln!(
+            "ztunnel-loadgen soak: {} failures; first: {first}",
+            counts.failures()
+        );
+    }
+    let outcome = report::Outcome {
+        report: Report::Soak(counts),
+        cpu_s: report::own_cpu_seconds(),
+    };
+    report::print(&outcome).map_err(Error::Output)
 }
 
 /// Turns a run where nothing succeeded into an error (after its report was

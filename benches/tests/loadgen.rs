@@ -3,13 +3,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ztunnel_benches::loadgen::{Event, Report};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use ztunnel_benches::loadgen::{Event, FailureKind, Outcome, Report, SoakReport};
 
 /// The longest any client run here may take: every run asks for about a
 /// second, so this only trips on a hang.
@@ -54,8 +56,13 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_at(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// A server on `ip`, a loopback address.
+    fn start_at(ip: IpAddr) -> Server {
         let mut child = loadgen()
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--listen", &SocketAddr::new(ip, 0).to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -67,7 +74,7 @@ impl Server {
         let Event::Listening { addr } = serde_json::from_str(&line).unwrap() else {
             panic!("expected the listening event, got {line}");
         };
-        assert_eq!(addr.ip().to_string(), "127.0.0.1");
+        assert_eq!(addr.ip(), ip);
         assert_ne!(addr.port(), 0, "the real port is reported");
         Server { process, addr }
     }
@@ -400,7 +407,179 @@ fn help_documents_every_mode() {
     let output = loadgen().arg("--help").output().unwrap();
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
-    for mode in ["serve", "stream", "rr", "connect", "idle"] {
+    for mode in ["serve", "stream", "rr", "connect", "idle", "soak"] {
         assert!(help.contains(mode), "{mode} missing from:\n{help}");
     }
+}
+
+/// Parses one of soak's lines: a line of counts while it runs, `None` for
+/// anything else.
+fn soak_event(line: &str) -> Option<SoakReport> {
+    match serde_json::from_str(line) {
+        Ok(Event::Soak(counts)) => Some(*counts),
+        _ => None,
+    }
+}
+
+/// Parses soak's result line.
+fn soak_result(line: &str) -> SoakReport {
+    let outcome: Outcome = serde_json::from_str(line).unwrap();
+    let Report::Soak(counts) = outcome.report else {
+        panic!("not a soak result: {line}")
+    };
+    counts
+}
+
+#[test]
+fn soak_through_a_name_counts_every_connection_right_and_ends_with_its_result() {
+    // The server listens where the name resolves first, so the soak client
+    // goes through the resolver and reaches it.
+    let resolved = ("localhost", 0).to_socket_addrs().unwrap().next().unwrap();
+    let server = Server::start_at(resolved.ip());
+    let target = format!("localhost:{}", server.addr.port());
+    let args = [
+        "soak",
+        "--target",
+        &target,
+        "--connections",
+        "3",
+        "--rate",
+        "20",
+        "--duration",
+        "2.2",
+    ];
+    let output = run(&args);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        output.stderr.is_empty(),
+        "nothing on stderr when nothing failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let (last, earlier) = lines.split_last().expect("no output");
+    // A line a second (the second may lose its race with the end), then
+    // the result.
+    assert!((1..=2).contains(&earlier.len()), "{stdout}");
+    let mut previous = SoakReport::default();
+    for line in earlier {
+        let counts = soak_event(line).unwrap_or_else(|| panic!("not a soak line: {line}"));
+        assert!(counts.elapsed_s > previous.elapsed_s, "{line}");
+        assert!(counts.new.ok >= previous.new.ok, "counts only grow: {line}");
+        assert!(
+            counts.long_lived.exchanges >= previous.long_lived.exchanges,
+            "{line}"
+        );
+        previous = counts;
+    }
+    let counts = soak_result(last);
+    assert!(counts.elapsed_s >= 2.2, "{last}");
+    // 20 a second for 2.2 s: at most 45 paced attempts, all right.
+    assert!((1..=45).contains(&counts.new.ok), "{last}");
+    assert_eq!(counts.failures(), 0, "{last}");
+    assert_eq!(counts.long_lived.wanted, 3);
+    assert_eq!(counts.long_lived.open, 3, "{last}");
+    // Each connection's first message, and more every 200 ms.
+    assert!(counts.long_lived.exchanges > 3, "{last}");
+    assert_eq!(counts.long_lived.replaced, 0, "{last}");
+    assert!(counts.long_lived.breaks.is_empty(), "{last}");
+}
+
+#[test]
+fn soak_counts_breaks_and_refusals_when_the_server_stops_and_ends_on_sigterm() {
+    let server = Server::start();
+    // stderr into the same pipe as stdout, in the order written, as
+    // `kubectl logs` reads a container's output.
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            r#"exec "$0" "$@" 2>&1"#,
+            env!("CARGO_BIN_EXE_ztunnel-loadgen"),
+        ])
+        .args(["soak", "--target", &server.target()])
+        .args([
+            "--connections",
+            "3",
+            "--rate",
+            "20",
+            "--duration",
+            "30",
+            "--timeout",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = line_reader(child.stdout.take().unwrap());
+    let mut client = Running(child);
+    let pid = Pid::from_raw(i32::try_from(client.0.id()).unwrap());
+    // Waits for a line of counts that satisfies `condition`; a line comes
+    // every second, so ten lines bound the wait.
+    let wait_for = |what: &str, condition: &dyn Fn(&SoakReport) -> bool| {
+        for _ in 0..10 {
+            let line = lines.recv_timeout(LINE_LIMIT).unwrap();
+            let counts = soak_event(&line).unwrap_or_else(|| panic!("not a soak line: {line}"));
+            if condition(&counts) {
+                return counts;
+            }
+        }
+        panic!("no line shows {what}")
+    };
+
+    let before = wait_for("every connection up", &|counts| {
+        counts.long_lived.open == 3 && counts.new.ok > 0
+    });
+    assert_eq!(before.failures(), 0, "{before:?}");
+    drop(server);
+    wait_for("every long-lived connection broken", &|counts| {
+        counts.long_lived.broken.total() == 3 && counts.new.failed.refused > 0
+    });
+
+    kill(pid, Signal::SIGTERM).unwrap();
+    // Until the output ends: lines of counts may still come, then the
+    // first failure's message, then the result, last of all.
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.recv_timeout(LINE_LIMIT) {
+        rest.push(line);
+        assert!(rest.len() < 10, "{rest:?}");
+    }
+    let [.., message, last] = &rest[..] else {
+        panic!("no message and result after SIGTERM: {rest:?}")
+    };
+    assert!(message.starts_with("ztunnel-loadgen soak: "), "{rest:?}");
+    let counts = soak_result(last);
+    assert!(counts.elapsed_s < 30.0, "SIGTERM ended the run: {last}");
+    assert!(client.0.wait().unwrap().success());
+
+    // The short connections: right before the stop, refused after it (one
+    // caught in flight by the stop may have been closed or reset instead).
+    let failed = &counts.new.failed;
+    assert!(counts.new.ok >= before.new.ok, "{last}");
+    assert!(failed.refused > 0, "{last}");
+    assert_eq!(
+        failed.total(),
+        failed.refused + failed.closed + failed.reset,
+        "{last}"
+    );
+    // The long-lived ones: each broke once, after the last line that saw
+    // it up, by the server's close or reset; replacements were refused.
+    let long_lived = &counts.long_lived;
+    assert_eq!(long_lived.broken.total(), 3, "{last}");
+    assert_eq!(long_lived.breaks.len(), 3, "{last}");
+    for broken in &long_lived.breaks {
+        assert!(broken.at_s >= before.elapsed_s, "{last}");
+        assert!(
+            matches!(broken.kind, FailureKind::Closed | FailureKind::Reset),
+            "{last}"
+        );
+    }
+    assert_eq!(long_lived.open, 0, "{last}");
+    assert_eq!(long_lived.replaced, 0, "{last}");
+    assert!(long_lived.open_failed.refused > 0, "{last}");
+    assert_eq!(
+        long_lived.open_failed.total(),
+        long_lived.open_failed.refused,
+        "{last}"
+    );
 }

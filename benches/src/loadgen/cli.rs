@@ -1,9 +1,11 @@
-//! The command line: one `serve` command and four client modes, parsed once
-//! into typed values (addresses, durations, sizes). What each mode does with
-//! them lives in its own module.
+//! The command line: one `serve` command and five client modes, parsed once
+//! into typed values (addresses, destinations, durations, sizes). What each
+//! mode does with them lives in its own module.
 
-use std::net::SocketAddr;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -19,8 +21,15 @@ const MAX_SECONDS: f64 = 86_400.0;
 /// answer, it only keeps the schedule's arithmetic meaningful.
 const MAX_RATE: f64 = 1e9;
 
-/// Load generator for ztunnel benchmarks: a server and four client modes
-/// that measure throughput, latency, connection set-up and idle connections.
+/// The longest DNS name (RFC 1035: 255 octets on the wire, 253 as text).
+const MAX_NAME: usize = 253;
+
+/// The longest label of a DNS name (RFC 1035).
+const MAX_LABEL: usize = 63;
+
+/// Load generator for ztunnel benchmarks: a server and five client modes
+/// that measure throughput, latency, connection set-up and idle connections,
+/// and count what a rollout disturbs (soak).
 ///
 /// Run `serve` on the far side and a client mode on the near side; between
 /// them there may be nothing, proxies, or a tunnel. Each client connection
@@ -96,6 +105,29 @@ pub enum Command {
     /// had closed by then. Keep stdin open (a pipe) or pass --ignore-stdin,
     /// else the hold ends at once. Needs N + 64 open files (`ulimit -n`).
     Idle(IdleArgs),
+    /// Traffic a rollout must not disturb, counted: long-lived connections
+    /// and a steady stream of new short ones, for --duration or until
+    /// SIGTERM/SIGINT.
+    ///
+    /// --connections long-lived connections each send a 32-byte message
+    /// every 200 ms and check its echo; one that breaks (any error, EOF or
+    /// wrong answer before the run ends) is counted with its time and
+    /// replaced. Meanwhile --rate new connections a second each send one
+    /// message, check the echo and close. HOST may be a name: it is resolved
+    /// again for every connection opened.
+    ///
+    /// Every second stdout gets one line of the counts so far,
+    /// `{"event":"soak","elapsed_s":F,"new":{"ok":N,"failed":KINDS},
+    /// "long_lived":{"wanted":N,"open":N,"exchanges":N,"broken":KINDS,
+    /// "breaks":[{"at_s":F,"kind":K},...],"replaced":N,"open_failed":KINDS}}`,
+    /// and when the run ends the same counts as `{"mode":"soak",...,
+    /// "cpu_s":F}`, the last line of all output (stderr included), so
+    /// `kubectl logs --tail=1` reads it. KINDS is `{"refused":N,"reset":N,
+    /// "timeout":N,"closed":N,"wrong":N,"unreachable":N,"resolve":N,
+    /// "other":N}`; K is one of those names. breaks lists the first 100.
+    /// Nothing goes to stderr while it runs; the exit status is 0 whenever
+    /// the final line was printed: judging the counts is the caller's part.
+    Soak(SoakArgs),
 }
 
 /// Arguments of `serve`.
@@ -219,6 +251,93 @@ pub struct IdleArgs {
     pub ignore_stdin: bool,
 }
 
+/// A server named by HOST:PORT, as the soak mode dials it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// Where the server is.
+    pub host: Host,
+    /// Its port, never zero.
+    pub port: u16,
+}
+
+/// The host part of a [`Destination`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Host {
+    /// An IP address, dialled as it is.
+    Address(IpAddr),
+    /// A DNS name, resolved for every connection so that a Service name
+    /// follows what the cluster's DNS answers now. Shared, not copied, by
+    /// the errors that name it.
+    Name(Arc<str>),
+}
+
+/// Arguments of `soak`.
+#[derive(Debug, Args)]
+pub struct SoakArgs {
+    /// Server, HOST:PORT: HOST is an IP address (IPv6 in brackets) or a DNS
+    /// name.
+    #[arg(long, value_parser = destination)]
+    pub target: Destination,
+    /// Long-lived connections to keep open; 0 opens none.
+    #[arg(long, default_value_t = 4)]
+    pub connections: u32,
+    /// New short connections per second; 0 opens none.
+    #[arg(long, default_value_t = 10.0, value_parser = rate)]
+    pub rate: f64,
+    /// Seconds to run for (fractions allowed).
+    #[arg(long, default_value = "60", value_parser = positive_seconds)]
+    pub duration: Duration,
+    /// Seconds that opening a connection, or one message's answer, may take
+    /// before it counts as a timeout (fractions allowed).
+    #[arg(long, default_value = "5", value_parser = positive_seconds)]
+    pub timeout: Duration,
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            Host::Address(address) => write!(f, "{}", SocketAddr::new(*address, self.port)),
+            Host::Name(name) => write!(f, "{name}:{}", self.port),
+        }
+    }
+}
+
+/// Parses HOST:PORT: an IP socket address, or a DNS name and a port.
+fn destination(text: &str) -> Result<Destination, String> {
+    if let Ok(address) = text.parse::<SocketAddr>() {
+        if address.port() == 0 {
+            return Err(format!("{text:?}: the port must not be 0"));
+        }
+        return Ok(Destination {
+            host: Host::Address(address.ip()),
+            port: address.port(),
+        });
+    }
+    let Some((name, port)) = text.rsplit_once(':') else {
+        return Err(format!("{text:?} is not HOST:PORT"));
+    };
+    let port = match port.parse::<u16>() {
+        Ok(0) | Err(_) => return Err(format!("{text:?}: {port:?} is not a port (1..=65535)")),
+        Ok(port) => port,
+    };
+    let labels = name.strip_suffix('.').unwrap_or(name);
+    let label_ok = |label: &str| {
+        (1..=MAX_LABEL).contains(&label.len())
+            && label
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+    };
+    if name.len() > MAX_NAME || !labels.split('.').all(label_ok) {
+        return Err(format!(
+            "{text:?}: {name:?} is neither an IP address (IPv6 goes in brackets) nor a DNS name"
+        ));
+    }
+    Ok(Destination {
+        host: Host::Name(Arc::from(name)),
+        port,
+    })
+}
+
 /// Parses seconds (fractions allowed), zero included.
 fn seconds(text: &str) -> Result<Duration, String> {
     let value: f64 = text
@@ -312,6 +431,50 @@ mod tests {
         assert_eq!(args.response_size, None);
         assert_eq!(args.duration, Duration::from_millis(2500));
         assert_eq!(args.rate, 1000.0);
+    }
+
+    #[test]
+    fn destinations_are_addresses_or_names() {
+        let name = |host: &str, port| Destination {
+            host: Host::Name(Arc::from(host)),
+            port,
+        };
+        let address = |host: &str, port| Destination {
+            host: Host::Address(host.parse().unwrap()),
+            port,
+        };
+        let cases = [
+            ("127.0.0.1:9000", Ok(address("127.0.0.1", 9000))),
+            ("[::1]:80", Ok(address("::1", 80))),
+            ("echo:9000", Ok(name("echo", 9000))),
+            (
+                "echo.soak.svc.cluster.local:9000",
+                Ok(name("echo.soak.svc.cluster.local", 9000)),
+            ),
+            // A fully qualified name keeps its dot: the resolver then skips
+            // the search list.
+            (
+                "echo.soak.svc.cluster.local.:1",
+                Ok(name("echo.soak.svc.cluster.local.", 1)),
+            ),
+            ("echo", Err(())),
+            ("echo:0", Err(())),
+            ("echo:65536", Err(())),
+            ("127.0.0.1:0", Err(())),
+            (":9000", Err(())),
+            ("a..b:9000", Err(())),
+            ("ech o:9000", Err(())),
+            // An IPv6 address without brackets is not a name.
+            ("::1:9000", Err(())),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(destination(text).map_err(|_| ()), expected, "{text}");
+        }
+        assert_eq!(
+            destination("echo.soak:9000").unwrap().to_string(),
+            "echo.soak:9000"
+        );
+        assert_eq!(destination("[::1]:80").unwrap().to_string(), "[::1]:80");
     }
 
     #[test]

@@ -1,16 +1,19 @@
-//! Opening client connections: the socket options every client socket gets
-//! (TCP_NODELAY, optionally a zero linger), a connect timeout, the header,
-//! and the pause before a failed connection is tried again. What each mode
-//! sends afterwards lives in its own module.
+//! Opening client connections: resolving a destination's name, the socket
+//! options every client socket gets (TCP_NODELAY, optionally a zero
+//! linger), a connect timeout, the header, and the pause before a failed
+//! connection is tried again. What each mode sends afterwards lives in its
+//! own module.
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 
+use super::cli::{Destination, Host};
 use super::progress::Counters;
 use super::protocol::Header;
 
@@ -37,6 +40,17 @@ pub enum Linger {
 /// Why a connection could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
+    /// The name could not be resolved.
+    #[error("resolving {name}")]
+    Resolve {
+        /// The name asked for.
+        name: Arc<str>,
+        /// What the resolver said.
+        source: io::Error,
+    },
+    /// The name resolved to no address.
+    #[error("{0} resolved to no address")]
+    NoAddress(Arc<str>),
     /// The socket could not be created or configured (e.g. out of file descriptors).
     #[error("socket")]
     Socket(#[source] io::Error),
@@ -82,6 +96,31 @@ pub async fn open(target: SocketAddr, header: Header) -> Result<TcpStream, DialE
         .await
         .map_err(DialError::Header)?;
     Ok(stream)
+}
+
+/// The address to dial for `destination`: an IP address as it is, a name
+/// through the system's resolver (getaddrinfo: /etc/hosts and DNS as
+/// /etc/nsswitch.conf orders them), asked again on every call; the first
+/// address it gives.
+pub async fn resolve(destination: &Destination) -> Result<SocketAddr, DialError> {
+    let name = match &destination.host {
+        Host::Address(address) => return Ok(SocketAddr::new(*address, destination.port)),
+        Host::Name(name) => name,
+    };
+    let mut addresses = tokio::net::lookup_host((&**name, destination.port))
+        .await
+        .map_err(|source| DialError::Resolve {
+            name: Arc::clone(name),
+            source,
+        })?;
+    addresses
+        .next()
+        .ok_or_else(|| DialError::NoAddress(Arc::clone(name)))
+}
+
+/// Resolves `destination` and opens a connection to it with `header`.
+pub async fn open_to(destination: &Destination, header: Header) -> Result<TcpStream, DialError> {
+    open(resolve(destination).await?, header).await
 }
 
 /// Opens `count` connections at once. A failed one is counted in

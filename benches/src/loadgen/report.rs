@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cli::Direction;
 use super::latency::Latency;
+use super::soak::SoakReport;
 
 /// A line printed while the program runs, before any result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +28,9 @@ pub enum Event {
         /// Connections that failed to open.
         errors: u64,
     },
+    /// The soak client's counts so far, once a second. Boxed: the counts are
+    /// larger than every other event together.
+    Soak(Box<SoakReport>),
 }
 
 /// The result of one client run, printed as the last line of stdout.
@@ -41,6 +45,8 @@ pub enum Report {
     Connect(ConnectReport),
     /// Idle connections held open.
     Idle(IdleReport),
+    /// Traffic counted through a rollout.
+    Soak(SoakReport),
 }
 
 /// The result of `stream`.
@@ -116,6 +122,7 @@ impl Report {
             Report::Rr(report) => report.requests > 0,
             Report::Connect(report) => report.connections_made > 0,
             Report::Idle(report) => report.held > 0,
+            Report::Soak(report) => report.succeeded(),
         }
     }
 
@@ -126,6 +133,7 @@ impl Report {
             Report::Rr(report) => report.errors,
             Report::Connect(report) => report.errors,
             Report::Idle(report) => report.errors,
+            Report::Soak(report) => report.failures(),
         }
     }
 }
