@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README): installs the system tools the end-to-end tests
-# use when they are missing and we are root, builds the test Kubernetes API
-# server once per machine (scripts/k8s-test-env.sh; a no-op after the first
-# time), then runs every test in the workspace. Tests that need root, these
+# use when they are missing and we are root, builds the Kubernetes parts
+# once per machine (scripts/k8s-test-env.sh: the API server, and kubelet,
+# containerd, runc and the rest of a real cluster; a no-op after the first
+# time) and, as root, the container images the real cluster runs
+# (scripts/build-images.sh --test-images), then runs every test in the
+# workspace. Tests that need root, these
 # tools or the API server skip with a printed reason where they cannot run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +20,11 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null;
 fi
 if command -v go >/dev/null; then
   scripts/k8s-test-env.sh >/dev/null
+  # The real cluster's tests (root only) run the images as a cluster
+  # would: the project's three and the test pause and application images.
+  if [ "$(id -u)" = 0 ]; then
+    scripts/build-images.sh --test-images >/dev/null
+  fi
 else
   echo "test.sh: no Go toolchain: tests against the Kubernetes API server will skip" >&2
 fi

@@ -363,7 +363,9 @@ fn traffic_goes_through_ztunnel_with_the_pods_identities(cluster: &RealCluster, 
             );
             let tunnelled: usize = servers
                 .iter()
-                .map(|(server_node, server)| delivered_as_client(cluster, server_node, server, &pod))
+                .map(|(server_node, server)| {
+                    delivered_as_client(cluster, server_node, server, &pod)
+                })
                 .sum();
             assert_eq!(
                 tunnelled, 20,
@@ -541,7 +543,13 @@ spec:
     );
 
     api.kubectl(
-        &["delete", "authorizationpolicy", "-n", APP_NAMESPACE, "deny-client"],
+        &[
+            "delete",
+            "authorizationpolicy",
+            "-n",
+            APP_NAMESPACE,
+            "deny-client",
+        ],
         None,
     )
     .unwrap();
@@ -557,7 +565,10 @@ spec:
         last = report;
         last["connections_made"] == 5 && last["errors"] == 0
     });
-    assert!(allowed, "the client was still refused after the policy went: {last}");
+    assert!(
+        allowed,
+        "the client was still refused after the policy went: {last}"
+    );
     println!(
         "figure: policy deleted to every connection served: {:.1} s",
         started.elapsed().as_secs_f64()
@@ -597,7 +608,14 @@ spec:
         .unwrap();
     let started = Instant::now();
     cluster
-        .kubectl(&["scale", "deployment", "-n", APP_NAMESPACE, "late", "--replicas=1"])
+        .kubectl(&[
+            "scale",
+            "deployment",
+            "-n",
+            APP_NAMESPACE,
+            "late",
+            "--replicas=1",
+        ])
         .unwrap();
     let mut pod = PodStatus::default();
     let mut report = Value::Null;
@@ -626,7 +644,10 @@ spec:
     });
     assert!(reported, "the scaled-up pod reported nothing: {pod:?}");
     assert_eq!(
-        (report["connections_made"].as_u64(), report["errors"].as_u64()),
+        (
+            report["connections_made"].as_u64(),
+            report["errors"].as_u64()
+        ),
         (Some(20), Some(0)),
         "{report}"
     );
@@ -640,7 +661,14 @@ spec:
         started.elapsed().as_secs_f64()
     );
     cluster
-        .kubectl(&["scale", "deployment", "-n", APP_NAMESPACE, "late", "--replicas=0"])
+        .kubectl(&[
+            "scale",
+            "deployment",
+            "-n",
+            APP_NAMESPACE,
+            "late",
+            "--replicas=0",
+        ])
         .unwrap();
 }
 
@@ -673,11 +701,22 @@ fn a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(
         .trim_start_matches("containerd://")
         .to_owned();
     let pid = cluster
-        .crictl(node, &["inspect", "-o", "go-template", "--template", "{{.info.pid}}", &container])
+        .crictl(
+            node,
+            &[
+                "inspect",
+                "-o",
+                "go-template",
+                "--template",
+                "{{.info.pid}}",
+                &container,
+            ],
+        )
         .unwrap()
         .trim()
         .to_owned();
-    node.run(std::path::Path::new("/bin/kill"), &["-STOP", &pid]).unwrap();
+    node.run(std::path::Path::new("/bin/kill"), &["-STOP", &pid])
+        .unwrap();
     let stopped = Instant::now();
 
     let (server, target) = app.echo_on("node-a");
@@ -714,8 +753,11 @@ spec:
             ])
             .is_ok_and(|events| !events.trim().is_empty())
     });
-    let pod_before = cluster.pods(APP_NAMESPACE, "app=client").unwrap_or_default();
-    node.run(std::path::Path::new("/bin/kill"), &["-CONT", &pid]).unwrap();
+    let pod_before = cluster
+        .pods(APP_NAMESPACE, "app=client")
+        .unwrap_or_default();
+    node.run(std::path::Path::new("/bin/kill"), &["-CONT", &pid])
+        .unwrap();
     println!(
         "agent on node-b stopped for {:.1} s",
         stopped.elapsed().as_secs_f64()
@@ -735,7 +777,10 @@ spec:
             .unwrap_or_default();
         pod.phase == "Succeeded" || pod.phase == "Failed"
     });
-    assert!(ended, "{name} did not end after the agent came back: {pod:?}");
+    assert!(
+        ended,
+        "{name} did not end after the agent came back: {pod:?}"
+    );
     let delivered = delivered_as_client(cluster, "node-a", server, &pod);
     assert_eq!(
         delivered, 20,
@@ -767,9 +812,19 @@ impl Soaks {
         let (_, echo_b) = app.echo_on("node-b");
         let service = format!("echo.{APP_NAMESPACE}.svc.cluster.local");
         let pods = vec![
-            ("soak-cross-node", "node-a", echo_b.to_owned(), "across nodes"),
+            (
+                "soak-cross-node",
+                "node-a",
+                echo_b.to_owned(),
+                "across nodes",
+            ),
             ("soak-same-node", "node-a", echo_a.to_owned(), "on one node"),
-            ("soak-service-name", "node-b", service, "to the Service by name"),
+            (
+                "soak-service-name",
+                "node-b",
+                service,
+                "to the Service by name",
+            ),
         ];
         let image = cluster.images().reference(real_cluster::APP);
         for (name, node, target, _) in &pods {
@@ -807,7 +862,10 @@ spec:
                 .unwrap();
         }
         let soaks = Soaks {
-            pods: pods.iter().map(|(name, _, _, what)| (*name, *what)).collect(),
+            pods: pods
+                .iter()
+                .map(|(name, _, _, what)| (*name, *what))
+                .collect(),
         };
         let running = wait::until(POD_WITHIN, || {
             soaks.pods.iter().all(|(name, _)| {
@@ -886,9 +944,18 @@ fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &Soaks) {
         // first connection.
         let mut created = created_cell.borrow_mut();
         if created.len() < 6 {
-            let node = if created.len() % 2 == 0 { "node-a" } else { "node-b" };
+            let node = if created.len() % 2 == 0 {
+                "node-a"
+            } else {
+                "node-b"
+            };
             let name = format!("during-agent-rollout-{}", created.len());
-            create_client(cluster, &name, node, &connect_args(&target_on_other(cluster, node), 20));
+            create_client(
+                cluster,
+                &name,
+                node,
+                &connect_args(&target_on_other(cluster, node), 20),
+            );
             created.push((name, node));
         }
     });
@@ -940,7 +1007,12 @@ impl Rollout {
             .map(|pod| pod.name)
             .collect();
         let started = Instant::now();
-        let kubeconfig = cluster.api().unwrap().admin_kubeconfig().display().to_string();
+        let kubeconfig = cluster
+            .api()
+            .unwrap()
+            .admin_kubeconfig()
+            .display()
+            .to_string();
         helm.run(&[
             "upgrade",
             "mesh",
@@ -959,11 +1031,17 @@ impl Rollout {
         let mut stopping: Vec<(String, f64)> = vec![];
         let done = wait::until(ROLLOUT_WITHIN, || {
             during();
-            let pods = get_json(cluster, &["get", "pods", "-n", MESH_NAMESPACE, "-l", self.selector])
-                .unwrap_or(Value::Null);
+            let pods = get_json(
+                cluster,
+                &["get", "pods", "-n", MESH_NAMESPACE, "-l", self.selector],
+            )
+            .unwrap_or(Value::Null);
             let items = pods["items"].as_array().cloned().unwrap_or_default();
             for pod in &items {
-                let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                let name = pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
                 if let (Some(deletion), Some(grace)) = (
                     pod["metadata"]["deletionTimestamp"].as_str(),
                     pod["metadata"]["deletionGracePeriodSeconds"].as_f64(),
@@ -1031,7 +1109,10 @@ impl Rollout {
 
     /// Whether the workload reports every replica updated and available.
     fn complete(&self, cluster: &RealCluster) -> bool {
-        let Ok(object) = get_json(cluster, &["get", self.kind, "-n", MESH_NAMESPACE, self.name]) else {
+        let Ok(object) = get_json(
+            cluster,
+            &["get", self.kind, "-n", MESH_NAMESPACE, self.name],
+        ) else {
             return false;
         };
         let status = &object["status"];
@@ -1062,7 +1143,10 @@ fn unix_seconds(rfc3339: &str) -> f64 {
         .args(["-d", rfc3339, "+%s"])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&output.stdout).trim().parse().unwrap()
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The echo pod's IP on the node other than `node`.
@@ -1092,8 +1176,13 @@ fn echo_pod_on(cluster: &RealCluster, node: &str) -> String {
 /// issued certificates (ztunnels renew every half `SECRET_TTL`) and serves
 /// xDS to both ztunnels.
 fn certificates_are_renewed_by_the_new_control_plane(cluster: &RealCluster) {
-    let pod = cluster.pods(MESH_NAMESPACE, "app=ztunnel-ca").unwrap().remove(0);
-    let address: std::net::SocketAddr = format!("{}:15014", pod.ip.clone().unwrap()).parse().unwrap();
+    let pod = cluster
+        .pods(MESH_NAMESPACE, "app=ztunnel-ca")
+        .unwrap()
+        .remove(0);
+    let address: std::net::SocketAddr = format!("{}:15014", pod.ip.clone().unwrap())
+        .parse()
+        .unwrap();
     let node = cluster.node(pod.node.as_deref().unwrap()).unwrap();
     let started = Instant::now();
     let mut metrics = String::new();

@@ -47,7 +47,8 @@ const FABRIC_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Every node's pod subnet lies in this range (kube-proxy's cluster CIDR).
 const POD_CIDRS: &str = "198.18.64.0/18";
 /// Binaries a real cluster needs from `scripts/k8s-test-env.sh`.
-const BINARIES: [&str; 12] = [
+const BINARIES: [&str; 13] = [
+    "crictl",
     "etcd",
     "kube-apiserver",
     "kubectl",
@@ -401,6 +402,14 @@ impl RealCluster {
             .lines()
             .map(|line| line.splitn(4, ' ').nth(3).unwrap_or_default().to_owned())
             .collect())
+    }
+
+    /// Runs crictl on `node` against its containerd; its stdout.
+    pub fn crictl(&self, node: &Node, args: &[&str]) -> anyhow::Result<String> {
+        let endpoint = format!("unix://{}", containerd::SOCKET);
+        let mut all = vec!["--runtime-endpoint", endpoint.as_str()];
+        all.extend_from_slice(args);
+        node.run(&self.api()?.bin().join("crictl"), &all)
     }
 
     /// Keeps the cluster's files (logs, configuration) after the test, for

@@ -117,7 +117,7 @@ pub enum Command {
     /// again for every connection opened.
     ///
     /// Every second stdout gets one line of the counts so far,
-    /// `{"event":"soak","elapsed_s":F,"new":{"ok":N,"failed":KINDS},
+    /// `{"event":"soak","started_unix_s":F,"elapsed_s":F,"new":{"ok":N,"failed":KINDS},
     /// "long_lived":{"wanted":N,"open":N,"exchanges":N,"broken":KINDS,
     /// "breaks":[{"at_s":F,"kind":K},...],"replaced":N,"open_failed":KINDS}}`,
     /// and when the run ends the same counts as `{"mode":"soak",...,

@@ -12,7 +12,7 @@
 use std::io;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -154,7 +154,7 @@ pub async fn run(args: &SoakArgs, counters: &Arc<Counters>) -> Result<SoakReport
         timeout: args.timeout,
         start,
         deadline: start + args.duration,
-        counts: Mutex::new(SoakReport::new(args.connections)),
+        counts: Mutex::new(SoakReport::new(args.connections, SystemTime::now())),
         counters: Arc::clone(counters),
     });
     let mut tasks = JoinSet::new();

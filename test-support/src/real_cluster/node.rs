@@ -10,8 +10,8 @@
 //!   iptables (kube-proxy's and the node agent's) apart from the other
 //!   node's. Entered with `nsenter --net`, not `ip netns exec`, which
 //!   remounts /sys and hides the cgroup hierarchies.
-//! - mount: tmpfs over /run, /var/log, /opt and /etc/cni, and a directory
-//!   of the test's over /var/lib, because some kubelet and containerd
+//! - mount: tmpfs over /run, /opt and /etc/cni, and directories of the
+//!   test's over /var/lib and /var/log, because some kubelet and containerd
 //!   paths ignore their root flags, and the node agent's host paths
 //!   (`/opt/cni/bin`, `/etc/cni/net.d`, `/var/run/ztunnel`, `/var/run/netns`)
 //!   must be this node's alone.
@@ -84,6 +84,7 @@ impl Node {
             "var-lib/kubelet",
             "var-lib/containerd",
             "var-lib/cni",
+            "var-log",
             "logs",
         ] {
             std::fs::create_dir_all(dir.join(sub))?;
@@ -134,7 +135,13 @@ impl Node {
         let var_lib = self.dir.join("var-lib");
         let mut script = String::from("set -e\n");
         script += &format!("mount --bind '{}' /var/lib\n", var_lib.display());
-        for tmpfs in ["/run", "/var/log", "/opt", "/etc/cni"] {
+        // Pods' logs stay readable after the node is gone (a failed test
+        // keeps them with ZTUNNEL_KEEP_CLUSTER_FILES).
+        script += &format!(
+            "mount --bind '{}' /var/log\n",
+            self.dir.join("var-log").display()
+        );
+        for tmpfs in ["/run", "/opt", "/etc/cni"] {
             script += &format!("mount -t tmpfs -o mode=0755 tmpfs {tmpfs}\n");
         }
         script += "mkdir -p /opt/cni/bin /etc/cni/net.d /run/netns\n";

@@ -4,7 +4,7 @@
 //! failure is lives in `failure.rs`; when the counts are printed, in
 //! `soak.rs`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -102,6 +102,10 @@ pub struct LongLived {
 /// The counts of one soak run so far: every line `soak` prints.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SoakReport {
+    /// When the run started, in seconds since the Unix epoch: a reader
+    /// places the breaks (`at_s` after it) on its own clock, e.g. against
+    /// the moment a proxy was told to stop.
+    pub started_unix_s: f64,
     /// Seconds from the start of the run to this line.
     pub elapsed_s: f64,
     /// The short connections.
@@ -145,9 +149,12 @@ impl FailureCounts {
 
 impl SoakReport {
     /// The counts of a run that keeps `wanted` long-lived connections,
-    /// before anything happened.
-    pub fn new(wanted: u32) -> Self {
+    /// started at `started`, before anything happened.
+    pub fn new(wanted: u32, started: SystemTime) -> Self {
         SoakReport {
+            started_unix_s: started
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |since| since.as_secs_f64()),
             long_lived: LongLived {
                 wanted: u64::from(wanted),
                 ..LongLived::default()

@@ -12,7 +12,7 @@ enum Step {
 }
 
 fn play(steps: &[Step]) -> SoakReport {
-    let mut counts = SoakReport::new(2);
+    let mut counts = SoakReport::new(2, SystemTime::UNIX_EPOCH);
     for step in steps {
         match step {
             Step::New(outcome) => counts.new_connection(*outcome),
@@ -120,7 +120,7 @@ fn every_kind_has_its_own_count() {
 
 #[test]
 fn the_list_of_breaks_stops_growing_but_the_count_does_not() {
-    let mut counts = SoakReport::new(1);
+    let mut counts = SoakReport::new(1, SystemTime::UNIX_EPOCH);
     for at in 0..MAX_BREAKS_LISTED as u64 + 50 {
         counts.opened(at > 0);
         counts.broke(Duration::from_millis(at), FailureKind::Reset);
@@ -135,7 +135,7 @@ fn the_list_of_breaks_stops_growing_but_the_count_does_not() {
 
 #[test]
 fn a_line_has_the_documented_fields() {
-    let mut counts = SoakReport::new(4);
+    let mut counts = SoakReport::new(4, SystemTime::UNIX_EPOCH + Duration::from_millis(1_500));
     counts.opened(false);
     counts.new_connection(Ok(()));
     counts.broke(Duration::from_millis(2250), FailureKind::Timeout);
@@ -148,7 +148,7 @@ fn a_line_has_the_documented_fields() {
     assert_eq!(
         line,
         format!(
-            r#"{{"elapsed_s":3.0,"new":{{"ok":1,"failed":{}}},"long_lived":{{"wanted":4,"open":0,"exchanges":1,"broken":{},"breaks":[{{"at_s":2.25,"kind":"timeout"}}],"replaced":0,"open_failed":{}}}}}"#,
+            r#"{{"started_unix_s":1.5,"elapsed_s":3.0,"new":{{"ok":1,"failed":{}}},"long_lived":{{"wanted":4,"open":0,"exchanges":1,"broken":{},"breaks":[{{"at_s":2.25,"kind":"timeout"}}],"replaced":0,"open_failed":{}}}}}"#,
             kinds(0),
             kinds(1),
             kinds(0)
