@@ -4,11 +4,13 @@
 //! Field names are Go's default encoding of istio-cni's structs
 //! (`Netns`, `PodName`, `PodNamespace`, `IPs`), and an address is Go's
 //! `net.IPNet` encoding: the IP as text and the mask as base64 bytes.
-//! `PodUID` is our addition; Go's decoder ignores unknown keys, so an
-//! istio-cni agent still accepts our plugin's body. The HTTP exchange lives
-//! in `plugin/client.rs` and `agent/server.rs`.
+//! `PodUID` and `DeadlineUnixMilli` are our additions; Go's decoder
+//! ignores unknown keys, so an istio-cni agent still accepts our plugin's
+//! body. The HTTP exchange lives in `plugin/client.rs` and
+//! `agent/server.rs`.
 
 use std::net::IpAddr;
+use std::time::SystemTime;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -44,13 +46,28 @@ pub struct CmdAdd {
     /// the agent notice a registry entry for a different pod of the same name.
     #[serde(rename = "PodUID", default)]
     pub pod_uid: String,
+    /// When the plugin stops waiting for the answer, as Unix milliseconds
+    /// on the wire (plugin and agent share the node's clock); `None` from
+    /// plugins that send none. The runtime has given up on a sandbox whose
+    /// ADD is not answered by then and retries with a new one, so the
+    /// agent refuses an add that reaches it too late rather than put a
+    /// sandbox that is being torn down in the mesh.
+    #[serde(
+        rename = "DeadlineUnixMilli",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "unix_millis"
+    )]
+    pub deadline: Option<SystemTime>,
 }
 
 /// `POST /cmddel`: a pod's sandbox is going away.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CmdDel {
     /// Path of the pod's network namespace; empty when the runtime already
-    /// removed it (DEL may be repeated after the sandbox is gone).
+    /// removed it (DEL may be repeated after the sandbox is gone). It says
+    /// which sandbox of the pod is going: a runtime that retries a pod
+    /// makes a new sandbox with the same name and uid.
     #[serde(rename = "Netns", default)]
     pub netns: String,
     /// Pod name.
@@ -200,8 +217,48 @@ mod gateway_text {
     }
 }
 
+/// `DeadlineUnixMilli`: a time as milliseconds since the Unix epoch, as
+/// Go's `time.UnixMilli` gives it.
+mod unix_millis {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use serde::de::Error as _;
+    use serde::ser::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        time: &Option<SystemTime>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let Some(time) = time else {
+            return serializer.serialize_none();
+        };
+        let millis = time
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| S::Error::custom("a deadline before 1970"))?
+            .as_millis();
+        serializer.serialize_u64(
+            u64::try_from(millis).map_err(|_| S::Error::custom("a deadline too far ahead"))?,
+        )
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<SystemTime>, D::Error> {
+        let Some(millis) = Option::<u64>::deserialize(deserializer)? else {
+            return Ok(None);
+        };
+        UNIX_EPOCH
+            .checked_add(Duration::from_millis(millis))
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("DeadlineUnixMilli {millis} is out of range")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
     use super::*;
 
     #[test]
@@ -223,6 +280,7 @@ mod tests {
                 },
             ],
             pod_uid: "uid-1".into(),
+            deadline: Some(UNIX_EPOCH + Duration::from_millis(1_700_000_005_123)),
         };
         let json = serde_json::to_value(&body).unwrap();
         let want = serde_json::json!({
@@ -233,7 +291,8 @@ mod tests {
                 {"Interface": 2, "Address": {"IP": "198.18.10.2", "Mask": "////AA=="}, "Gateway": "198.18.10.1"},
                 {"Interface": null, "Address": {"IP": "fd00::2", "Mask": "//////////8AAAAAAAAAAA=="}, "Gateway": ""}
             ],
-            "PodUID": "uid-1"
+            "PodUID": "uid-1",
+            "DeadlineUnixMilli": 1_700_000_005_123_u64
         });
         assert_eq!(json, want);
         let back: CmdAdd = serde_json::from_value(json).unwrap();
@@ -245,7 +304,14 @@ mod tests {
         let body =
             r#"{"Netns":"/proc/1/ns/net","PodName":"a","PodNamespace":"b","IPs":[],"Extra":1}"#;
         let add: CmdAdd = serde_json::from_str(body).unwrap();
-        assert_eq!(add.pod_uid, "");
+        assert_eq!((add.pod_uid.as_str(), add.deadline), ("", None));
+        let sent = serde_json::to_value(&add).unwrap();
+        assert!(
+            sent.get("DeadlineUnixMilli").is_none(),
+            "no deadline, no key: {sent}"
+        );
+        let far = r#"{"Netns":"","PodName":"a","PodNamespace":"b","IPs":[],"DeadlineUnixMilli":18446744073709551615}"#;
+        assert!(serde_json::from_str::<CmdAdd>(far).is_ok());
         let del: CmdDel = serde_json::from_str(r#"{"PodName":"a","PodNamespace":"b"}"#).unwrap();
         assert_eq!(del.netns, "");
     }

@@ -1,8 +1,9 @@
 //! The chained CNI plugin (`ztunnel-cni`, CNI spec 1.0 and earlier 0.3+).
 //!
 //! It runs after the node's main plugin. For a pod in an ambient namespace,
-//! ADD tells the node agent (`POST /cmdadd`, WIRE.md §6) and fails unless
-//! the agent answers 200: a pod must never start silently outside the mesh.
+//! ADD tells the node agent (`POST /cmdadd`, WIRE.md §6), with the moment
+//! it stops waiting, and fails unless the agent answers 200 by then: a pod
+//! must never start silently outside the mesh.
 //! It then prints `prevResult` unchanged. DEL tells the agent (`POST
 //! /cmddel`) and succeeds even when the agent is away, because the agent
 //! prunes pods whose netns vanished when it starts. CHECK asks the agent
@@ -15,13 +16,14 @@
 //! mapping of failures to CNI error codes in [`error`].
 
 use std::io::Read;
+use std::time::SystemTime;
 
 use http::StatusCode;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 
-use client::AgentClient;
+use client::{AGENT_TIMEOUT, AgentClient};
 use config::{ConfigError, MAX_CONFIG_BYTES, PluginConfig, SUPPORTED_VERSIONS};
 use env::{CniEnv, Command, K8sPod};
 use error::PluginError;
@@ -129,6 +131,9 @@ fn add(
             pod_namespace: pod.namespace.clone(),
             ips: result::pod_ips(prev_result)?,
             pod_uid: pod.uid.clone(),
+            // The exchange's own timeout starts just after this: by this
+            // deadline the plugin has stopped waiting and fails the ADD.
+            deadline: Some(SystemTime::now() + AGENT_TIMEOUT),
         };
         let client = AgentClient::new(config.agent_socket.clone());
         let reply = block_on(client.post_json(CMD_ADD_PATH, &event))?

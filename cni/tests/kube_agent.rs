@@ -47,6 +47,9 @@ fn the_agent_takes_pods_from_the_api_server() {
     a_pod_the_api_does_not_know_is_refused(&network);
     a_pod_outside_ambient_is_left_alone(&cluster, &network);
     a_pod_on_another_node_is_refused(&cluster, &network);
+    the_del_of_a_sandbox_the_runtime_gave_up_on_leaves_the_pod_annotated(
+        &cluster, &network, &ztunnel,
+    );
     agent.stop();
 }
 
@@ -157,4 +160,46 @@ fn a_pod_on_another_node_is_refused(cluster: &Cluster, network: &CniNetwork) {
     assert!(our_rules(&pod_ns).is_empty());
     assert_eq!(cluster.redirection("shop", "web-b"), None);
     network.del(&pod).unwrap();
+}
+
+/// (e) The DEL of a sandbox the runtime gave up on (its ADD was not
+/// answered in time), handled after the ADD of the sandbox that replaced
+/// it, leaves the pod in the mesh and its annotation `enabled`; the
+/// replacement's own DEL removes both.
+fn the_del_of_a_sandbox_the_runtime_gave_up_on_leaves_the_pod_annotated(
+    cluster: &Cluster,
+    network: &CniNetwork,
+    ztunnel: &FakeZtunnel,
+) {
+    let uid = cluster.create_pod("shop", "web-r", NODE);
+    let first_ns = NetNs::create("pod").unwrap();
+    let first = PodSandbox::new(&first_ns, "shop", "web-r", &uid);
+    let second_ns = NetNs::create("pod").unwrap();
+    let second = PodSandbox::new(&second_ns, "shop", "web-r", &uid);
+    std::thread::scope(|scope| {
+        let plugin = scope.spawn(|| network.add(&second).unwrap());
+        assert!(matches!(ztunnel.receive_and_ack().payload, Payload::Add(_)));
+        assert!(plugin.join().unwrap().plugin.success);
+    });
+    cluster.wait_for_redirection("shop", "web-r", Some("enabled"));
+
+    let deleted = network.del(&first).unwrap();
+    assert!(deleted.success, "{}", deleted.stdout);
+    assert_eq!(
+        cluster.redirection("shop", "web-r").as_deref(),
+        Some("enabled")
+    );
+    assert!(!our_rules(&second_ns).is_empty());
+
+    let deleted = std::thread::scope(|scope| {
+        let plugin = scope.spawn(|| network.del(&second).unwrap());
+        let received = ztunnel.receive_and_ack();
+        assert!(plugin.join().unwrap().success);
+        received
+    });
+    let Payload::Del(del) = &deleted.payload else {
+        panic!("expected a del, got {:?}", deleted.payload)
+    };
+    assert_eq!(del.uid, uid);
+    cluster.wait_for_redirection("shop", "web-r", None);
 }

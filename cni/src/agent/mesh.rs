@@ -36,8 +36,10 @@ use super::zds::wire::Request;
 use super::zds::{Connections, ZdsError, ZdsEvent};
 
 use outcome::ZtunnelOutcome;
+use sandbox::{DelSandbox, DelTarget, RecordedSandbox};
 
 mod outcome;
+mod sandbox;
 
 /// How long a DEL waits for the removal of the pod's annotation before it
 /// answers (the removal goes on after): DEL has no deadline of its own,
@@ -174,10 +176,19 @@ impl Mesh {
     /// mesh ([`Mesh::enroll`]). A pod the Kubernetes source says is not
     /// enrolled in ambient is left alone and the ADD succeeds: with the
     /// plugin reporting every pod, this is how pods outside the mesh start.
+    ///
+    /// An add whose `deadline` has passed before its rules go in is
+    /// refused ([`MeshError::DeadlinePassed`]): the plugin has stopped
+    /// waiting, so the runtime is tearing this sandbox down and retries
+    /// with a new one, which must not lose its place to this one.
     pub async fn add(&self, mut event: CmdAdd, deadline: Instant) -> Result<(), MeshError> {
         event.netns = self.on_host(&event.netns);
+        in_time(&event, deadline, Instant::now())?;
         match self.source.resolve(&event).await {
-            Ok(record) => self.enroll(record, deadline).await,
+            Ok(record) => {
+                in_time(&event, deadline, Instant::now())?;
+                self.enroll(record, deadline).await
+            }
             Err(ResolveError::NotEnrolled { pod, reason }) => {
                 tracing::info!(%pod, %reason, "not enrolled in ambient; left alone");
                 Ok(())
@@ -340,25 +351,32 @@ impl Mesh {
         }
     }
 
-    /// Takes a pod out of the mesh: its probe-set entries, its rules (when
-    /// its netns still exists), its record (when the uid matches), and
-    /// ztunnel's proxy.
+    /// Takes a pod out of the mesh: the rules in the DEL's netns (when it
+    /// still exists), and, when the DEL is about the recorded sandbox
+    /// (`sandbox::target`), its probe-set entries, its record, ztunnel's
+    /// proxy and its annotation. A DEL for another sandbox of the pod (one
+    /// the runtime gave up on) leaves the recorded one in the mesh.
     /// Unknown pods are fine: DEL is repeated by runtimes.
     pub async fn del(&self, mut event: CmdDel) -> Result<(), MeshError> {
         event.netns = self.on_host(&event.netns);
         let operation = self.operations.lock().await;
-        let recorded = self
-            .pod(&event.pod_namespace, &event.pod_name)
-            .filter(|pod| event.pod_uid.is_empty() || pod.uid == event.pod_uid);
+        let recorded = self.pod(&event.pod_namespace, &event.pod_name);
+        let del = DelSandbox::seen(&event.pod_uid, &event.netns);
+        let target = sandbox::target(&del, recorded.as_ref().map(RecordedSandbox::of).as_ref());
+        if let (DelTarget::AnotherSandbox, Some(pod)) = (target, &recorded) {
+            tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, netns = %event.netns, recorded_netns = %pod.netns.display(), "DEL is for another sandbox of the pod: its recorded netns is live and not the DEL's, so it stays in the mesh");
+        }
+        let recorded = recorded.filter(|_| target == DelTarget::Recorded);
         if let Some(pod) = &recorded {
             self.probe_set(pod, ProbeSetChange::Remove).await;
         }
-        if !event.netns.is_empty() && Path::new(&event.netns).exists() {
+        if del.netns_inode.is_some() {
             remove_blocking(PathBuf::from(&event.netns)).await?;
         }
-        let removed = self
-            .forget(&event.pod_namespace, &event.pod_name, &event.pod_uid)
-            .await?;
+        let removed = match &recorded {
+            Some(pod) => self.forget(&pod.namespace, &pod.name, &pod.uid).await?,
+            None => None,
+        };
         drop(operation);
         if let Some(pod) = removed {
             tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "pod removed from the mesh");
@@ -425,6 +443,16 @@ impl Mesh {
             .map_err(|_| MeshError::TaskFailed)?
             .map_err(MeshError::Store)
     }
+}
+
+/// Refuses `event` when its `deadline` has passed at `now`, and says so.
+fn in_time(event: &CmdAdd, deadline: Instant, now: Instant) -> Result<(), MeshError> {
+    let Some(late_by) = now.checked_duration_since(deadline) else {
+        return Ok(());
+    };
+    let pod = format!("{}/{}", event.pod_namespace, event.pod_name);
+    tracing::info!(%pod, netns = %event.netns, ?late_by, "ADD refused: it came after its deadline, the plugin has stopped waiting");
+    Err(MeshError::DeadlinePassed { pod, late_by })
 }
 
 /// Installs rules on a blocking thread (the netns switch happens on a
@@ -523,6 +551,19 @@ pub enum MeshError {
     /// recorded and stays queued for ztunnel.
     #[error("ztunnel did not ack the pod before the plugin's deadline")]
     AckTimeout,
+    /// The add's deadline passed before its rules went in: the plugin has
+    /// stopped waiting (or would before the answer reached it) and fails
+    /// the ADD, and the runtime retries with a new sandbox. Nothing was
+    /// installed or recorded.
+    #[error(
+        "ADD of {pod} refused: it came {late_by:?} after its deadline; the plugin has stopped waiting and the runtime retries with a new sandbox"
+    )]
+    DeadlinePassed {
+        /// `namespace/name`.
+        pod: String,
+        /// How long after the deadline the agent came to it.
+        late_by: Duration,
+    },
     /// A task of the operation (rules, saving, or the operation itself)
     /// died.
     #[error("an agent task failed")]

@@ -58,10 +58,17 @@ impl PodRecord {
     /// Whether the recorded netns is still there: the path exists and, when
     /// the inode was recorded, names that same netns.
     pub fn netns_alive(&self) -> bool {
-        match std::fs::metadata(&self.netns) {
-            Ok(metadata) => self.netns_inode.is_none_or(|inode| inode == metadata.ino()),
-            Err(_) => false,
-        }
+        self.live_netns_inode().is_some()
+    }
+
+    /// The inode of the recorded netns while it is still there (see
+    /// [`PodRecord::netns_alive`]), to tell it from another path to the
+    /// same netns.
+    pub fn live_netns_inode(&self) -> Option<u64> {
+        let inode = std::fs::metadata(&self.netns).ok()?.ino();
+        self.netns_inode
+            .is_none_or(|recorded| recorded == inode)
+            .then_some(inode)
     }
 }
 

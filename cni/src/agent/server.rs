@@ -14,7 +14,7 @@
 use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -37,10 +37,14 @@ use super::{ACCEPT_ERROR_PAUSE, stopped};
 
 /// Largest request body read: an add event is well under a kilobyte.
 const MAX_BODY_BYTES: usize = 64 * 1024;
-/// How long after an add arrives the agent answers at the latest: half a
-/// second inside the plugin's budget, so the plugin hears the agent's
-/// answer (and its reason) rather than its own timeout.
-const ADD_ANSWER_WITHIN: Duration = AGENT_TIMEOUT.saturating_sub(Duration::from_millis(500));
+/// How long before the plugin stops waiting the agent answers: time for
+/// the answer to reach it, so the plugin hears the agent's answer (and its
+/// reason) rather than its own timeout.
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+/// How long after an add arrives the agent answers at the latest, for a
+/// plugin that sends no deadline: as if it had sent one the moment it
+/// arrived.
+const ADD_ANSWER_WITHIN: Duration = AGENT_TIMEOUT.saturating_sub(ANSWER_MARGIN);
 
 /// The plugin-event socket; its path is removed on drop while it is still
 /// this socket's.
@@ -158,12 +162,14 @@ async fn handle(
     in_flight: mpsc::Sender<()>,
     request: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
-    let deadline = Instant::now() + ADD_ANSWER_WITHIN;
     match route(request.method(), request.uri().path()) {
         Route::Add => match read_json::<CmdAdd>(request).await {
-            Ok(event) => outcome(
-                run_detached(in_flight, async move { mesh.add(event, deadline).await }).await,
-            ),
+            Ok(event) => {
+                let deadline = add_deadline(event.deadline, Instant::now(), SystemTime::now());
+                outcome(
+                    run_detached(in_flight, async move { mesh.add(event, deadline).await }).await,
+                )
+            }
             Err(response) => response,
         },
         Route::Del => match read_json::<CmdDel>(request).await {
@@ -187,6 +193,27 @@ async fn handle(
         }
         Route::NotFound => text(StatusCode::NOT_FOUND, "not found".into()),
     }
+}
+
+/// When the agent must have answered an add that arrives at `now` (`wall`
+/// on the wall clock, which the plugin's `plugin_deadline` is read
+/// against): [`ANSWER_MARGIN`] before the plugin stops waiting, and never
+/// later than [`ADD_ANSWER_WITHIN`] after arrival. It is in the past when
+/// the add arrived too late, e.g. queued while the agent was stopped; the
+/// mesh then refuses it before doing anything.
+fn add_deadline(plugin_deadline: Option<SystemTime>, now: Instant, wall: SystemTime) -> Instant {
+    let latest = now + ADD_ANSWER_WITHIN;
+    let Some(plugin_deadline) = plugin_deadline else {
+        return latest;
+    };
+    let answer_by = plugin_deadline
+        .checked_sub(ANSWER_MARGIN)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let deadline = match answer_by.duration_since(wall) {
+        Ok(left) => now + left,
+        Err(late) => now.checked_sub(late.duration()).unwrap_or(now),
+    };
+    deadline.min(latest)
 }
 
 /// Runs an add or delete on a task of its own and waits for it. If this
@@ -293,6 +320,41 @@ mod tests {
         for (method, path, want) in cases {
             assert_eq!(route(&method, path), want, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn an_add_is_answered_before_the_plugin_stops_waiting() {
+        let now = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        // (reason, plugin deadline after `wall` (+) or before it (-), the
+        // agent's deadline after `now` (+) or before it (-))
+        #[rustfmt::skip]
+        let cases: [(&str, Option<i64>, i64); 7] = [
+            ("a plugin that sends no deadline", None, 4_500),
+            ("a plugin that has just sent it", Some(5_000), 4_500),
+            ("an add that waited a second", Some(4_000), 3_500),
+            ("a deadline further off than the plugin's timeout", Some(60_000), 4_500),
+            ("too close to answer in time", Some(300), -200),
+            ("at the plugin's deadline", Some(0), -500),
+            ("queued while the agent was stopped", Some(-7_000), -7_500),
+        ];
+        for (reason, plugin, want) in cases {
+            let plugin_deadline = plugin.map(|millis| shifted(wall, millis));
+            assert_eq!(
+                add_deadline(plugin_deadline, now, wall),
+                shifted(now, want),
+                "{reason}"
+            );
+        }
+    }
+
+    /// `base` moved by `millis`, forward or back.
+    fn shifted<T>(base: T, millis: i64) -> T
+    where
+        T: std::ops::Add<Duration, Output = T> + std::ops::Sub<Duration, Output = T>,
+    {
+        let by = Duration::from_millis(millis.unsigned_abs());
+        if millis >= 0 { base + by } else { base - by }
     }
 
     #[test]

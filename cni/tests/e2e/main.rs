@@ -38,6 +38,9 @@ macro_rules! skip_unless_available {
     };
 }
 
+// Declared after the macro, which its tests use.
+mod retried_sandbox;
+
 /// The registry used by most tests: two ambient pods and one elsewhere.
 const PODS: &str = "
 - {name: web-0, namespace: shop, uid: uid-web-0, serviceAccount: web, nodeName: node-a}

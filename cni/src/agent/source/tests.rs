@@ -38,6 +38,7 @@ fn event(runtime_uid: &str) -> CmdAdd {
             gateway: None,
         }],
         pod_uid: runtime_uid.to_owned(),
+        deadline: None,
     }
 }
 
