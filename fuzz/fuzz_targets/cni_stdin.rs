@@ -90,6 +90,7 @@ fn check_prev_result(prev: &serde_json::Value, version: &str) {
         pod_namespace: "shop".into(),
         ips,
         pod_uid: String::new(),
+        deadline: None,
     };
     let body = serde_json::to_vec(&event).expect("an add event encodes");
     let read: CmdAdd = serde_json::from_slice(&body).expect("the agent reads the plugin's body");

@@ -18,14 +18,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use ztunnel_test_support::cluster::AccessEntry;
 use ztunnel_test_support::helm::{self, Helm};
-use ztunnel_test_support::real_cluster::{self, ClusterSpec, PodStatus, RealCluster};
+use ztunnel_test_support::real_cluster::{
+    self, ClusterSpec, MESH_NAMESPACE, NOT_READY_TAINT, PodStatus, RealCluster,
+};
 use ztunnel_test_support::wait;
 
-/// The namespace the chart is installed in, as Istio's is.
-const MESH_NAMESPACE: &str = "istio-system";
-/// The taint a node provisioner puts on new nodes, removed by the control
-/// plane once the node's agent is Ready.
-const NOT_READY_TAINT: &str = "cni.istio.io/not-ready";
 /// The ambient namespace of the application.
 const APP_NAMESPACE: &str = "demo";
 /// The echo server's port.
@@ -93,53 +90,25 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
 /// node, and no component refused by the API server's authorization.
 fn install(cluster: &RealCluster, helm: &Helm) {
     let started = Instant::now();
-    let kubeconfig = cluster
-        .api()
-        .unwrap()
-        .admin_kubeconfig()
-        .display()
-        .to_string();
-    let tag = cluster.images().tag.clone();
-    let output = helm
-        .run(&[
-            "install",
-            "mesh",
-            &helm::chart_dir().display().to_string(),
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            MESH_NAMESPACE,
-            "--create-namespace",
-            "--set",
-            &format!("tag={tag}"),
-            "--set",
-            "imagePullPolicy=Never",
-            "--set",
-            "taint.enabled=true",
-            // Access log lines the tests parse.
-            "--set",
-            "ztunnel.logAsJson=true",
-            "--set",
-            &format!("ztunnel.terminationGracePeriodSeconds={ZTUNNEL_GRACE_S}"),
-            "--set",
-            &format!("ztunnel.env.SECRET_TTL={SECRET_TTL}"),
-            // Every node starts tainted: the control plane must run for
-            // any taint to go (values.yaml says so).
-            "--set",
-            &format!("controlPlane.tolerations[0].key={NOT_READY_TAINT}"),
-            "--set",
-            "controlPlane.tolerations[0].operator=Exists",
-        ])
+    let first_line = cluster
+        .helm_install(
+            helm,
+            &[
+                // Access log lines the tests parse.
+                "ztunnel.logAsJson=true".to_owned(),
+                format!("ztunnel.terminationGracePeriodSeconds={ZTUNNEL_GRACE_S}"),
+                format!("ztunnel.env.SECRET_TTL={SECRET_TTL}"),
+            ],
+        )
         .unwrap();
-    println!(
-        "helm install: {}",
-        output.lines().next().unwrap_or_default()
-    );
+    println!("helm install: {first_line}");
 
     let ready = wait::until(INSTALL_READY_WITHIN, || {
-        install_ready(cluster).is_ok_and(|problems| problems.is_empty())
+        cluster
+            .mesh_problems()
+            .is_ok_and(|problems| problems.is_empty())
     });
-    let problems = install_ready(cluster).unwrap();
+    let problems = cluster.mesh_problems().unwrap();
     assert!(
         ready,
         "the install was not Ready in {INSTALL_READY_WITHIN:?}: {problems:?}\n{}",
@@ -150,7 +119,7 @@ fn install(cluster: &RealCluster, helm: &Helm) {
         started.elapsed().as_secs_f64()
     );
 
-    for (pod, container) in mesh_pods(cluster) {
+    for (pod, container) in cluster.mesh_containers().unwrap() {
         let log = cluster.pod_log(MESH_NAMESPACE, &pod, &container).unwrap();
         let refused = helm::permission_problems(&log);
         assert!(
@@ -160,69 +129,9 @@ fn install(cluster: &RealCluster, helm: &Helm) {
     }
 }
 
-/// What is not yet as the install should leave it; empty once it is.
-fn install_ready(cluster: &RealCluster) -> anyhow::Result<Vec<String>> {
-    let mut problems = vec![];
-    for daemonset in ["ztunnel", "istio-cni-node"] {
-        let object = get_json(
-            cluster,
-            &["get", "daemonset", "-n", MESH_NAMESPACE, daemonset],
-        )?;
-        let status = &object["status"];
-        let desired = status["desiredNumberScheduled"].as_u64().unwrap_or(0);
-        let ready = status["numberReady"].as_u64().unwrap_or(0);
-        if desired != 2 || ready != desired {
-            problems.push(format!("daemonset {daemonset}: {ready} of {desired} ready"));
-        }
-    }
-    let deployment = get_json(
-        cluster,
-        &["get", "deployment", "-n", MESH_NAMESPACE, "ztunnel-ca"],
-    )?;
-    let available = deployment["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Available" && c["status"] == "True")
-        });
-    if !available {
-        problems.push("deployment ztunnel-ca not available".to_owned());
-    }
-    let nodes = get_json(cluster, &["get", "nodes"])?;
-    for node in nodes["items"].as_array().into_iter().flatten() {
-        let tainted = node["spec"]["taints"]
-            .as_array()
-            .is_some_and(|taints| taints.iter().any(|t| t["key"] == NOT_READY_TAINT));
-        if tainted {
-            problems.push(format!("node {} still tainted", node["metadata"]["name"]));
-        }
-    }
-    Ok(problems)
-}
-
-/// Every container of the mesh's pods, as (pod, container).
-fn mesh_pods(cluster: &RealCluster) -> Vec<(String, String)> {
-    let pods = get_json(cluster, &["get", "pods", "-n", MESH_NAMESPACE]).unwrap();
-    let mut out = vec![];
-    for pod in pods["items"].as_array().into_iter().flatten() {
-        let name = pod["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
-            let container = container["name"].as_str().unwrap_or_default().to_owned();
-            out.push((name.clone(), container));
-        }
-    }
-    out
-}
-
 /// `kubectl get ... -o json`, parsed.
 fn get_json(cluster: &RealCluster, args: &[&str]) -> anyhow::Result<Value> {
-    let mut args = args.to_vec();
-    args.extend(["-o", "json"]);
-    Ok(serde_json::from_str(&cluster.kubectl(&args)?)?)
+    cluster.get_json(args)
 }
 
 /// Every pod of the cluster with its node and phase, for failure messages.
@@ -1007,25 +916,7 @@ impl Rollout {
             .map(|pod| pod.name)
             .collect();
         let started = Instant::now();
-        let kubeconfig = cluster
-            .api()
-            .unwrap()
-            .admin_kubeconfig()
-            .display()
-            .to_string();
-        helm.run(&[
-            "upgrade",
-            "mesh",
-            &helm::chart_dir().display().to_string(),
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            MESH_NAMESPACE,
-            "--reuse-values",
-            "--set",
-            &self.set,
-        ])
-        .unwrap();
+        cluster.helm_upgrade(helm, &[self.set.clone()]).unwrap();
         // When each old pod was asked to stop (its deletionTimestamp less
         // its grace period), as first seen.
         let mut stopping: Vec<(String, f64)> = vec![];

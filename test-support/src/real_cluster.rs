@@ -35,11 +35,13 @@ mod containerd;
 mod control_plane;
 mod images;
 mod kubelet;
+mod mesh;
 mod node;
 
 pub use control_plane::CLUSTER_DNS;
 pub use images::{APP, COREDNS, Images, PAUSE, PROJECT};
 pub use kubelet::container_log;
+pub use mesh::{MESH_NAMESPACE, NOT_READY_TAINT, RELEASE, has_condition};
 pub use node::Node;
 
 /// The fabric's own address: where nodes and pods reach the API server.
@@ -304,15 +306,7 @@ impl RealCluster {
             .map(|items| {
                 items
                     .iter()
-                    .filter(|node| {
-                        node["status"]["conditions"]
-                            .as_array()
-                            .is_some_and(|conditions| {
-                                conditions
-                                    .iter()
-                                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                            })
-                    })
+                    .filter(|node| has_condition(node, "Ready"))
                     .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
                     .collect()
             })
@@ -444,13 +438,7 @@ impl PodStatus {
             node: text(&pod["spec"]["nodeName"]),
             ip: text(&pod["status"]["podIP"]),
             phase: text(&pod["status"]["phase"]).unwrap_or_default(),
-            ready: pod["status"]["conditions"]
-                .as_array()
-                .is_some_and(|conditions| {
-                    conditions
-                        .iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                }),
+            ready: has_condition(pod, "Ready"),
             annotations: pod["metadata"]["annotations"].clone(),
         }
     }

@@ -1,0 +1,132 @@
+//! The mesh on a real cluster, installed as users install it: `helm
+//! install` of `deploy/charts/ztunnel-mesh` with the images the cluster
+//! loaded, and what "installed" means: both DaemonSets Ready on every
+//! node, the control plane available, and the not-ready taint gone.
+//! The tests and `demo/run.sh --cluster` share it.
+
+use serde_json::Value;
+
+use super::RealCluster;
+use crate::helm::{self, Helm};
+
+/// The namespace the chart is installed in, as Istio's is.
+pub const MESH_NAMESPACE: &str = "istio-system";
+/// The Helm release.
+pub const RELEASE: &str = "mesh";
+/// The taint a node provisioner puts on new nodes, removed by the control
+/// plane once the node's agent is Ready.
+pub const NOT_READY_TAINT: &str = "cni.istio.io/not-ready";
+
+impl RealCluster {
+    /// `helm install` of the chart into [`MESH_NAMESPACE`], with the
+    /// cluster's image tag, no pulls, the node untaint controller on and
+    /// the control plane tolerating the not-ready taint (every node starts
+    /// with it: the control plane must run for any taint to go), then
+    /// `values` (`key=value`, as `--set` takes them). helm's first line.
+    pub fn helm_install(&self, helm: &Helm, values: &[String]) -> anyhow::Result<String> {
+        let mut sets = vec![
+            format!("tag={}", self.images().tag),
+            "imagePullPolicy=Never".to_owned(),
+            "taint.enabled=true".to_owned(),
+            format!("controlPlane.tolerations[0].key={NOT_READY_TAINT}"),
+            "controlPlane.tolerations[0].operator=Exists".to_owned(),
+        ];
+        sets.extend_from_slice(values);
+        self.helm(helm, "install", &["--create-namespace"], &sets)
+    }
+
+    /// `helm upgrade --reuse-values` of the release with `values`.
+    pub fn helm_upgrade(&self, helm: &Helm, values: &[String]) -> anyhow::Result<String> {
+        self.helm(helm, "upgrade", &["--reuse-values"], values)
+    }
+
+    fn helm(
+        &self,
+        helm: &Helm,
+        verb: &str,
+        flags: &[&str],
+        values: &[String],
+    ) -> anyhow::Result<String> {
+        let kubeconfig = self.api()?.admin_kubeconfig().display().to_string();
+        let chart = helm::chart_dir().display().to_string();
+        let mut args = vec![
+            verb,
+            RELEASE,
+            &chart,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            MESH_NAMESPACE,
+        ];
+        args.extend_from_slice(flags);
+        for value in values {
+            args.extend(["--set", value]);
+        }
+        let output = helm.run(&args)?;
+        Ok(output.lines().next().unwrap_or_default().to_owned())
+    }
+
+    /// What is not yet as the install should leave it; empty once both
+    /// DaemonSets are Ready on every node, the control plane is available
+    /// and no node carries the not-ready taint.
+    pub fn mesh_problems(&self) -> anyhow::Result<Vec<String>> {
+        let mut problems = vec![];
+        let nodes = self.nodes.len() as u64;
+        for daemonset in ["ztunnel", "istio-cni-node"] {
+            let object = self.get_json(&["get", "daemonset", "-n", MESH_NAMESPACE, daemonset])?;
+            let status = &object["status"];
+            let desired = status["desiredNumberScheduled"].as_u64().unwrap_or(0);
+            let ready = status["numberReady"].as_u64().unwrap_or(0);
+            if desired != nodes || ready != desired {
+                problems.push(format!("daemonset {daemonset}: {ready} of {desired} ready"));
+            }
+        }
+        let deployment =
+            self.get_json(&["get", "deployment", "-n", MESH_NAMESPACE, "ztunnel-ca"])?;
+        if !has_condition(&deployment, "Available") {
+            problems.push("deployment ztunnel-ca not available".to_owned());
+        }
+        let list = self.get_json(&["get", "nodes"])?;
+        for node in list["items"].as_array().into_iter().flatten() {
+            let tainted = node["spec"]["taints"]
+                .as_array()
+                .is_some_and(|taints| taints.iter().any(|t| t["key"] == NOT_READY_TAINT));
+            if tainted {
+                problems.push(format!("node {} still tainted", node["metadata"]["name"]));
+            }
+        }
+        Ok(problems)
+    }
+
+    /// Every container of the mesh's pods, as (pod, container).
+    pub fn mesh_containers(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let pods = self.get_json(&["get", "pods", "-n", MESH_NAMESPACE])?;
+        let mut out = vec![];
+        for pod in pods["items"].as_array().into_iter().flatten() {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
+                let container = container["name"].as_str().unwrap_or_default();
+                out.push((name.to_owned(), container.to_owned()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `kubectl <args> -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl(&args)?)?)
+    }
+}
+
+/// Whether an object's status has the condition `kind` True.
+pub fn has_condition(object: &Value, kind: &str) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == kind && c["status"] == "True")
+        })
+}
