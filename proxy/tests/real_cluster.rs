@@ -916,7 +916,9 @@ impl Rollout {
             .map(|pod| pod.name)
             .collect();
         let started = Instant::now();
-        cluster.helm_upgrade(helm, &[self.set.clone()]).unwrap();
+        cluster
+            .helm_upgrade(helm, std::slice::from_ref(&self.set))
+            .unwrap();
         // When each old pod was asked to stop (its deletionTimestamp less
         // its grace period), as first seen.
         let mut stopping: Vec<(String, f64)> = vec![];
