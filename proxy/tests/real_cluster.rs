@@ -71,9 +71,12 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         install(&cluster, &helm);
         let app = App::deploy(&cluster);
         traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
+        a_service_name_resolved_by_the_cluster_dns_goes_through_ztunnel(&cluster, &app);
+        ztunnels_metrics_show_the_identities(&cluster);
         a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
         a_pod_scaled_up_later_is_meshed_before_its_first_connection(&cluster, &app);
         a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(&cluster, &app);
+        running_pods_join_when_their_namespace_is_labelled(&cluster);
         let soaks = Soaks::start(&cluster, &app);
         rollouts_drop_nothing(&cluster, &helm, &soaks);
     }));
@@ -1115,4 +1118,173 @@ fn metric_sum(text: &str, family: &str) -> f64 {
 /// upgrades that change nothing but the tag.
 fn second_tag() -> String {
     format!("{}-b", env!("CARGO_PKG_VERSION"))
+}
+
+/// A client that dials the Service by its name (the pod's resolver asks
+/// the cluster DNS for every connection): every connection it made reached
+/// an echo pod through ztunnel under its identity.
+fn a_service_name_resolved_by_the_cluster_dns_goes_through_ztunnel(
+    cluster: &RealCluster,
+    app: &App,
+) {
+    let name = "client-service-name";
+    let target = format!("echo.{APP_NAMESPACE}.svc.cluster.local:{APP_PORT}");
+    let (pod, report) = run_client(
+        cluster,
+        name,
+        "node-a",
+        &[
+            "soak",
+            "--target",
+            &target,
+            "--connections",
+            "0",
+            "--rate",
+            "10",
+            "--duration",
+            "3",
+        ],
+    );
+    let ok = report["new"]["ok"].as_u64().unwrap_or(0);
+    assert!(
+        ok > 0 && failures(&report["new"]["failed"]) == 0,
+        "dialing {target}: {report}"
+    );
+    let delivered: usize = ["node-a", "node-b"]
+        .iter()
+        .map(|node| delivered_as_client(cluster, node, app.echo_on(node).0, &pod))
+        .sum();
+    assert_eq!(
+        delivered as u64, ok,
+        "of {ok} connections to {target}, {delivered} reached an echo pod through ztunnel"
+    );
+    println!(
+        "Service by name from node-a: {ok} connections through ztunnel as {}",
+        client_identity()
+    );
+}
+
+/// Each ztunnel's Prometheus endpoint (15020, scraped from its node as
+/// Prometheus would from the pod network) counts the connections it
+/// received with the client's and the server's SPIFFE identities.
+fn ztunnels_metrics_show_the_identities(cluster: &RealCluster) {
+    let client = client_identity();
+    let server = format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/echo");
+    for ztunnel in cluster.pods(MESH_NAMESPACE, "app=ztunnel").unwrap() {
+        let node = cluster.node(ztunnel.node.as_deref().unwrap()).unwrap();
+        let address = format!("{}:15020", ztunnel.ip.as_deref().unwrap())
+            .parse()
+            .unwrap();
+        let (status, text) = node.netns().http_get_from(address, "/metrics").unwrap();
+        assert_eq!(status, 200, "{text}");
+        let opened: f64 = text
+            .lines()
+            .filter(|line| {
+                line.starts_with("istio_tcp_connections_opened_total{")
+                    && line.contains("reporter=\"destination\"")
+                    && line.contains(&format!("source_principal=\"{client}\""))
+                    && line.contains(&format!("destination_principal=\"{server}\""))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(
+            opened >= 20.0,
+            "{}'s ztunnel counts {opened} connections from {client} to {server}",
+            ztunnel.node.as_deref().unwrap_or_default()
+        );
+        println!(
+            "{}'s ztunnel metrics: {opened} connections from {client} to {server}",
+            ztunnel.node.as_deref().unwrap_or_default()
+        );
+    }
+}
+
+/// A server started in a namespace that is not ambient, then the
+/// namespace labelled: the node agent finds the running pod through the
+/// node's procfs (its cgroup path in cgroupfs form, kubelet's
+/// `.../kubepods/besteffort/pod<uid>/<container>`), meshes it without a
+/// restart, and a client's connections reach it through ztunnel.
+fn running_pods_join_when_their_namespace_is_labelled(cluster: &RealCluster) {
+    let namespace = "joins-later";
+    let image = cluster.images().reference(real_cluster::APP);
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: {namespace}, labels: {{app: server}}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: node-b}}
+  containers:
+    - name: server
+      image: {image}
+      imagePullPolicy: Never
+      command: [ztunnel-loadgen, --quiet, serve, --listen, "0.0.0.0:{APP_PORT}"]
+      readinessProbe: {{tcpSocket: {{port: {APP_PORT}}}, periodSeconds: 1}}
+"#
+        ))
+        .unwrap();
+    let mut server = PodStatus::default();
+    let running = wait::until(POD_WITHIN, || {
+        server = cluster
+            .pods(namespace, "app=server")
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        server.ready
+    });
+    assert!(running, "the plain server did not start: {server:?}");
+    assert!(
+        !captured(&server),
+        "a pod of a plain namespace was captured: {server:?}"
+    );
+
+    let started = Instant::now();
+    cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            namespace,
+            "istio.io/dataplane-mode=ambient",
+        ])
+        .unwrap();
+    let joined = wait::until(POD_WITHIN, || {
+        cluster
+            .pods(namespace, "app=server")
+            .is_ok_and(|pods| pods.iter().any(captured))
+    });
+    assert!(
+        joined,
+        "the running pod was not meshed after its namespace was labelled"
+    );
+    println!(
+        "figure: namespace labelled to its running pod meshed (found through procfs): {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let target = server.ip.clone().unwrap();
+    let (client, report) = run_client(
+        cluster,
+        "client-joins-later",
+        "node-a",
+        &as_str(&connect_args(&target, 20)),
+    );
+    assert_eq!(
+        (
+            report["connections_made"].as_u64(),
+            report["errors"].as_u64()
+        ),
+        (Some(20), Some(0)),
+        "{report}"
+    );
+    let delivered = delivered_as_client(cluster, "node-b", "server", &client);
+    assert_eq!(
+        delivered, 20,
+        "of 20 connections to the pod meshed while running, {delivered} reached it through ztunnel"
+    );
 }
