@@ -14,6 +14,8 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
@@ -192,6 +194,57 @@ fn a_pod_labelled_while_its_node_agent_is_down_is_enrolled_when_the_agent_restar
         logs(&cluster)
     );
     assert!(!captured(&cluster, "front"), "the unlabelled pod stays out");
+}
+
+#[test]
+fn an_open_connection_keeps_its_replies_while_the_node_agent_restarts_and_repairs_its_pods() {
+    let specs = [
+        PodSpec::new("client", "default", "client", "node-a"),
+        PodSpec::new("server-b", "default", "server", "node-b"),
+    ];
+    let Some(mut cluster) = start("agent_restart_open", &specs, &["default"]) else {
+        return;
+    };
+    let target = app(&cluster, "server-b");
+    let stream = cluster.pod("client").unwrap().connect(target).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || ping_pong(stream, &stop)
+    });
+    // Each restarted agent re-applies the rules of server-b (its start-up
+    // repair) while the server's replies flow: ztunnel dialled the server
+    // from the client's address, so only the pod's policy routing brings
+    // them back to ztunnel rather than out to the client's node.
+    for _ in 0..3 {
+        cluster.start_agent("node-b").unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds = traffic.join().unwrap();
+    assert!(
+        rounds.is_ok(),
+        "the connection broke: {rounds:?}\n{}",
+        logs(&cluster)
+    );
+}
+
+/// Sends 32 bytes and reads their echo, over and over until `stop`: how
+/// many rounds went through, or what ended the connection after how many.
+fn ping_pong(mut stream: TcpStream, stop: &AtomicBool) -> Result<u64, String> {
+    let message = [7u8; 32];
+    let mut reply = [0u8; 32];
+    let mut rounds = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let exchanged = stream
+            .write_all(&message)
+            .and_then(|()| stream.read_exact(&mut reply));
+        if let Err(error) = exchanged {
+            return Err(format!("{error} after {rounds} rounds"));
+        }
+        rounds += 1;
+    }
+    Ok(rounds)
 }
 
 /// An ALLOW policy of namespace `default`: only the `client` identity may

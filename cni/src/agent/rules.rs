@@ -39,8 +39,8 @@ const DIAL_ZONE: &str = "2";
 const PREROUTING_CHAIN: &str = "ISTIO_PRERT";
 /// Our chain on the way out.
 const OUTPUT_CHAIN: &str = "ISTIO_OUTPUT";
-/// How often a tolerated `ip ... del` is repeated to remove duplicates left
-/// by earlier runs; one is the normal case.
+/// At most how many `ip ... del` remove copies of one rule or route: the
+/// duplicates earlier runs may have left; one is the normal case.
 const MAX_DUPLICATE_DELETES: usize = 8;
 
 /// Settings that shape the rules, from the agent's flags.
@@ -371,23 +371,56 @@ pub enum RouteStep {
     RepeatUntilFails(Vec<&'static str>),
 }
 
+/// The words of our `ip rule`, as `ip rule add` takes them and as
+/// `ip rule show` prints them after `from all`.
+const REPLY_RULE: [&str; 6] = [
+    "fwmark",
+    CONNMARK,
+    "pref",
+    RULE_PREFERENCE,
+    "lookup",
+    ROUTE_TABLE,
+];
+
+/// How many copies of our `ip rule` the `ip rule show` text `shown` holds.
+/// A line reads `32764:\tfrom all fwmark 0x111/0xfff lookup 100`.
+pub fn reply_rule_copies(shown: &str) -> usize {
+    let ours = [
+        "from",
+        "all",
+        REPLY_RULE[0],
+        REPLY_RULE[1],
+        REPLY_RULE[4],
+        REPLY_RULE[5],
+    ];
+    shown
+        .lines()
+        .filter(|line| {
+            let mut words = line.split_whitespace();
+            let preference = words.next().and_then(|word| word.strip_suffix(':'));
+            preference == Some(RULE_PREFERENCE) && words.eq(ours)
+        })
+        .count()
+}
+
 /// The `ip` commands that install (or, with `install` false, remove) the
-/// policy routing of one family. Installing deletes old copies first, so
-/// it can be repeated.
-pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
+/// policy routing of one family, where the netns holds `present` copies
+/// of our rule now ([`reply_rule_copies`]).
+///
+/// Installing leaves exactly one copy and never removes the last one, not
+/// even for a moment: the rule is what brings the application's replies
+/// back to ztunnel's connections from the client's address, and a reply
+/// sent while it is missing leaves the pod for the client's real address,
+/// whose reset ends the connection. A re-install over intact routing (the
+/// agent's start-up repair of every pod) is then a no-op for open
+/// connections. The route goes in before the rule, so that the rule never
+/// points at an empty table.
+pub fn routing_steps(family: Family, install: bool, present: usize) -> Vec<RouteStep> {
     let args = |words: &[&[&'static str]]| -> Vec<&'static str> {
         std::iter::once(family.ip_flag())
             .chain(words.iter().flat_map(|part| part.iter().copied()))
             .collect()
     };
-    let rule = [
-        "fwmark",
-        CONNMARK,
-        "pref",
-        RULE_PREFERENCE,
-        "lookup",
-        ROUTE_TABLE,
-    ];
     let route = [
         "local",
         family.everything(),
@@ -396,19 +429,23 @@ pub fn routing_steps(family: Family, install: bool) -> Vec<RouteStep> {
         "table",
         ROUTE_TABLE,
     ];
-    let delete_rule = RouteStep::RepeatUntilFails(args(&[&["rule", "del"], &rule]));
-    if install {
-        vec![
-            delete_rule,
-            RouteStep::Run(args(&[&["rule", "add"], &rule])),
-            RouteStep::Run(args(&[&["route", "replace"], &route])),
-        ]
-    } else {
-        vec![
-            delete_rule,
+    if !install {
+        return vec![
+            RouteStep::RepeatUntilFails(args(&[&["rule", "del"], &REPLY_RULE])),
             RouteStep::RepeatUntilFails(args(&[&["route", "del"], &route])),
-        ]
+        ];
     }
+    let mut steps = vec![RouteStep::Run(args(&[&["route", "replace"], &route]))];
+    match present {
+        0 => steps.push(RouteStep::Run(args(&[&["rule", "add"], &REPLY_RULE]))),
+        // Each delete removes one copy: the extras an older kernel let
+        // earlier runs add.
+        copies => steps.extend(
+            (1..copies.min(MAX_DUPLICATE_DELETES + 1))
+                .map(|_| RouteStep::Run(args(&[&["rule", "del"], &REPLY_RULE]))),
+        ),
+    }
+    steps
 }
 
 /// Installs the rules and routing in the netns at `netns_path`, replacing
@@ -469,7 +506,8 @@ fn apply(family: Family, saved: &str, settings: Option<&RuleSettings>) -> Result
         .map(|settings| desired_rules(family, settings))
         .unwrap_or_default();
     family.restore(&restore_input(saved, &desired))?;
-    for step in routing_steps(family, settings.is_some()) {
+    let shown = netns::command("ip", &[family.ip_flag(), "rule", "show"], None)?;
+    for step in routing_steps(family, settings.is_some(), reply_rule_copies(&shown)) {
         match step {
             RouteStep::Run(args) => {
                 netns::command("ip", &args, None)?;

@@ -234,42 +234,63 @@ fn turning_dns_capture_off_keeps_only_the_dial_zone_in_the_raw_table() {
 }
 
 #[test]
-fn routing_steps_per_family() {
+fn routing_steps_per_family_and_copies_present() {
     let words = |step: &RouteStep| match step {
         RouteStep::Run(args) => format!("run {}", args.join(" ")),
         RouteStep::RepeatUntilFails(args) => format!("repeat {}", args.join(" ")),
     };
+    #[rustfmt::skip]
     let cases = [
-        (
-            Family::V4,
-            true,
-            vec![
-                "repeat -4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
-                "run -4 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
-                "run -4 route replace local 0.0.0.0/0 dev lo table 100",
-            ],
-        ),
-        (
-            Family::V6,
-            true,
-            vec![
-                "repeat -6 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
-                "run -6 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
-                "run -6 route replace local ::/0 dev lo table 100",
-            ],
-        ),
-        (
-            Family::V4,
-            false,
-            vec![
-                "repeat -4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
-                "repeat -4 route del local 0.0.0.0/0 dev lo table 100",
-            ],
-        ),
+        // A new pod: the route, then the rule that leads to it.
+        (Family::V4, true, 0, vec![
+            "run -4 route replace local 0.0.0.0/0 dev lo table 100",
+            "run -4 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
+        ]),
+        (Family::V6, true, 0, vec![
+            "run -6 route replace local ::/0 dev lo table 100",
+            "run -6 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
+        ]),
+        // A re-install over intact routing: the rule is never taken away,
+        // or open connections' replies leave the pod meanwhile.
+        (Family::V4, true, 1, vec![
+            "run -4 route replace local 0.0.0.0/0 dev lo table 100",
+        ]),
+        // Copies an older kernel let earlier runs add: all but one go.
+        (Family::V4, true, 3, vec![
+            "run -4 route replace local 0.0.0.0/0 dev lo table 100",
+            "run -4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
+            "run -4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
+        ]),
+        (Family::V4, false, 1, vec![
+            "repeat -4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
+            "repeat -4 route del local 0.0.0.0/0 dev lo table 100",
+        ]),
     ];
-    for (family, install, want) in cases {
-        let got: Vec<String> = routing_steps(family, install).iter().map(words).collect();
-        assert_eq!(got, want, "{family:?} install={install}");
+    for (family, install, present, want) in cases {
+        let got: Vec<String> = routing_steps(family, install, present)
+            .iter()
+            .map(words)
+            .collect();
+        assert_eq!(got, want, "{family:?} install={install} present={present}");
+    }
+}
+
+#[test]
+fn reply_rules_are_counted_from_ip_rule_show() {
+    let ours = "32764:\tfrom all fwmark 0x111/0xfff lookup 100\n";
+    let base = "0:\tfrom all lookup local\n32766:\tfrom all lookup main\n32767:\tfrom all lookup default\n";
+    let twice = format!("{base}{ours}{ours}");
+    #[rustfmt::skip]
+    let cases = [
+        ("none of ours", base.to_owned(), 0),
+        ("ours", format!("{base}{ours}"), 1),
+        ("ours twice", twice, 2),
+        ("another preference", format!("{base}32765:\tfrom all fwmark 0x111/0xfff lookup 100\n"), 0),
+        ("another table", format!("{base}32764:\tfrom all fwmark 0x111/0xfff lookup 101\n"), 0),
+        ("another mark", format!("{base}32764:\tfrom all fwmark 0x222/0xfff lookup 100\n"), 0),
+    ];
+    for (reason, shown, count) in cases {
+        assert_eq!(reply_rule_copies(&shown), count, "{reason}");
     }
 }
 
