@@ -229,13 +229,18 @@ fn an_open_connection_keeps_its_replies_while_the_node_agent_restarts_and_repair
     );
 }
 
-/// Sends 32 bytes and reads their echo, over and over until `stop`: how
-/// many rounds went through, or what ended the connection after how many.
+/// The most rounds [`ping_pong`] makes, whatever `stop` says: far more
+/// than the agents' restarts take, a bound on the loop all the same.
+const MAX_ROUNDS: u64 = 5_000_000;
+
+/// Sends 32 bytes and reads their echo, over and over until `stop` (or
+/// [`MAX_ROUNDS`]): how many rounds went through, or what ended the
+/// connection after how many.
 fn ping_pong(mut stream: TcpStream, stop: &AtomicBool) -> Result<u64, String> {
     let message = [7u8; 32];
     let mut reply = [0u8; 32];
     let mut rounds = 0;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && rounds < MAX_ROUNDS {
         let exchanged = stream
             .write_all(&message)
             .and_then(|()| stream.read_exact(&mut reply));

@@ -882,19 +882,10 @@ fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &Soaks) {
         }
     });
     assert_eq!(
-        dropped.new, 0,
-        "the node agent's rollout failed new connections"
+        dropped,
+        Dropped::default(),
+        "the node agent's rollout dropped connections"
     );
-    // Known and open (issue 26's notes): in about one run in three, one
-    // long-lived connection is closed cleanly during the agents' rollout,
-    // by the server-side ztunnel, with no error in either access log. It
-    // is printed, not asserted, until its cause is found and fixed.
-    if dropped.long_lived > 0 {
-        println!(
-            "KNOWN OPEN PROBLEM: the node agent's rollout closed {} long-lived connection(s)",
-            dropped.long_lived
-        );
-    }
     for (name, node) in created {
         let pod = wait_client_done(cluster, &name);
         let other = if node == "node-a" { "node-b" } else { "node-a" };
