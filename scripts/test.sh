@@ -5,8 +5,9 @@
 # containerd, runc and the rest of a real cluster; a no-op after the first
 # time) and, as root, the container images the real cluster runs
 # (scripts/build-images.sh --test-images), then runs every test in the
-# workspace. Tests that need root, these
-# tools or the API server skip with a printed reason where they cannot run.
+# workspace (arguments go to `cargo test --workspace`). Tests that need
+# root, these tools or the API server skip with a printed reason where they
+# cannot run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -28,4 +29,12 @@ if command -v go >/dev/null; then
 else
   echo "test.sh: no Go toolchain: tests against the Kubernetes API server will skip" >&2
 fi
-exec cargo test --workspace "$@"
+if [ $# -gt 0 ]; then
+  exec cargo test --workspace "$@"
+fi
+# The real cluster's test prints its figures (cluster start, helm install to
+# Ready, pod creation to meshed, what each rollout dropped): it runs on its
+# own, uncaptured, after the rest.
+real_cluster=the_chart_installs_on_a_real_cluster_and_meshes_its_pods
+cargo test --workspace -- --skip "$real_cluster"
+exec cargo test -p ztunnel-proxy --test real_cluster -- --nocapture --exact "$real_cluster"

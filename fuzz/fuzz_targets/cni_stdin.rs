@@ -17,7 +17,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use ztunnel_cni::event::{CmdAdd, IpNet};
-use ztunnel_cni::plugin::config::{PluginConfig, SUPPORTED_VERSIONS, requested_version};
+use ztunnel_cni::plugin::config::{
+    AGENT_DAEMON_SET, PluginConfig, SUPPORTED_VERSIONS, requested_version,
+};
 use ztunnel_cni::plugin::{self, result};
 
 /// The variables a runtime sets for `command`, without `CNI_ARGS`: no pod
@@ -48,14 +50,21 @@ fn check_config(config: &PluginConfig) {
             .is_none_or(|prev| prev.is_object())
     );
     assert!(!config.agent_socket.as_os_str().is_empty());
+    // An application pod's name: never one of the agent's pods.
+    let app = "app-0";
     for excluded in &config.exclude_namespaces {
-        assert!(!config.captures(excluded), "{excluded} is excluded");
+        assert!(!config.captures(excluded, app), "{excluded} is excluded");
     }
     for ambient in &config.ambient_namespaces {
         if ambient != "*" {
             let excluded = config.exclude_namespaces.contains(ambient);
-            assert_eq!(config.captures(ambient), !excluded, "{ambient}");
+            assert_eq!(config.captures(ambient, app), !excluded, "{ambient}");
         }
+    }
+    // The agent's own pods are never captured, whatever the lists say.
+    if let Some(namespace) = &config.pod_namespace {
+        let agent_pod = format!("{AGENT_DAEMON_SET}-x7k2p");
+        assert!(!config.captures(namespace, &agent_pod), "{agent_pod}");
     }
 }
 
