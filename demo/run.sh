@@ -9,6 +9,11 @@
 # --kubernetes: the same scenario with the control plane reading only a real
 # Kubernetes API server (etcd + kube-apiserver started for the demo, built
 # once per machine by scripts/k8s-test-env.sh, which needs Go).
+#
+# --cluster: the same scenario on a real two-node cluster (kubelet,
+# containerd, runc, kube-proxy, CoreDNS; built once per machine by
+# scripts/k8s-test-env.sh) with the mesh installed by helm from the images
+# of scripts/build-images.sh --test-images, built here into target/images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
@@ -24,10 +29,22 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
 fi
+cluster=0
 for arg in "$@"; do
-  if [ "$arg" = --kubernetes ]; then
-    scripts/k8s-test-env.sh >/dev/null
-  fi
+  case "$arg" in
+    --kubernetes) scripts/k8s-test-env.sh >/dev/null ;;
+    --cluster) cluster=1 ;;
+  esac
 done
-cargo build --release -q --workspace --bins
-exec target/release/ztunnel-demo "$@"
+if [ "$cluster" = 1 ]; then
+  # The cluster runs every binary from the images; the demo only drives it.
+  echo "demo: building the cluster's parts (scripts/k8s-test-env.sh: about 14 minutes on 2 cores the first time, then cached)" >&2
+  scripts/k8s-test-env.sh >/dev/null
+  echo "demo: building the images (scripts/build-images.sh --test-images: about 12 minutes the first time)" >&2
+  scripts/build-images.sh --test-images --out target/images >/dev/null
+  export ZTUNNEL_IMAGES="$PWD/target/images"
+  cargo build --release -q -p ztunnel-demo
+else
+  cargo build --release -q --workspace --bins
+fi
+exec "${CARGO_TARGET_DIR:-target}/release/ztunnel-demo" "$@"

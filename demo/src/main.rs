@@ -13,20 +13,35 @@
 //! as a kubelet would write it, and the live policy is a
 //! `security.istio.io/v1` AuthorizationPolicy applied with kubectl.
 //!
-//! Run it through `demo/run.sh`, which builds the binaries it starts.
+//! With `--cluster` the same scenario runs on a real two-node cluster with
+//! the mesh installed by helm: `real_cluster.rs`.
+//!
+//! The report is `report.rs`, Ctrl-C `interrupt.rs`. Run it through
+//! `demo/run.sh`, which builds the binaries and images it starts.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
-use ztunnel_test_support::wait;
+use ztunnel_test_support::kube::KubeApi;
+
+use crate::interrupt::Interrupt;
+use crate::report::{Steps, Traffic};
+
+mod interrupt;
+mod real_cluster;
+mod report;
 
 /// The application port every pod serves (an echo server).
 const APP_PORT: u16 = 8080;
+
+/// How long a policy change may take to reach the ztunnels: the control
+/// plane reads its mesh file every 100 ms (or watches the API server) and
+/// pushes a change at once; 10 s is for a loaded machine.
+const POLICY_WITHIN: Duration = Duration::from_secs(10);
 
 /// A deny policy for the `client` identity, added and removed live.
 const DENY_CLIENT_TO_DB: &str = "\
@@ -39,7 +54,8 @@ const DENY_CLIENT_TO_DB: &str = "\
         destinationIps: [\"198.18.10.0/24\"]
 ";
 
-/// The same policy as a Kubernetes object, for `--kubernetes`.
+/// The same policy as a Kubernetes object, for `--kubernetes` and
+/// `--cluster`.
 const DENY_CLIENT_TO_DB_KUBERNETES: &str = r#"
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -52,9 +68,6 @@ spec:
     - source: {principals: ["cluster.local/ns/default/sa/client"]}
 "#;
 
-/// The cluster, shared with the Ctrl-C handler so that it can tear it down.
-type Shared = Arc<Mutex<Option<Cluster>>>;
-
 /// The local demo mesh.
 #[derive(Debug, Parser)]
 #[command(name = "ztunnel-demo")]
@@ -62,23 +75,39 @@ struct Cli {
     /// Run the control plane on a real Kubernetes API server started for
     /// the demo (built by scripts/k8s-test-env.sh), instead of its mesh
     /// file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     kubernetes: bool,
+    /// Run the scenario on a real two-node cluster (kubelet, containerd,
+    /// runc) with the mesh installed by helm from the images of
+    /// scripts/build-images.sh --test-images.
+    #[arg(long)]
+    cluster: bool,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Some(missing) = cluster::unavailable() {
+    let unavailable = if cli.cluster {
+        ztunnel_test_support::real_cluster::unavailable()
+    } else {
+        cluster::unavailable()
+    };
+    if let Some(missing) = unavailable {
         eprintln!("ztunnel-demo: cannot run here: {missing}");
         return std::process::ExitCode::from(2);
     }
-    let shared: Shared = Arc::default();
-    watch_for_interrupt(Arc::clone(&shared));
+    let interrupt = Interrupt::watch();
     let started = Instant::now();
-    let outcome = run(&shared, cli.kubernetes);
-    // Tear down before printing the verdict: processes by PID, namespaces.
-    let cluster = lock(&shared).take();
-    drop(cluster);
+    // Each mode owns its cluster and has torn it down when it returns,
+    // interrupted or not: processes by PID, then namespaces.
+    let outcome = if cli.cluster {
+        real_cluster::run(&interrupt)
+    } else {
+        run(&interrupt, cli.kubernetes)
+    };
+    if interrupt.asked() {
+        eprintln!("demo: interrupted; every namespace and process it made is gone");
+        return std::process::ExitCode::from(130);
+    }
     match outcome {
         Ok(()) => {
             println!(
@@ -94,52 +123,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Option<Cluster>> {
-    // A step that panicked leaves the cluster usable for the tear-down.
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// On SIGINT or SIGTERM, tears the cluster down and exits.
-fn watch_for_interrupt(shared: Shared) {
-    let spawned = std::thread::Builder::new()
-        .name("interrupt".into())
-        .spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut int), Ok(mut term)) = (
-                    signal(SignalKind::interrupt()),
-                    signal(SignalKind::terminate()),
-                ) else {
-                    return;
-                };
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-                eprintln!("\ndemo: interrupted; removing everything");
-                drop(lock(&shared).take());
-                std::process::exit(130);
-            });
-        });
-    if let Err(error) = spawned {
-        eprintln!("demo: Ctrl-C will not clean up: {error}");
-    }
-}
-
-/// One line of the scenario's outcome.
-struct Step {
-    what: String,
-    expected: bool,
-    happened: bool,
-}
-
-fn run(shared: &Shared, kubernetes: bool) -> anyhow::Result<()> {
+fn run(interrupt: &Interrupt, kubernetes: bool) -> anyhow::Result<()> {
     let binaries = Binaries::from_target_dir()
         .context("run the demo through demo/run.sh, which builds every binary first")?;
     let specs = [
@@ -171,6 +155,7 @@ fn run(shared: &Shared, kubernetes: bool) -> anyhow::Result<()> {
         );
         cluster
     };
+    interrupt.check()?;
     for spec in &specs {
         let pod = cluster.add_pod(spec)?;
         pod.serve_echo(APP_PORT)?;
@@ -189,36 +174,23 @@ fn run(shared: &Shared, kubernetes: bool) -> anyhow::Result<()> {
     }
     cluster.wait_synced()?;
     println!("demo:   both ztunnels have every workload, pushed over xDS");
-    *lock(shared) = Some(cluster);
+    interrupt.check()?;
 
-    let mut steps = Vec::new();
-    let mut step = |what: &str, expected: bool, happened: bool| {
-        let mark = if expected == happened { "ok " } else { "BAD" };
-        println!(
-            "demo: [{mark}] {what}: {}",
-            if happened { "works" } else { "refused" }
-        );
-        steps.push(Step {
-            what: what.to_owned(),
-            expected,
-            happened,
-        });
-    };
-    with(shared, |c| {
-        step(
-            "client -> web (across nodes)",
-            true,
-            echoes(c, "client", "web"),
-        );
-        step("client -> db (same node)", true, echoes(c, "client", "db"));
-        step("web -> db (across nodes)", true, echoes(c, "web", "db"));
-        step(
-            "legacy (outside the mesh) -> web, plain TCP",
-            true,
-            echoes(c, "legacy", "web"),
-        );
-        Ok(())
-    })?;
+    let c = &mut cluster;
+    let mut steps = Steps::default();
+    steps.record(
+        "client -> web (across nodes)",
+        true,
+        echoes(c, "client", "web"),
+    );
+    steps.record("client -> db (same node)", true, echoes(c, "client", "db"));
+    steps.record("web -> db (across nodes)", true, echoes(c, "web", "db"));
+    steps.record(
+        "legacy (outside the mesh) -> web, plain TCP",
+        true,
+        echoes(c, "legacy", "web"),
+    );
+    interrupt.check()?;
 
     println!(
         "demo: applying a live policy: deny client -> db, {} and pushed over xDS",
@@ -228,90 +200,69 @@ fn run(shared: &Shared, kubernetes: bool) -> anyhow::Result<()> {
             "written to the mesh file"
         }
     );
-    let mut open = with(shared, |c| {
-        let target = app(c, "db")?;
-        c.pod("client")?.connect(target)
-    })?;
-    with(shared, |c| set_deny_policy(c, true))?;
-    let denied = wait_until(|| with(shared, |c| Ok(!echoes(c, "client", "db"))).unwrap_or(false));
-    step("client -> db under the deny policy", false, !denied);
-    step(
+    let target = app(c, "db")?;
+    let mut open = c.pod("client")?.connect(target)?;
+    set_deny_policy(c, true)?;
+    let denied = interrupt.wait_until(POLICY_WITHIN, || !echoes(c, "client", "db"))?;
+    steps.record("client -> db under the deny policy", false, !denied);
+    steps.record(
         "client's connection to db opened before the policy (closed on re-check)",
         false,
         still_echoes(&mut open),
     );
-    with(shared, |c| {
-        step(
-            "web -> db under the deny policy",
-            true,
-            echoes(c, "web", "db"),
-        );
-        Ok(())
-    })?;
-    with(shared, |c| set_deny_policy(c, false))?;
-    let allowed = wait_until(|| with(shared, |c| Ok(echoes(c, "client", "db"))).unwrap_or(false));
-    step("client -> db after the policy is removed", true, allowed);
+    steps.record(
+        "web -> db under the deny policy",
+        true,
+        echoes(c, "web", "db"),
+    );
+    set_deny_policy(c, false)?;
+    let allowed = interrupt.wait_until(POLICY_WITHIN, || echoes(c, "client", "db"))?;
+    steps.record("client -> db after the policy is removed", true, allowed);
 
     println!("demo: deleting pod web (CNI DEL through the chain)");
-    with(shared, |c| c.delete_pod("web"))?;
-    with(shared, |c| {
-        step(
-            "client -> db after web is gone",
-            true,
-            echoes(c, "client", "db"),
-        );
-        Ok(())
-    })?;
+    c.delete_pod("web")?;
+    steps.record(
+        "client -> db after web is gone",
+        true,
+        echoes(c, "client", "db"),
+    );
 
-    with(shared, |c| {
-        print_report(c);
-        Ok(())
-    })?;
-    let wrong: Vec<&Step> = steps
-        .iter()
-        .filter(|step| step.expected != step.happened)
-        .collect();
-    if !wrong.is_empty() {
-        let names: Vec<&str> = wrong.iter().map(|step| step.what.as_str()).collect();
-        bail!("unexpected outcomes: {}", names.join("; "));
+    let mut traffic = Traffic::default();
+    for node in &c.nodes {
+        traffic.add(&node.name, node.access_log());
     }
-    Ok(())
+    traffic.print();
+    steps.verdict()
 }
 
 /// Puts the deny policy in place, or takes it away: in the API server when
 /// the control plane reads Kubernetes, in its mesh file otherwise.
 fn set_deny_policy(cluster: &mut Cluster, deny: bool) -> anyhow::Result<()> {
     if let Some(api) = cluster.kube() {
-        let api = api.api();
-        if deny {
-            api.kubectl(&["apply", "-f", "-"], Some(DENY_CLIENT_TO_DB_KUBERNETES))?;
-        } else {
-            api.kubectl(
-                &[
-                    "delete",
-                    "authorizationpolicy",
-                    "db-deny-client",
-                    "-n",
-                    "default",
-                ],
-                None,
-            )?;
-        }
-        return Ok(());
+        return set_deny_policy_in(api.api(), deny);
     }
     cluster
         .mesh()
         .set_policies(if deny { DENY_CLIENT_TO_DB } else { "" })
 }
 
-/// Runs `f` on the cluster, if it is still there.
-fn with<T>(
-    shared: &Shared,
-    f: impl FnOnce(&mut Cluster) -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
-    let mut guard = lock(shared);
-    let cluster = guard.as_mut().context("the cluster is gone")?;
-    f(cluster)
+/// Applies the deny policy with kubectl, or deletes it.
+fn set_deny_policy_in(api: &KubeApi, deny: bool) -> anyhow::Result<()> {
+    if deny {
+        api.kubectl(&["apply", "-f", "-"], Some(DENY_CLIENT_TO_DB_KUBERNETES))?;
+    } else {
+        api.kubectl(
+            &[
+                "delete",
+                "authorizationpolicy",
+                "db-deny-client",
+                "-n",
+                "default",
+            ],
+            None,
+        )?;
+    }
+    Ok(())
 }
 
 fn app(cluster: &Cluster, pod: &str) -> anyhow::Result<SocketAddr> {
@@ -324,77 +275,4 @@ fn echoes(cluster: &Cluster, from: &str, to: &str) -> bool {
         return false;
     };
     client.echoes(target)
-}
-
-/// Polls `check` for up to 10 s (the control plane reads its mesh file
-/// every 100 ms and pushes a change at once; 10 s is for a loaded
-/// machine).
-fn wait_until(check: impl FnMut() -> bool) -> bool {
-    wait::until(Duration::from_secs(10), check)
-}
-
-/// Who talked to whom, from the destination ztunnels' access logs: the
-/// verified identity, the path the connection took (`hbone` between
-/// nodes, `same-node` within one, `tcp` for plain TCP), the connections and
-/// bytes, and the decision. Lines with the same source, destination, path
-/// and outcome are added up.
-fn print_report(cluster: &Cluster) {
-    /// One line of the table.
-    struct Row {
-        key: [String; 5],
-        connections: u64,
-        received: u64,
-        sent: u64,
-    }
-    let mut rows: Vec<Row> = Vec::new();
-    for node in &cluster.nodes {
-        for entry in node.access_log() {
-            if entry.direction != "inbound" {
-                continue;
-            }
-            let path = match (&entry.path, &entry.src_identity) {
-                (Some(path), _) => path.clone(),
-                (None, Some(_)) => "hbone".to_owned(),
-                (None, None) => "tcp".to_owned(),
-            };
-            let key = [
-                node.name.clone(),
-                entry
-                    .src_identity
-                    .unwrap_or_else(|| "(none: plain TCP)".to_owned()),
-                entry.dst_workload.unwrap_or_else(|| "?".to_owned()),
-                path,
-                match entry.error {
-                    Some(error) if error.contains("denied") => format!("denied: {error}"),
-                    Some(error) => format!("closed: {error}"),
-                    None => "allowed".to_owned(),
-                },
-            ];
-            match rows.iter_mut().find(|row| row.key == key) {
-                Some(row) => {
-                    row.connections += 1;
-                    row.received += entry.bytes_recv;
-                    row.sent += entry.bytes_sent;
-                }
-                None => rows.push(Row {
-                    key,
-                    connections: 1,
-                    received: entry.bytes_recv,
-                    sent: entry.bytes_sent,
-                }),
-            }
-        }
-    }
-    println!("\nWho talked to whom, as each destination ztunnel logged it");
-    println!(
-        "{:<7} {:<42} {:<7} {:<9} {:>5} {:>6} {:>6}  decision",
-        "node", "source identity (verified)", "to pod", "path", "conns", "bytes>", "bytes<"
-    );
-    for row in rows {
-        let [node, source, pod, path, outcome] = row.key;
-        println!(
-            "{node:<7} {source:<42} {pod:<7} {path:<9} {:>5} {:>6} {:>6}  {outcome}",
-            row.connections, row.received, row.sent
-        );
-    }
 }
