@@ -4,17 +4,26 @@
 //! account bound to exactly the roles in `deploy/rbac/`. Callers hold
 //! real tokens from the TokenRequest API; pods are created and deleted
 //! through the API, with their status written as a kubelet would. Where
-//! the CA's root comes from is `kubernetes_ca.rs`'s.
+//! the CA's root comes from is `kubernetes_ca.rs`'s. The order of the
+//! xDS responses a selector AuthorizationPolicy causes is tested here too.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use api::{ROLE, api_with_control_plane_account, stored_roots, wait_ready};
+use prost::Message;
 use rustls::pki_types::CertificateDer;
-use tonic::Code;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Streaming};
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
+use ztunnel_proto::envoy::config::core::v3::Node;
+use ztunnel_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use ztunnel_proto::istio::workload::{Address, address};
+use ztunnel_proto::xds_types::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::kube::objects::{
     PodSpecForTest, create_pod, delete_pod, ensure_namespace, request_token, set_pod_running,
@@ -39,6 +48,34 @@ spec:
   action: AUDIT
   rules: [{}]
 "#;
+
+/// A selector policy: the db pods' workloads list it by its resource name,
+/// [`DENY_POLICY`].
+const DENY_CLIENT_TO_DB: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: db-deny-client, namespace: apps}
+spec:
+  selector: {matchLabels: {app: db}}
+  action: DENY
+  rules:
+  - from:
+    - source: {principals: ["cluster.local/ns/apps/sa/client"]}
+"#;
+
+/// The policy's xDS resource name.
+const DENY_POLICY: &str = "apps/db-deny-client";
+
+/// Requests a client sends without reading, so that the server's writes
+/// to it back up and its stream's task waits to send: far more empty
+/// answers than the stream window, the server's queue and HTTP/2's
+/// buffer of one write hold.
+const HELD_BACK_REQUESTS: usize = 24;
+
+/// The HTTP/2 stream window of the client that holds its stream back:
+/// less than one empty answer (about 80 bytes), so the server's writes
+/// stop at once.
+const HELD_BACK_WINDOW: u32 = 64;
 
 /// How long a change in the API may take to reach the CA's decisions in
 /// these tests: the target is under a second; the bound is generous so a
@@ -100,6 +137,18 @@ async fn running_pod(
     node: &str,
     ip: &str,
 ) -> String {
+    labelled_pod(client, (namespace, name), service_account, node, ip, &[]).await
+}
+
+/// As [`running_pod`], with `labels`.
+async fn labelled_pod(
+    client: &kube::Client,
+    (namespace, name): (&str, &str),
+    service_account: &str,
+    node: &str,
+    ip: &str,
+    labels: &[(&str, &str)],
+) -> String {
     let uid = create_pod(
         client,
         &PodSpecForTest {
@@ -107,6 +156,10 @@ async fn running_pod(
             name: name.into(),
             service_account: service_account.into(),
             node: node.into(),
+            labels: labels
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect(),
             ..PodSpecForTest::default()
         },
     )
@@ -437,5 +490,235 @@ async fn a_node_loses_the_not_ready_taint_once_its_node_agent_is_ready() {
             "node-b and node-c keep their taints"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One delta ADS stream to the control plane.
+struct AdsStream {
+    requests: mpsc::Sender<DeltaDiscoveryRequest>,
+    inbound: Streaming<DeltaDiscoveryResponse>,
+}
+
+impl AdsStream {
+    /// Opens a stream as node agent `token`, sending a subscription to each
+    /// of `types` in order; with `window`, the stream's HTTP/2 window.
+    async fn open(
+        grpc: SocketAddr,
+        roots: &[CertificateDer<'static>],
+        token: &str,
+        types: &[&str],
+        window: Option<u32>,
+    ) -> AdsStream {
+        let channel = match window {
+            Some(window) => ca_client::channel_with_stream_window(grpc, roots, window).await,
+            None => ca_client::channel(grpc, roots).await,
+        };
+        let (requests, outbound) = mpsc::channel(2 * HELD_BACK_REQUESTS);
+        for type_url in types {
+            requests.send(first_request(type_url)).await.unwrap();
+        }
+        let mut request = Request::new(ReceiverStream::new(outbound));
+        let value = format!("Bearer {token}").parse().unwrap();
+        request.metadata_mut().insert("authorization", value);
+        let inbound = AggregatedDiscoveryServiceClient::new(channel)
+            .delta_aggregated_resources(request)
+            .await
+            .unwrap()
+            .into_inner();
+        AdsStream { requests, inbound }
+    }
+
+    /// Sends a first request of `type_url`.
+    async fn subscribe(&self, type_url: &str) {
+        self.requests.send(first_request(type_url)).await.unwrap();
+    }
+
+    /// The next response, ACKed as ztunnel does.
+    async fn next_acked(&mut self) -> DeltaDiscoveryResponse {
+        let response = tokio::time::timeout(CONVERGE, self.inbound.message())
+            .await
+            .expect("a response in time")
+            .unwrap()
+            .expect("an open stream");
+        let ack = DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            ..DeltaDiscoveryRequest::default()
+        };
+        self.requests.send(ack).await.unwrap();
+        response
+    }
+
+    /// Reads until an Authorization response carries the policy (`deny`)
+    /// or removes it (not `deny`), and asserts that an Address response
+    /// whose db workload lists the policy (`deny`) or no longer lists it
+    /// came first. Unrelated responses are read past.
+    async fn assert_address_first(&mut self, deny: bool, what: &str) {
+        let mut read = Vec::new();
+        let mut address_first = false;
+        loop {
+            let response = self.next_acked().await;
+            let said = policy_in(&response);
+            read.push((short(&response.type_url).to_owned(), said));
+            match (response.type_url.as_str(), said) {
+                (ADDRESS_TYPE_URL, Some(listed)) if listed == deny => address_first = true,
+                (AUTHORIZATION_TYPE_URL, Some(carried)) if carried == deny => break,
+                _ => {}
+            }
+        }
+        assert!(
+            address_first,
+            "{what}: the Address response reflecting the policy comes before the \
+             Authorization response; read (type, policy) {read:?}"
+        );
+    }
+}
+
+/// A first request of `type_url`, as ztunnel sends it on connect.
+fn first_request(type_url: &str) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        node: Some(Node {
+            id: "ztunnel~198.18.0.11~ztunnel-a.istio-system~istio-system.svc.cluster.local".into(),
+            ..Node::default()
+        }),
+        type_url: type_url.into(),
+        ..DeltaDiscoveryRequest::default()
+    }
+}
+
+/// The last part of a type URL, for messages.
+fn short(type_url: &str) -> &str {
+    type_url.rsplit('.').next().unwrap_or(type_url)
+}
+
+/// What a response says of [`DENY_POLICY`]: for an Address response,
+/// whether the db workload in it lists the policy (`None` without db); for
+/// an Authorization response, `true` when it carries the policy, `false`
+/// when it removes it; `None` otherwise.
+fn policy_in(response: &DeltaDiscoveryResponse) -> Option<bool> {
+    match response.type_url.as_str() {
+        ADDRESS_TYPE_URL => response.resources.iter().find_map(|resource| {
+            let any = resource.resource.as_ref()?;
+            match Address::decode(any.value.as_slice()).unwrap().r#type {
+                Some(address::Type::Workload(workload)) if workload.name == "db-0" => Some(
+                    workload
+                        .authorization_policies
+                        .iter()
+                        .any(|name| name == DENY_POLICY),
+                ),
+                _ => None,
+            }
+        }),
+        AUTHORIZATION_TYPE_URL => {
+            if response.resources.iter().any(|r| r.name == DENY_POLICY) {
+                Some(true)
+            } else if response.removed_resources.iter().any(|r| r == DENY_POLICY) {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it() {
+    let Some((api, kubeconfig)) = api_with_control_plane_account(ROLE).await else {
+        return;
+    };
+    let client = api.admin_client().await.unwrap();
+    ensure_namespace(&client, "apps", &[]).await.unwrap();
+    let ztunnel_a = running_pod(
+        &client,
+        "istio-system",
+        "ztunnel-a",
+        "ztunnel",
+        "node-a",
+        "198.18.0.11",
+    )
+    .await;
+    labelled_pod(
+        &client,
+        ("apps", "db-0"),
+        "db",
+        "node-a",
+        "198.18.10.5",
+        &[("app", "db")],
+    )
+    .await;
+
+    let state = api.dir().join("ca-state");
+    let (_server, grpc, http) = serve::start(&state, &["--kubeconfig", &kubeconfig], "info");
+    wait_ready(http).await;
+    let roots = stored_roots(&client).await;
+    let token = request_token(
+        &client,
+        "istio-system",
+        "ztunnel",
+        Some(("ztunnel-a", &ztunnel_a)),
+        Some("istio-ca"),
+    )
+    .await
+    .unwrap();
+
+    // A node agent subscribed as istio/ztunnel does: Address, then
+    // Authorization.
+    let both = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
+    let mut agent = AdsStream::open(grpc, &roots, &token, &both, None).await;
+    for expected in both {
+        assert_eq!(agent.next_acked().await.type_url, expected);
+    }
+
+    // Released, the held-back stream's task finds its queued requests and
+    // the new build both waiting, and `select!` picks either first. A
+    // server that answered a request from the new build without bringing
+    // the stream's Address to it first fails a round about three times in
+    // four (measured: every run of four rounds failed); so four rounds.
+    let unknown = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    for round in 1..=4 {
+        // A node agent whose Authorization subscription is read after the
+        // policy's build is out: it subscribed to Address, then held its
+        // stream back (requests the server answers but it does not read),
+        // its Authorization subscription queued behind them.
+        let mut late = AdsStream::open(
+            grpc,
+            &roots,
+            &token,
+            &[ADDRESS_TYPE_URL],
+            Some(HELD_BACK_WINDOW),
+        )
+        .await;
+        assert_eq!(late.next_acked().await.type_url, ADDRESS_TYPE_URL);
+        for _ in 0..HELD_BACK_REQUESTS {
+            late.subscribe(unknown).await;
+        }
+        late.subscribe(AUTHORIZATION_TYPE_URL).await;
+
+        api.kubectl(&["apply", "-f", "-"], Some(DENY_CLIENT_TO_DB))
+            .unwrap();
+        agent
+            .assert_address_first(true, &format!("round {round}, applied"))
+            .await;
+        late.assert_address_first(
+            true,
+            &format!("round {round}, applied, read after the build"),
+        )
+        .await;
+
+        api.kubectl(
+            &[
+                "delete",
+                "authorizationpolicy",
+                "db-deny-client",
+                "-n",
+                "apps",
+            ],
+            None,
+        )
+        .unwrap();
+        agent
+            .assert_address_first(false, &format!("round {round}, deleted"))
+            .await;
     }
 }

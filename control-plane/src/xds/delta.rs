@@ -16,9 +16,24 @@
 //! - A new build sends each subscribed type's difference from what this
 //!   client was sent, nothing when there is none.
 //!
+//! Order (istiod's): within every sequence of responses, Address comes
+//! before Authorization. A workload's `authorization_policies` names the
+//! selector policies that pick it, and istio/ztunnel re-checks its open
+//! connections only when its policy store changes: an Authorization that
+//! arrived ahead of the workload update listing it would be checked
+//! without it. So every subscribed type is kept
+//! at one build: whatever a request is answered against, the types already
+//! subscribed are brought to that build too, in [`ResourceKind::ALL`]'s
+//! order, with a new subscription's answer in its own type's place. A
+//! request never answers one type from a newer build than another was
+//! sent. istio/ztunnel subscribes Address first, then Authorization; a
+//! client that subscribes the other way round gets the Authorization
+//! answer first, as it asked, and Address first from then on.
+//!
 //! Every subscription is served as a wildcard: names in
 //! `resource_names_subscribe` (on-demand mode) are not filtered on.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
@@ -34,7 +49,8 @@ pub struct DeltaStream {
     /// Responses sent so far; the second part of every nonce.
     responses: u64,
     /// Per type (by [`ResourceKind::index`]): the set this client was last
-    /// brought to, once it has subscribed.
+    /// brought to, once it has subscribed. After every call, every
+    /// subscribed type holds the same build's set.
     sent: [Option<Arc<ResourceSet>>; 2],
 }
 
@@ -98,32 +114,36 @@ impl DeltaStream {
     }
 
     /// Handles one request against the current resources: what it was, and
-    /// the response it calls for.
+    /// the responses it calls for, in the order to send them. Besides its
+    /// own answer, a request brings every subscribed type to `current`
+    /// (see the module's doc on order): the caller has taken `current` as
+    /// seen, so no later notice of this build will come.
     pub fn on_request(
         &mut self,
         request: &DeltaDiscoveryRequest,
         current: &MeshResources,
-    ) -> (RequestKind, Option<Push>) {
+    ) -> (RequestKind, Vec<Push>) {
         let kind = ResourceKind::from_type_url(&request.type_url);
         let subscribed = kind.is_some_and(|kind| self.sent[kind.index()].is_some());
         match (kind, request.response_nonce.is_empty()) {
             (None, true) => {
-                let response = self.response(&request.type_url, Vec::new(), Vec::new());
-                (RequestKind::UnknownType, Some(response))
+                let mut responses = self.on_resources(current);
+                responses.push(self.response(&request.type_url, Vec::new(), Vec::new()));
+                (RequestKind::UnknownType, responses)
             }
             (Some(kind), true) if !subscribed => {
-                let set = current.get(kind);
                 let known = &request.initial_resource_versions;
-                let (updated, removed) = changes_since(Known::Versions(known), set);
-                self.sent[kind.index()] = Some(Arc::clone(set));
-                let response = self.response(kind.type_url(), updated, removed);
+                let responses = self.bring_to(current, Some((kind, known)));
                 let outcome = RequestKind::Subscribe {
                     kind,
                     known: known.len(),
                 };
-                (outcome, Some(response))
+                (outcome, responses)
             }
-            (Some(kind), true) => (RequestKind::Resubscribe { kind }, None),
+            (Some(kind), true) => (
+                RequestKind::Resubscribe { kind },
+                self.on_resources(current),
+            ),
             (Some(kind), false) if subscribed => {
                 let outcome = match &request.error_detail {
                     Some(status) => RequestKind::Nack {
@@ -132,27 +152,43 @@ impl DeltaStream {
                     },
                     None => RequestKind::Ack { kind },
                 };
-                (outcome, None)
+                (outcome, self.on_resources(current))
             }
-            (_, false) => (RequestKind::Stray, None),
+            (_, false) => (RequestKind::Stray, self.on_resources(current)),
         }
     }
 
     /// The responses that bring every subscribed type up to `current`: one
-    /// per type that differs from what this client was sent.
+    /// per type that differs from what this client was sent, Address first.
     pub fn on_resources(&mut self, current: &MeshResources) -> Vec<Push> {
+        self.bring_to(current, None)
+    }
+
+    /// Brings every subscribed type to `current`, in [`ResourceKind::ALL`]'s
+    /// order; `subscribing` is a type subscribed by this call, with the
+    /// versions the client says it holds, whose answer is sent even when
+    /// empty.
+    fn bring_to(
+        &mut self,
+        current: &MeshResources,
+        subscribing: Option<(ResourceKind, &HashMap<String, String>)>,
+    ) -> Vec<Push> {
         let mut responses = Vec::new();
         for kind in ResourceKind::ALL {
-            let set = current.get(kind);
-            let Some(sent) = &self.sent[kind.index()] else {
-                continue;
+            let known = match (subscribing, &self.sent[kind.index()]) {
+                (Some((subscribed, versions)), _) if subscribed == kind => {
+                    Known::Versions(versions)
+                }
+                (_, Some(sent)) => Known::Sent(sent),
+                (_, None) => continue,
             };
-            let (updated, removed) = changes_since(Known::Sent(sent), set);
+            let answer = matches!(known, Known::Versions(_));
+            let set = current.get(kind);
+            let (updated, removed) = changes_since(known, set);
             self.sent[kind.index()] = Some(Arc::clone(set));
-            if updated.is_empty() && removed.is_empty() {
-                continue;
+            if answer || !updated.is_empty() || !removed.is_empty() {
+                responses.push(self.response(kind.type_url(), updated, removed));
             }
-            responses.push(self.response(kind.type_url(), updated, removed));
         }
         responses
     }

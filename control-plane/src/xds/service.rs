@@ -308,15 +308,15 @@ impl StreamTask {
         let _ = self.out.send(Err(subscription_status(denial))).await;
     }
 
-    /// Handles one request; false when the client is gone.
+    /// Handles one request; false when the client is gone. The request is
+    /// answered against the latest build, which brings the stream's other
+    /// types to it as well (`DeltaStream::on_request`): so the build is
+    /// marked seen, and `resources.changed()` wakes only for a newer one.
     async fn on_request(&mut self, request: &DeltaDiscoveryRequest) -> bool {
         let current = Arc::clone(&self.resources.borrow_and_update());
-        let (kind, push) = self.state.on_request(request, &current);
+        let (kind, pushes) = self.state.on_request(request, &current);
         self.log(request, &kind);
-        match push {
-            Some(push) => self.send(push).await,
-            None => true,
-        }
+        self.send_all(pushes).await
     }
 
     fn log(&self, request: &DeltaDiscoveryRequest, kind: &RequestKind) {
@@ -364,7 +364,13 @@ impl StreamTask {
     /// client is gone.
     async fn on_resources(&mut self) -> bool {
         let current = Arc::clone(&self.resources.borrow_and_update());
-        for push in self.state.on_resources(&current) {
+        let pushes = self.state.on_resources(&current);
+        self.send_all(pushes).await
+    }
+
+    /// Sends responses in their order; false when the client is gone.
+    async fn send_all(&mut self, pushes: Vec<Push>) -> bool {
+        for push in pushes {
             if !self.send(push).await {
                 return false;
             }

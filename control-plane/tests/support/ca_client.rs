@@ -37,6 +37,27 @@ pub async fn channel_for(
     roots: &[CertificateDer<'static>],
     name: &'static str,
 ) -> Channel {
+    dial(addr, roots, name, None).await
+}
+
+/// As [`channel`], announcing an HTTP/2 stream window of `window` bytes:
+/// a client that does not read holds the server's writes back after that
+/// many bytes, as a slow ztunnel would.
+#[allow(dead_code)] // only the xDS order test holds a stream back
+pub async fn channel_with_stream_window(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+    window: u32,
+) -> Channel {
+    dial(addr, roots, "localhost", Some(window)).await
+}
+
+async fn dial(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+    name: &'static str,
+    stream_window: Option<u32>,
+) -> Channel {
     let mut store = rustls::RootCertStore::empty();
     for root in roots {
         store.add(root.clone()).unwrap();
@@ -50,6 +71,7 @@ pub async fn channel_for(
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
+        .initial_stream_window_size(stream_window)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let connector = connector.clone();
             async move {
