@@ -129,9 +129,11 @@ impl AddressResource {
 /// The store. Values are behind `Arc` so that a lookup result outlives the
 /// next update without copying.
 ///
-/// When two workloads (or two services) claim the same address, the one
-/// inserted last owns it in the index; removing it leaves the address
-/// unindexed until the other is inserted again.
+/// When two workloads claim the same address, a lookup prefers a pod, then
+/// an HBONE workload, then the one inserted last; removing one leaves the
+/// address to the others. When two services claim a VIP, the one inserted
+/// last owns it; removing it leaves the VIP unindexed until the other is
+/// inserted again.
 #[derive(Clone, Debug, Default)]
 pub struct State {
     /// By uid, by pod name (how a proxy finds the workload it serves
