@@ -36,7 +36,9 @@ pub use service::{
     WeightedWaypoint,
 };
 pub use shared::SharedState;
-pub use upstream::{Destination, Endpoint, EndpointAddress, select_upstream};
+pub use upstream::{
+    Destination, Endpoint, EndpointAddress, Resolution, select_upstream, service_endpoint,
+};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,

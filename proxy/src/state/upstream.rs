@@ -121,7 +121,7 @@ pub fn select_upstream(
         if service.mode() == LoadBalancingMode::Passthrough {
             return Destination::Passthrough;
         }
-        return select_endpoint(state, source, service, dst, pick);
+        return service_endpoint(state, source, service, dst, Resolution::Standard, pick);
     }
     match state.workload_by_address(&source.network, ip) {
         Some(workload) => Destination::Workload(Endpoint {
@@ -134,24 +134,48 @@ pub fn select_upstream(
     }
 }
 
-fn select_endpoint(
+/// What an endpoint of a service is picked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// A connection to the service itself: the port must be the service's.
+    Standard,
+    /// A hop to a waypoint service: the port (15008) need not be declared,
+    /// for an endpoint with an application tunnel takes any.
+    Waypoint,
+}
+
+/// Picks an endpoint of `service` for a connection to `dst` from `source`
+/// (AMBIENT.md §4.2–4.4): `dst`'s port is the service port, and its IP
+/// the address whose family the endpoint's address should have.
+pub fn service_endpoint(
     state: &State,
     source: &Workload,
     service: &Arc<Service>,
     dst: SocketAddr,
+    resolution: Resolution,
     pick: u64,
 ) -> Destination {
     let service_port = dst.port();
     let none = || Destination::NoHealthyEndpoint {
         service: service.clone(),
     };
-    let Some(&service_target) = service.ports.get(&service_port) else {
+    let service_target = service.ports.get(&service_port).copied();
+    if service_target.is_none() && resolution == Resolution::Standard {
         return none();
-    };
+    }
     let key = service.key();
     let candidates = state
         .endpoints(&key)
-        .filter(|workload| is_candidate(workload, source, &key, service_port, service_target))
+        .filter(|workload| {
+            is_candidate(
+                workload,
+                source,
+                &key,
+                service_port,
+                service_target,
+                resolution,
+            )
+        })
         .collect();
     let kept = balance::preferred(
         service.mode(),
@@ -162,6 +186,7 @@ fn select_endpoint(
     let Some(workload) = balance::weighted(&kept, pick) else {
         return none();
     };
+    let service_target = service_target.unwrap_or(0);
     let Some(port) = target_port(workload, &key, service_port, service_target) else {
         return none();
     };
@@ -176,21 +201,30 @@ fn select_endpoint(
 /// Whether an endpoint of `service` may take a connection to
 /// `service_port` (AMBIENT.md §4.2). One with neither IP nor hostname is
 /// reachable only through its network gateway, which is never used on the
-/// source's own network. With no target port on the service (a named
-/// port), the endpoint must map the port itself.
+/// source's own network. For a standard connection with no target port on
+/// the service (a named port), the endpoint must map the port itself; for
+/// a waypoint hop to a port the service lacks, it must have an
+/// application tunnel.
 fn is_candidate(
     workload: &Workload,
     source: &Workload,
     service: &NamespacedHostname,
     service_port: u16,
-    service_target: u16,
+    service_target: Option<u16>,
+    resolution: Resolution,
 ) -> bool {
     let addressable = !workload.addresses.is_empty() || !workload.hostname.is_empty();
     let through_gateway = workload.network != source.network && workload.network_gateway.is_some();
     if !addressable && !through_gateway {
         return false;
     }
-    service_target != 0 || own_port(workload, service, service_port).is_some()
+    match resolution {
+        Resolution::Standard => {
+            service_target.is_some_and(|port| port != 0)
+                || own_port(workload, service, service_port).is_some()
+        }
+        Resolution::Waypoint => service_target.is_some() || workload.application_tunnel.is_some(),
+    }
 }
 
 /// The endpoint's own mapping of `service_port`, as it came: a named target
@@ -205,8 +239,8 @@ fn own_port(workload: &Workload, service: &NamespacedHostname, service_port: u16
 
 /// The port to deliver to (AMBIENT.md §4.4): the endpoint's own mapping,
 /// else the service's target port when set, else the service port itself
-/// when the endpoint's application tunnel names a port (its ztunnel then
-/// delivers it), else none.
+/// when the endpoint's application tunnel names a port (a waypoint hop:
+/// the waypoint's ztunnel then delivers it), else none.
 fn target_port(
     workload: &Workload,
     service: &NamespacedHostname,

@@ -102,7 +102,7 @@ fn mesh() -> State {
 }
 
 /// What a case expects, by names rather than whole values.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Want {
     Workload {
         uid: String,

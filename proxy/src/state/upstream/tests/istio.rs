@@ -267,7 +267,7 @@ fn the_chosen_endpoints_address_and_port() {
         ("a hostname endpoint is resolved by DNS", 80,
             { let mut w = member("dns", &[], "", ["", ""]); w.hostname = "db.example".into(); w },
             to("dns", "hostname:80", Some("example.com"))),
-        ("a named port the endpoint does not map, app tunnel or not (that is for waypoints)", 0,
+        ("a named port the endpoint does not map, app tunnel or not", 0,
             { let mut w = named.clone(); w.application_tunnel = tunnel(Some(15088)); w },
             Want::NoHealthyEndpoint("example.com".into())),
         ("no IP of a family the service serves", 80,
@@ -284,6 +284,46 @@ fn the_chosen_endpoints_address_and_port() {
         state.insert_service(service);
         state.insert_workload(workload);
         let got = select_upstream(&state, &client(""), addr("127.0.0.3:80"), 0);
+        assert_eq!(summarize(&got), want, "{why}");
+    }
+}
+
+#[test]
+fn waypoint_resolution_table() {
+    let with_tunnel = |port: Option<Option<u16>>| {
+        let mut workload = member("waypoint-pod", &["10.0.0.9"], "", ["", ""]);
+        workload.services = [(key(EXAMPLE), PortMap::new())].into_iter().collect();
+        workload.application_tunnel = port.map(|port| ApplicationTunnel {
+            protocol: ApplicationTunnelProtocol::None,
+            port,
+        });
+        workload
+    };
+    let found = to("waypoint-pod", "10.0.0.9:15008", Some("example.com"));
+    let none = Want::NoHealthyEndpoint("example.com".into());
+    #[rustfmt::skip]
+    let cases: Vec<(&str, bool, Workload, Resolution, Want)> = vec![
+        ("a declared port is used as the service's", true, with_tunnel(None), Resolution::Waypoint, found.clone()),
+        ("an undeclared port reaches an app tunnel with a port", false, with_tunnel(Some(Some(15088))), Resolution::Waypoint, found.clone()),
+        ("an app tunnel without a port has no port to give", false, with_tunnel(Some(None)), Resolution::Waypoint, none.clone()),
+        ("no app tunnel, no undeclared port", false, with_tunnel(None), Resolution::Waypoint, none.clone()),
+        ("standard resolution never takes an undeclared port", false, with_tunnel(Some(Some(15088))), Resolution::Standard, none),
+    ];
+    for (why, declared, workload, resolution, want) in cases {
+        let mut state = State::new();
+        let ports: &[(u16, u16)] = if declared { &[(15008, 15008)] } else { &[] };
+        let service = Service::for_test("", "example.com", &[ip("127.0.0.3")], ports);
+        state.insert_service(service.clone());
+        state.insert_workload(workload);
+        let service = Arc::new(service);
+        let got = service_endpoint(
+            &state,
+            &client(""),
+            &service,
+            addr("127.0.0.3:15008"),
+            resolution,
+            0,
+        );
         assert_eq!(summarize(&got), want, "{why}");
     }
 }
