@@ -81,13 +81,15 @@ pub fn route(state: &State, source: &Workload, dst: SocketAddr, pick: u64) -> Ro
     match select_upstream(state, source, dst, pick) {
         Destination::Workload(upstream) => {
             let uid = || upstream.workload.uid.clone();
+            // An endpoint on another network is reached only through its
+            // network gateway, whatever its addresses (AMBIENT.md §2.1 row 4).
+            if upstream.workload.network != source.network {
+                return Route::Refuse(match upstream.workload.network_gateway {
+                    Some(_) => RouteRefusal::OtherNetwork(uid()),
+                    None => RouteRefusal::NoValidDestination(uid()),
+                });
+            }
             let addr = match upstream.address {
-                _ if upstream.workload.network != source.network => {
-                    return Route::Refuse(match upstream.workload.network_gateway {
-                        Some(_) => RouteRefusal::OtherNetwork(uid()),
-                        None => RouteRefusal::NoValidDestination(uid()),
-                    });
-                }
                 EndpointAddress::Ip(ip) => SocketAddr::new(ip, upstream.port),
                 EndpointAddress::Hostname => return Route::Refuse(RouteRefusal::Hostname(uid())),
                 EndpointAddress::NetworkGateway | EndpointAddress::Unreachable => {
