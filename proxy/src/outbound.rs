@@ -173,18 +173,26 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             return None;
         }
     };
-    let (mut route, mut source) = {
+    // The route depends on the source workload (its network and locality
+    // rank a service's endpoints). A new pod may send before the control
+    // plane's push describing it arrives: its first connections wait for
+    // it, and are routed on the state that has it. A known pod pays
+    // nothing more.
+    let known = {
         let state = proxy.state.read();
-        let route = route::route(&state, "", target, proxy.pick());
-        (route, proxy.local_workload_in(&state))
+        proxy
+            .local_workload_in(&state)
+            .map(|source| (route::route(&state, &source, target, proxy.pick()), source))
     };
-    // A new pod may send before the control plane's push describing it
-    // arrives: its first connections wait for it, and are routed again on
-    // the state that has it. A known pod pays nothing more.
-    if source.is_none() {
-        source = Some(proxy.wait_for_local_workload(Reporter::Source).await?);
-        route = route::route(&proxy.state.read(), "", target, proxy.pick());
-    }
+    let (route, source) = match known {
+        Some(known) => known,
+        None => {
+            let source = proxy.wait_for_local_workload(Reporter::Source).await?;
+            let route = route::route(&proxy.state.read(), &source, target, proxy.pick());
+            (route, source)
+        }
+    };
+    let source = Some(source);
     let (report, connected) = match route {
         Route::Refuse(refusal) => {
             access_log::failed(peer, target, Direction::Outbound, &refusal);

@@ -36,7 +36,9 @@ pub use service::{
     WeightedWaypoint,
 };
 pub use shared::SharedState;
-pub use upstream::{Destination, Endpoint, select_upstream};
+pub use upstream::{
+    Destination, Endpoint, EndpointAddress, Resolution, select_upstream, service_endpoint,
+};
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, DEFAULT_CLUSTER_ID, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN, EndpointOf, HealthStatus, InboundProtocol, Locality, NetworkMode,
@@ -129,17 +131,22 @@ impl AddressResource {
 /// The store. Values are behind `Arc` so that a lookup result outlives the
 /// next update without copying.
 ///
-/// When two workloads (or two services) claim the same address, the one
-/// inserted last owns it in the index; removing it leaves the address
-/// unindexed until the other is inserted again.
+/// When two workloads claim the same address, a lookup prefers a pod, then
+/// an HBONE workload, then the one inserted last; removing one leaves the
+/// address to the others. When two services claim a VIP, the one inserted
+/// last owns it; removing it leaves the VIP unindexed until the other is
+/// inserted again.
 #[derive(Clone, Debug, Default)]
 pub struct State {
     /// By uid, by pod name (how a proxy finds the workload it serves
     /// without scanning the mesh) and by network and IP (host-network
     /// workloads left out).
     workloads: index::Workloads,
-    /// service key → uids of the workloads naming it, ordered so that an
-    /// endpoint pick is stable for a given state.
+    /// service key → uids of its endpoints, ordered so that an endpoint
+    /// pick is stable for a given state: the workloads naming it that its
+    /// health policy admitted when they arrived or when it was last
+    /// replaced (`Service::admits`), and, while the service itself is not
+    /// stored, every workload naming it.
     endpoints: HashMap<NamespacedHostname, BTreeSet<Arc<str>>>,
     services: HashMap<NamespacedHostname, Arc<Service>>,
     /// network → VIP → service key.
@@ -198,6 +205,13 @@ impl State {
         let old = self.remove_workload(&workload.uid);
         let workload = Arc::new(workload);
         for key in workload.services.keys() {
+            let admitted = self
+                .services
+                .get(key)
+                .is_none_or(|service| service.admits(workload.status));
+            if !admitted {
+                continue;
+            }
             self.endpoints
                 .entry(key.clone())
                 .or_default()
@@ -263,8 +277,9 @@ impl State {
         self.workloads.iter()
     }
 
-    /// The workloads naming the service `key` in their `services` map,
-    /// healthy or not, ordered by uid.
+    /// The endpoints of the service `key`, ordered by uid: the workloads
+    /// naming it in their `services` map that its health policy admitted
+    /// (see the `endpoints` field).
     pub fn endpoints(&self, key: &NamespacedHostname) -> impl Iterator<Item = &Arc<Workload>> {
         self.endpoints
             .get(key)
@@ -290,6 +305,21 @@ impl State {
             .entry(key.hostname.clone())
             .or_default()
             .insert(key.clone());
+        // The endpoints stored under the old policy (or waiting for the
+        // service) are filtered again; an unhealthy workload the old policy
+        // left out comes back only when it is pushed again, as in
+        // istio/ztunnel (AMBIENT.md §4.1).
+        if let Some(uids) = self.endpoints.get_mut(&key) {
+            let workloads = &self.workloads;
+            uids.retain(|uid| {
+                workloads
+                    .get(uid)
+                    .is_some_and(|workload| service.admits(workload.status))
+            });
+            if uids.is_empty() {
+                self.endpoints.remove(&key);
+            }
+        }
         self.services.insert(key, Arc::new(service));
         old
     }

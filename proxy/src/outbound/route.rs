@@ -9,7 +9,9 @@ use std::sync::Arc;
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::ports::HBONE_PORT;
 
-use crate::state::{Destination, InboundProtocol, Service, State, Workload, select_upstream};
+use crate::state::{
+    Destination, EndpointAddress, InboundProtocol, Service, State, Workload, select_upstream,
+};
 
 /// Ports a connection must never be sent back to: ztunnel's own listeners.
 pub const PROXY_PORTS: [u16; 3] = [15001, 15006, HBONE_PORT];
@@ -56,40 +58,63 @@ pub enum RouteRefusal {
     /// A service VIP with no endpoint to send to.
     #[error("no healthy endpoint for service {0}")]
     NoHealthyEndpoint(Arc<str>),
+    /// The chosen endpoint has no address to dial: no IP of a family its
+    /// service serves, no hostname, and (on another network) no gateway.
+    #[error("no valid routing destination for workload {0}")]
+    NoValidDestination(Arc<str>),
+    /// The chosen endpoint is on another network behind a network gateway,
+    /// which this proxy does not tunnel through.
+    #[error("workload {0} is on another network; network gateways are not supported")]
+    OtherNetwork(Arc<str>),
+    /// The chosen endpoint is addressed by hostname, which this proxy does
+    /// not resolve.
+    #[error("workload {0} is addressed by hostname; resolving it is not supported")]
+    Hostname(Arc<str>),
 }
 
-/// Decides where a connection from a workload on `network` to `dst` goes.
+/// Decides where a connection from the workload `source` to `dst` goes.
 /// `pick` spreads connections to a service across its endpoints.
-pub fn route(state: &State, network: &str, dst: SocketAddr, pick: u64) -> Route {
+pub fn route(state: &State, source: &Workload, dst: SocketAddr, pick: u64) -> Route {
     if dst.ip().is_loopback() && PROXY_PORTS.contains(&dst.port()) {
         return Route::Refuse(RouteRefusal::SelfCall);
     }
-    match select_upstream(state, network, dst, pick) {
-        Destination::Workload(upstream) => match upstream.protocol() {
-            InboundProtocol::Hbone => Route::Hbone(HboneRoute {
-                dial: SocketAddr::new(upstream.addr.ip(), HBONE_PORT),
-                authority: upstream.addr,
-                expected: upstream.expected_identities(),
-                workload: upstream.workload,
-                service: upstream.service,
-            }),
-            InboundProtocol::Tcp => Route::Passthrough {
-                target: upstream.addr,
-                workload: Some(upstream.workload),
-                service: upstream.service,
-            },
-        },
+    match select_upstream(state, source, dst, pick) {
+        Destination::Workload(upstream) => {
+            let uid = || upstream.workload.uid.clone();
+            // An endpoint on another network is reached only through its
+            // network gateway, whatever its addresses (AMBIENT.md §2.1 row 4).
+            if upstream.workload.network != source.network {
+                return Route::Refuse(match upstream.workload.network_gateway {
+                    Some(_) => RouteRefusal::OtherNetwork(uid()),
+                    None => RouteRefusal::NoValidDestination(uid()),
+                });
+            }
+            let addr = match upstream.address {
+                EndpointAddress::Ip(ip) => SocketAddr::new(ip, upstream.port),
+                EndpointAddress::Hostname => return Route::Refuse(RouteRefusal::Hostname(uid())),
+                EndpointAddress::NetworkGateway | EndpointAddress::Unreachable => {
+                    return Route::Refuse(RouteRefusal::NoValidDestination(uid()));
+                }
+            };
+            match upstream.protocol() {
+                InboundProtocol::Hbone => Route::Hbone(HboneRoute {
+                    dial: SocketAddr::new(addr.ip(), HBONE_PORT),
+                    authority: addr,
+                    expected: upstream.expected_identities(),
+                    workload: upstream.workload,
+                    service: upstream.service,
+                }),
+                InboundProtocol::Tcp => Route::Passthrough {
+                    target: addr,
+                    workload: Some(upstream.workload),
+                    service: upstream.service,
+                },
+            }
+        }
         Destination::NoHealthyEndpoint { service } => {
             Route::Refuse(RouteRefusal::NoHealthyEndpoint(service.hostname.clone()))
         }
-        // A port the service does not declare reaches the VIP as is, as an
-        // unknown destination would.
-        Destination::UnknownServicePort { service, .. } => Route::Passthrough {
-            target: dst,
-            workload: None,
-            service: Some(service),
-        },
-        Destination::Unknown => Route::Passthrough {
+        Destination::Passthrough | Destination::Unknown => Route::Passthrough {
             target: dst,
             workload: None,
             service: None,
@@ -155,7 +180,8 @@ services:
     #[test]
     fn routes() {
         let state = state();
-        let route = |dst: &str| route(&state, "", dst.parse().unwrap(), 0);
+        let client = Workload::for_test("uid-client", "default", &[]);
+        let route = |dst: &str| route(&state, &client, dst.parse().unwrap(), 0);
 
         let Route::Hbone(direct) = route("198.18.1.10:8080") else {
             panic!("workload IP must tunnel");
@@ -230,5 +256,67 @@ services:
         // A non-loopback address on a proxy port is tunnelled normally; the
         // peer refuses it.
         assert!(matches!(route("198.18.1.10:15008"), Route::Hbone(_)));
+    }
+
+    #[test]
+    fn endpoints_this_proxy_cannot_reach_are_refused_and_passthrough_services_pass_through() {
+        use crate::state::{
+            GatewayAddress, GatewayDestination, LoadBalancing, LoadBalancingMode, NetworkAddress,
+        };
+        let ip = |text: &str| text.parse::<std::net::IpAddr>().unwrap();
+        let key = |text: &str| text.parse::<crate::state::NamespacedHostname>().unwrap();
+        let mut state = State::new();
+        for (hostname, vip) in [("remote", "10.96.0.1"), ("named", "10.96.0.2")] {
+            state.insert_service(Service::for_test(
+                "default",
+                hostname,
+                &[ip(vip)],
+                &[(80, 8080)],
+            ));
+        }
+        let mut open = Service::for_test("default", "open", &[ip("10.96.0.3")], &[(80, 8080)]);
+        open.load_balancing = Some(LoadBalancing {
+            mode: LoadBalancingMode::Passthrough,
+            ..LoadBalancing::default()
+        });
+        state.insert_service(open);
+        let mut remote = Workload::for_test("remote-pod", "default", &[]);
+        remote.network = "far".into();
+        remote.network_gateway = Some(Box::new(GatewayAddress {
+            destination: GatewayDestination::Address(NetworkAddress {
+                network: "far".into(),
+                address: ip("192.0.2.1"),
+            }),
+            hbone_mtls_port: 15009,
+        }));
+        remote
+            .services
+            .insert(key("default/remote"), Default::default());
+        state.insert_workload(remote);
+        let mut named = Workload::for_test("named-pod", "default", &[]);
+        named.hostname = "db.example".into();
+        named
+            .services
+            .insert(key("default/named"), Default::default());
+        state.insert_workload(named);
+
+        let client = Workload::for_test("uid-client", "default", &[]);
+        let route = |dst: &str| route(&state, &client, dst.parse().unwrap(), 0);
+        assert_eq!(
+            route("10.96.0.1:80"),
+            Route::Refuse(RouteRefusal::OtherNetwork("remote-pod".into()))
+        );
+        assert_eq!(
+            route("10.96.0.2:80"),
+            Route::Refuse(RouteRefusal::Hostname("named-pod".into()))
+        );
+        assert_eq!(
+            route("10.96.0.3:80"),
+            Route::Passthrough {
+                target: "10.96.0.3:80".parse().unwrap(),
+                workload: None,
+                service: None,
+            }
+        );
     }
 }

@@ -193,8 +193,9 @@ services:
             ("198.18.1.30:8080", Some("node-a"), false),
             ("198.19.0.20:81", Some("node-a"), false),
         ];
+        let client = crate::state::Workload::for_test("uid-client", "default", &[]);
         for (dst, node, expected) in cases {
-            let Route::Hbone(hbone) = route(&state, "", dst.parse().unwrap(), 0) else {
+            let Route::Hbone(hbone) = route(&state, &client, dst.parse().unwrap(), 0) else {
                 panic!("{dst} must tunnel");
             };
             assert_eq!(

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use super::workload::{NetworkMode, Workload};
+use super::workload::{InboundProtocol, NetworkMode, Workload};
 
 /// Every workload, by uid, by pod name and by address.
 #[derive(Clone, Debug, Default)]
@@ -27,8 +27,12 @@ pub(crate) struct Workloads {
     /// `&str`; several workloads may share a name (in other namespaces).
     by_name: HashTable<Arc<Workload>>,
     /// One entry per (network, IP) of each workload that is not on the
-    /// host network: the workload inserted last owns an address.
+    /// host network; workloads that share an address each keep theirs,
+    /// and a lookup takes the one `AddressEntry::precedence` puts first.
     by_address: HashTable<AddressEntry>,
+    /// Counts address insertions, so that among equals the workload
+    /// inserted last owns an address.
+    inserted: u32,
     /// Node → the workloads on it, for what a proxy does for its own
     /// node's workloads on each change. A node has a few hundred pods at
     /// most, so a removal's search is short; workloads without a node are
@@ -44,20 +48,21 @@ impl Workloads {
         if workload.network_mode != NetworkMode::HostNetwork {
             for (position, ip) in workload.addresses.iter().enumerate() {
                 let hash = hasher.hash_one((&*workload.network, Some(ip)));
+                // A workload has a handful of addresses at most.
+                let Ok(position) = u32::try_from(position) else {
+                    break;
+                };
+                // Wraps after 2^32 insertions; only the order of two
+                // equal claimants of one address could then come out
+                // reversed.
+                self.inserted = self.inserted.wrapping_add(1);
                 let entry = AddressEntry {
                     workload: Arc::clone(&workload),
                     position,
+                    inserted: self.inserted,
                 };
-                match self
-                    .by_address
-                    .find_mut(hash, |owner| owner.is(&workload.network, *ip))
-                {
-                    Some(owner) => *owner = entry,
-                    None => {
-                        self.by_address
-                            .insert_unique(hash, entry, |owner| owner.hash(hasher));
-                    }
-                }
+                self.by_address
+                    .insert_unique(hash, entry, |owner| owner.hash(hasher));
             }
         }
         if !workload.node.is_empty() {
@@ -116,12 +121,13 @@ impl Workloads {
             .find(self.hasher.hash_one(uid), |workload| *workload.uid == *uid)
     }
 
-    /// The workload owning `ip` (canonical) on `network`.
+    /// The workload owning `ip` (canonical) on `network`: of those that
+    /// claim it, the first by `AddressEntry::precedence`.
     pub(crate) fn by_address(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
         self.by_address
-            .find(self.hasher.hash_one((network, Some(&ip))), |owner| {
-                owner.is(network, ip)
-            })
+            .iter_hash(self.hasher.hash_one((network, Some(&ip))))
+            .filter(|owner| owner.is(network, ip))
+            .max_by_key(|owner| owner.precedence())
             .map(|owner| &owner.workload)
     }
 
@@ -153,26 +159,43 @@ impl Workloads {
 
 /// An entry of the address table: a workload and which of its addresses
 /// the entry is for, so that the table can hash the entry again when it
-/// grows.
+/// grows. Two `u32`s keep it at 16 bytes.
 #[derive(Clone, Debug)]
 struct AddressEntry {
     workload: Arc<Workload>,
-    position: usize,
+    position: u32,
+    /// The table's insertion count when it was added.
+    inserted: u32,
 }
 
 impl AddressEntry {
     /// Whether the entry is for `ip` on `network`.
     fn is(&self, network: &str, ip: IpAddr) -> bool {
-        *self.workload.network == *network
-            && self.workload.addresses.get(self.position) == Some(&ip)
+        *self.workload.network == *network && self.address() == Some(&ip)
+    }
+
+    fn address(&self) -> Option<&IpAddr> {
+        usize::try_from(self.position)
+            .ok()
+            .and_then(|position| self.workload.addresses.get(position))
+    }
+
+    /// Which of several workloads claiming one address owns it (AMBIENT.md
+    /// §4.1, as istio/ztunnel): a pod (its uid names `//Pod/`) before any
+    /// other kind, since its address is the one least open to spoofing;
+    /// then one in the mesh (HBONE), which has more to say about the
+    /// destination; then the one inserted last.
+    fn precedence(&self) -> (bool, bool, u32) {
+        (
+            self.workload.uid.contains("//Pod/"),
+            self.workload.protocol == InboundProtocol::Hbone,
+            self.inserted,
+        )
     }
 
     /// The hash it was inserted with. A stored workload never changes, so
     /// `position` is always one of its addresses.
     fn hash(&self, hasher: &RandomState) -> u64 {
-        hasher.hash_one((
-            &*self.workload.network,
-            self.workload.addresses.get(self.position),
-        ))
+        hasher.hash_one((&*self.workload.network, self.address()))
     }
 }

@@ -15,7 +15,7 @@ use super::network::{
     Cidr, GatewayAddress, NamespacedHostname, NetworkAddress, NetworkCidr,
     network_address_from_proto,
 };
-use super::workload::{PortMap, port_map_from_proto};
+use super::workload::{HealthStatus, PortMap, port_map_from_proto};
 
 /// A service: a name and VIPs in front of a set of workloads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +57,32 @@ impl Service {
             namespace: self.namespace.clone(),
             hostname: self.hostname.clone(),
         }
+    }
+
+    /// Whether a workload with `status` is stored as one of its endpoints:
+    /// a healthy one always, an unhealthy one only under `AllowAll`. The
+    /// store applies this when the workload arrives and when the service
+    /// is replaced (AMBIENT.md §4.1), not on each connection.
+    pub fn admits(&self, status: HealthStatus) -> bool {
+        status == HealthStatus::Healthy
+            || self
+                .load_balancing
+                .as_ref()
+                .is_some_and(|balancing| balancing.health_policy == HealthPolicy::AllowAll)
+    }
+
+    /// How its endpoints are chosen: `Standard` when it says nothing.
+    pub fn mode(&self) -> LoadBalancingMode {
+        self.load_balancing
+            .as_ref()
+            .map_or(LoadBalancingMode::Standard, |balancing| balancing.mode)
+    }
+
+    /// The scopes endpoints are ranked on, most significant first.
+    pub fn routing_preferences(&self) -> &[RoutingScope] {
+        self.load_balancing
+            .as_ref()
+            .map_or(&[], |balancing| &balancing.routing_preferences)
     }
 }
 
@@ -133,6 +159,18 @@ pub enum IpFamilies {
     Ipv6Only,
     /// Both.
     Dual,
+}
+
+impl IpFamilies {
+    /// Whether an endpoint address `ip` may serve the service: a family
+    /// restriction is kept only by the `*Only` values.
+    pub fn accepts(self, ip: std::net::IpAddr) -> bool {
+        match self {
+            IpFamilies::Automatic | IpFamilies::Dual => true,
+            IpFamilies::Ipv4Only => ip.is_ipv4(),
+            IpFamilies::Ipv6Only => ip.is_ipv6(),
+        }
+    }
 }
 
 /// Who may look a service up by hostname.

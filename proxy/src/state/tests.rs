@@ -191,6 +191,47 @@ fn removing_the_older_owner_of_a_shared_ip_keeps_the_newer_indexed() {
 }
 
 #[test]
+fn a_shared_ip_goes_to_a_pod_then_an_hbone_workload_then_the_last_inserted() {
+    // istiod's uids: `cluster//Pod/namespace/name` for a pod.
+    const POD: &str = "cluster1//Pod/default/";
+    const ENTRY: &str = "cluster1/networking.istio.io/WorkloadEntry/default/";
+    /// Why; the workloads inserted in order, as (name, HBONE); the one
+    /// removed after; the owner.
+    type Row<'a> = (&'a str, &'a [(&'a str, bool)], Option<&'a str>, &'a str);
+    #[rustfmt::skip]
+    let cases: &[Row] = &[
+        ("a pod over a workload entry inserted later", &[("pod", false), ("entry", false)], None, "pod"),
+        ("a pod over an HBONE workload entry", &[("entry", true), ("pod", false)], None, "pod"),
+        ("an HBONE pod over a plain pod", &[("hbone-pod", true), ("pod", false)], None, "hbone-pod"),
+        ("an HBONE entry over a plain entry", &[("hbone-entry", true), ("entry", false)], None, "hbone-entry"),
+        ("equals: the last inserted", &[("pod", false), ("pod-2", false)], None, "pod-2"),
+        ("removing the owner leaves it to the next", &[("entry", false), ("pod", false)], Some("pod"), "entry"),
+    ];
+    for (why, workloads, removed, want) in cases {
+        let uid = |name: &str| {
+            let prefix = if name.contains("pod") { POD } else { ENTRY };
+            format!("{prefix}{name}")
+        };
+        let mut state = State::new();
+        for (name, hbone) in *workloads {
+            let mut workload = Workload::for_test(&uid(name), "default", &[ip("10.0.0.1")]);
+            if *hbone {
+                workload.protocol = InboundProtocol::Hbone;
+            }
+            state.insert_workload(workload);
+        }
+        if let Some(name) = removed {
+            state.remove_workload(&uid(name));
+        }
+        assert_eq!(
+            owner(&state, "", "10.0.0.1"),
+            Some(uid(want).as_str()),
+            "{why}"
+        );
+    }
+}
+
+#[test]
 fn endpoints_come_from_workload_service_maps_in_either_arrival_order() {
     let echo = key("default/echo.default.svc.cluster.local");
     let mut state = State::new();

@@ -14,7 +14,7 @@ use crate::state::{
 };
 use crate::state::{
     Cidr, Destination, GatewayDestination, HealthStatus, InboundProtocol, NamespacedHostname,
-    NetworkMode, select_upstream,
+    NetworkMode, Workload, select_upstream,
 };
 
 const EXAMPLE: &str = r#"
@@ -423,13 +423,17 @@ fn load_reads_the_file_and_reports_a_missing_one() {
 fn the_loaded_state_routes_and_authorizes() {
     let state = parse_example().into_state();
     // The VIP reaches the one healthy endpoint, with the service's port mapping.
+    let client = Workload::for_test("uid-client", "default", &[]);
     let Destination::Workload(upstream) =
-        select_upstream(&state, "", "10.96.0.10:80".parse().unwrap(), 1)
+        select_upstream(&state, &client, "10.96.0.10:80".parse().unwrap(), 1)
     else {
         panic!("VIP should resolve");
     };
     assert_eq!(upstream.workload.name.as_ref(), "server-0");
-    assert_eq!(upstream.addr, "10.0.0.10:8080".parse().unwrap());
+    assert_eq!(
+        upstream.socket_addr(),
+        Some("10.0.0.10:8080".parse().unwrap())
+    );
     assert_eq!(upstream.expected_identities().len(), 2);
 
     // The host-network workload is stored but not found by IP.

@@ -225,3 +225,73 @@ fn bad_services_are_rejected_with_the_nack_message() {
         assert_eq!(error.to_string(), *message, "{name}");
     }
 }
+
+/// The health policy as the store applies it (AMBIENT.md §4.1): each row
+/// is a sequence of pushes, then the endpoints the service is left with.
+#[test]
+fn health_policy_table() {
+    use crate::state::{State, Workload};
+
+    enum Push {
+        Service(HealthPolicy),
+        RemoveService,
+        Workload(&'static str, HealthStatus),
+    }
+    use HealthPolicy::{AllowAll, OnlyHealthy};
+    use HealthStatus::{Healthy, Unhealthy};
+    use Push::{RemoveService, Service as Svc, Workload as Wl};
+
+    #[rustfmt::skip]
+    let cases: &[(&str, &[Push], &[&str])] = &[
+        ("healthy is an endpoint", &[Svc(OnlyHealthy), Wl("a", Healthy)], &["a"]),
+        ("unhealthy is left out", &[Svc(OnlyHealthy), Wl("a", Unhealthy)], &[]),
+        ("unhealthy is kept under ALLOW_ALL", &[Svc(AllowAll), Wl("a", Unhealthy)], &["a"]),
+        ("a push to unhealthy takes it out", &[Svc(OnlyHealthy), Wl("a", Healthy), Wl("a", Unhealthy)], &[]),
+        ("a push back to healthy puts it back", &[Svc(OnlyHealthy), Wl("a", Unhealthy), Wl("a", Healthy)], &["a"]),
+        ("ONLY_HEALTHY to ALLOW_ALL restores nothing by itself",
+            &[Svc(OnlyHealthy), Wl("a", Unhealthy), Wl("b", Healthy), Svc(AllowAll)], &["b"]),
+        ("... until the workload is pushed again",
+            &[Svc(OnlyHealthy), Wl("a", Unhealthy), Svc(AllowAll), Wl("a", Unhealthy)], &["a"]),
+        ("ALLOW_ALL to ONLY_HEALTHY filters the stored endpoints at once",
+            &[Svc(AllowAll), Wl("a", Unhealthy), Wl("b", Healthy), Svc(OnlyHealthy)], &["b"]),
+        ("workloads before their service are filtered when it arrives",
+            &[Wl("a", Unhealthy), Wl("b", Healthy), Svc(OnlyHealthy)], &["b"]),
+        ("... and all kept when it allows all",
+            &[Wl("a", Unhealthy), Wl("b", Healthy), Svc(AllowAll)], &["a", "b"]),
+        ("a service removed and pushed again is filtered again",
+            &[Svc(AllowAll), Wl("a", Unhealthy), RemoveService, Svc(OnlyHealthy)], &[]),
+    ];
+    let key: crate::state::NamespacedHostname =
+        "default/echo.default.svc.cluster.local".parse().unwrap();
+    for (why, pushes, want) in cases {
+        let mut state = State::new();
+        for push in *pushes {
+            match push {
+                Svc(policy) => {
+                    let mut service = super::Service::for_test(
+                        "default",
+                        "echo.default.svc.cluster.local",
+                        &[],
+                        &[(80, 80)],
+                    );
+                    service.load_balancing = Some(LoadBalancing {
+                        health_policy: *policy,
+                        ..LoadBalancing::default()
+                    });
+                    state.insert_service(service);
+                }
+                RemoveService => {
+                    state.remove_service(&key);
+                }
+                Wl(uid, status) => {
+                    let mut workload = Workload::for_test(uid, "default", &[]);
+                    workload.status = *status;
+                    workload.services = [(key.clone(), Default::default())].into_iter().collect();
+                    state.insert_workload(workload);
+                }
+            }
+        }
+        let endpoints: Vec<&str> = state.endpoints(&key).map(|w| &*w.uid).collect();
+        assert_eq!(endpoints, *want, "{why}");
+    }
+}

@@ -1,10 +1,16 @@
-//! Upstream selection tables.
+//! Upstream selection tables: the store's lookups, the candidates, the
+//! port and address of the chosen endpoint. Ranking and the weighted pick
+//! are tested on their own in `balance/tests.rs`; istio/ztunnel's
+//! load-balancing scenarios and the locality scenario are in
+//! `tests/istio.rs` and `tests/locality.rs`.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::*;
-use crate::state::{Cidr, NamespacedHostname, NetworkCidr, NetworkMode, Service, Workload};
-use crate::state::{HealthPolicy, LoadBalancing};
+use crate::state::{
+    Cidr, HealthStatus, NamespacedHostname, NetworkCidr, NetworkMode, Service, Workload,
+};
 
 const SVC: &str = "default/echo.default.svc.cluster.local";
 
@@ -96,7 +102,7 @@ fn mesh() -> State {
 }
 
 /// What a case expects, by names rather than whole values.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Want {
     Workload {
         uid: String,
@@ -104,7 +110,7 @@ enum Want {
         service: Option<String>,
     },
     NoHealthyEndpoint(String),
-    UnknownServicePort(String, u16),
+    Passthrough,
     Unknown,
 }
 
@@ -120,7 +126,12 @@ fn summarize(destination: &Destination) -> Want {
     match destination {
         Destination::Workload(upstream) => Want::Workload {
             uid: upstream.workload.uid.to_string(),
-            addr: upstream.addr.to_string(),
+            addr: match upstream.address {
+                EndpointAddress::Ip(ip) => SocketAddr::new(ip, upstream.port).to_string(),
+                EndpointAddress::Hostname => format!("hostname:{}", upstream.port),
+                EndpointAddress::NetworkGateway => format!("gateway:{}", upstream.port),
+                EndpointAddress::Unreachable => "unreachable".into(),
+            },
             service: upstream
                 .service
                 .as_ref()
@@ -129,11 +140,16 @@ fn summarize(destination: &Destination) -> Want {
         Destination::NoHealthyEndpoint { service } => {
             Want::NoHealthyEndpoint(service.hostname.to_string())
         }
-        Destination::UnknownServicePort { service, port } => {
-            Want::UnknownServicePort(service.hostname.to_string(), *port)
-        }
+        Destination::Passthrough => Want::Passthrough,
         Destination::Unknown => Want::Unknown,
     }
+}
+
+/// A client workload on `network`, with no locality.
+fn client(network: &str) -> Workload {
+    let mut client = Workload::for_test("client", "default", &[]);
+    client.network = network.into();
+    client
 }
 
 #[test]
@@ -151,13 +167,15 @@ fn selection_table() {
         ("unknown IP passes through", "", "192.0.2.1:443", 0, Unknown),
         ("VIP maps to the service target port", "", "10.96.0.1:80", 0, to("pod-a", "10.0.0.1:8080", echo)),
         ("endpoint's own port map wins", "", "10.96.0.1:80", 1, to("pod-b", "10.0.0.2:9090", echo)),
-        ("pick wraps around the healthy endpoints", "", "10.96.0.1:80", 2, to("pod-a", "10.0.0.1:8080", echo)),
-        ("large pick still lands on an endpoint", "", "10.96.0.1:80", u64::MAX, to("pod-b", "10.0.0.2:9090", echo)),
-        ("endpoint mapping of 0 falls back to the service's", "", "10.96.0.1:90", 1, to("pod-b", "10.0.0.2:9000", echo)),
-        ("target port 0 everywhere keeps the service port", "", "10.96.0.1:81", 0, to("pod-a", "10.0.0.1:81", echo)),
+        ("standard mode keeps an endpoint on another network", "", "10.96.0.1:80", 2, to("pod-far", "10.0.0.4:8080", echo)),
+        ("pick wraps around the endpoints", "", "10.96.0.1:80", 3, to("pod-a", "10.0.0.1:8080", echo)),
+        ("large pick still lands on an endpoint", "", "10.96.0.1:80", u64::MAX, to("pod-a", "10.0.0.1:8080", echo)),
+        ("endpoint's own mapping is taken as it came, even 0", "", "10.96.0.1:90", 1, to("pod-b", "10.0.0.2:0", echo)),
+        ("an endpoint without its own mapping takes the service's", "", "10.96.0.1:90", 0, to("pod-a", "10.0.0.1:9000", echo)),
+        ("named target port that no endpoint maps", "", "10.96.0.1:81", 0, NoHealthyEndpoint("echo.default.svc.cluster.local".into())),
         ("IPv6 VIP picks the endpoint's IPv6 address", "", "[fd00::1]:80", 0, to("pod-a", "[fd00::a]:8080", echo)),
         ("IPv6 VIP falls back to an IPv4-only endpoint", "", "[fd00::1]:80", 1, to("pod-b", "10.0.0.2:9090", echo)),
-        ("port the service lacks", "", "10.96.0.1:22", 0, UnknownServicePort("echo.default.svc.cluster.local".into(), 22)),
+        ("port the service lacks", "", "10.96.0.1:22", 0, NoHealthyEndpoint("echo.default.svc.cluster.local".into())),
         ("service without endpoints", "", "10.96.0.2:80", 0, NoHealthyEndpoint("empty.default.svc.cluster.local".into())),
         ("service with only unhealthy endpoints", "", "10.96.0.3:80", 0, NoHealthyEndpoint("lonely.default.svc.cluster.local".into())),
         ("VIP on another network is unknown", "far", "10.96.0.1:80", 0, Unknown),
@@ -166,47 +184,27 @@ fn selection_table() {
     ];
     let state = mesh();
     for (name, network, dst, pick, want) in cases {
-        let got = select_upstream(&state, network, addr(dst), pick);
+        let got = select_upstream(&state, &client(network), addr(dst), pick);
         assert_eq!(summarize(&got), want, "{name}");
     }
 }
 
 #[test]
-fn unhealthy_endpoints_are_picked_only_when_the_service_allows_all() {
-    let mut state = mesh();
-    let mut lonely = state
-        .service(&key("default/lonely.default.svc.cluster.local"))
-        .unwrap()
-        .as_ref()
-        .clone();
-    lonely.load_balancing = Some(LoadBalancing {
-        health_policy: HealthPolicy::AllowAll,
-        ..Default::default()
-    });
-    state.insert_service(lonely);
-    let got = select_upstream(&state, "", addr("10.96.0.3:80"), 7);
-    assert_eq!(
-        summarize(&got),
-        to(
-            "pod-u",
-            "10.0.0.3:80",
-            Some("lonely.default.svc.cluster.local")
-        )
-    );
+fn every_endpoint_is_reached_by_some_pick_and_no_other_workload() {
+    let state = mesh();
+    let reached = reached(&state, &client(""), "10.96.0.1:80", 16);
+    assert_eq!(reached, ["pod-a", "pod-b", "pod-far"]);
 }
 
-#[test]
-fn every_healthy_endpoint_gets_picked_and_no_other() {
-    let state = mesh();
-    let mut seen = std::collections::BTreeSet::new();
-    for pick in 0..16 {
-        if let Destination::Workload(upstream) =
-            select_upstream(&state, "", addr("10.96.0.1:80"), pick)
-        {
+/// The uids the picks `0..picks` reach at `dst` from `source`, sorted.
+fn reached(state: &State, source: &Workload, dst: &str, picks: u64) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    for pick in 0..picks {
+        if let Destination::Workload(upstream) = select_upstream(state, source, addr(dst), pick) {
             seen.insert(upstream.workload.uid.to_string());
         }
     }
-    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["pod-a", "pod-b"]);
+    seen.into_iter().collect()
 }
 
 #[test]
@@ -222,7 +220,8 @@ fn expected_identities_are_the_workload_then_the_service_sans() {
             .unwrap(),
     ];
     state.insert_service(echo);
-    let Destination::Workload(upstream) = select_upstream(&state, "", addr("10.96.0.1:80"), 0)
+    let Destination::Workload(upstream) =
+        select_upstream(&state, &client(""), addr("10.96.0.1:80"), 0)
     else {
         panic!("expected a workload");
     };
@@ -239,8 +238,13 @@ fn expected_identities_are_the_workload_then_the_service_sans() {
         ]
     );
 
-    let Destination::Workload(direct) = select_upstream(&state, "", addr("10.0.0.5:80"), 0) else {
+    let Destination::Workload(direct) =
+        select_upstream(&state, &client(""), addr("10.0.0.5:80"), 0)
+    else {
         panic!("expected a workload");
     };
     assert_eq!(direct.expected_identities().len(), 1);
 }
+
+mod istio;
+mod locality;
