@@ -1,0 +1,141 @@
+//! The client pods of the test: short-lived `ztunnel-loadgen` pods under
+//! the `client` service account, what they report, and what the server's
+//! ztunnel logged of their connections.
+
+use super::*;
+
+/// Whether the node agent marked the pod captured.
+pub(super) fn captured(pod: &PodStatus) -> bool {
+    pod.annotations["ambient.istio.io/redirection"] == "enabled"
+}
+
+/// Runs a client pod named `name` on `node` under the service account
+/// `client`, with `ztunnel-loadgen` and `args`; waits until it ends, and
+/// returns it with its report (the last line of its output).
+pub(super) fn run_client(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    args: &[&str],
+) -> (PodStatus, Value) {
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+    create_client(cluster, name, node, &args);
+    let pod = wait_client_done(cluster, name);
+    let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
+    let report = output
+        .iter()
+        .rev()
+        .find_map(|line| serde_json::from_str::<Value>(line).ok())
+        .unwrap_or(Value::Null);
+    (pod, report)
+}
+
+/// Creates a client pod named `name` on `node` under the service account
+/// `client`, running `ztunnel-loadgen` with `args`.
+pub(super) fn create_client(cluster: &RealCluster, name: &str, node: &str, args: &[String]) {
+    let image = cluster.images().reference(real_cluster::APP);
+    let args = serde_json::to_string(args).unwrap();
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: client}}}}
+spec:
+  serviceAccountName: client
+  restartPolicy: Never
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  containers:
+    - name: client
+      image: {image}
+      imagePullPolicy: Never
+      command: [ztunnel-loadgen, --quiet]
+      args: {args}
+"#
+        ))
+        .unwrap();
+}
+
+/// Waits until the client pod `name` has ended; its status.
+pub(super) fn wait_client_done(cluster: &RealCluster, name: &str) -> PodStatus {
+    let mut pod = PodStatus::default();
+    let ended = wait::until(POD_WITHIN, || {
+        pod = cluster
+            .pods(APP_NAMESPACE, "app=client")
+            .unwrap_or_default()
+            .into_iter()
+            .find(|pod| pod.name == name)
+            .unwrap_or_default();
+        pod.phase == "Succeeded" || pod.phase == "Failed"
+    });
+    assert!(
+        ended,
+        "client pod {name} did not end: {pod:?}\n{}",
+        pods_summary(cluster)
+    );
+    pod
+}
+
+/// The access log of the ztunnel on `node`.
+pub(super) fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> {
+    let pod = cluster
+        .pods(MESH_NAMESPACE, "app=ztunnel")
+        .unwrap()
+        .into_iter()
+        .find(|pod| pod.node.as_deref() == Some(node))
+        .unwrap();
+    cluster
+        .pod_output(MESH_NAMESPACE, &pod.name, "istio-proxy")
+        .unwrap()
+        .iter()
+        .filter_map(|line| AccessEntry::parse(line))
+        .collect()
+}
+
+/// The identity of the client pods' service account.
+pub(super) fn client_identity() -> String {
+    format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client")
+}
+
+/// How many connections from the client pod `client` reached the echo pod
+/// `server` through the ztunnel of `server_node` over mTLS, under the
+/// client's identity, and were served.
+pub(super) fn delivered_as_client(
+    cluster: &RealCluster,
+    server_node: &str,
+    server: &str,
+    client: &PodStatus,
+) -> usize {
+    let identity = client_identity();
+    let source = format!("{}:", client.ip.as_deref().unwrap_or("none"));
+    access_log(cluster, server_node)
+        .iter()
+        .filter(|entry| {
+            entry.direction == "inbound"
+                && entry.src_identity.as_deref() == Some(identity.as_str())
+                && entry.src_addr.starts_with(&source)
+                && entry.dst_workload.as_deref() == Some(server)
+                && entry.error.is_none()
+        })
+        .count()
+}
+
+/// The arguments of a client that opens `count` connections to `target`.
+pub(super) fn connect_args(target: &str, count: u32) -> Vec<String> {
+    [
+        "connect",
+        "--target",
+        &format!("{target}:{APP_PORT}"),
+        "--max-connections",
+        &count.to_string(),
+        "--duration",
+        "10",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+pub(super) fn as_str(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
