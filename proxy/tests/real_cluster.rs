@@ -19,7 +19,7 @@ use serde_json::Value;
 use ztunnel_test_support::cluster::AccessEntry;
 use ztunnel_test_support::helm::{self, Helm};
 use ztunnel_test_support::real_cluster::{
-    self, ClusterSpec, MESH_NAMESPACE, NOT_READY_TAINT, PodStatus, RealCluster,
+    self, ClusterSpec, LoadgenPod, MESH_NAMESPACE, NOT_READY_TAINT, PodStatus, RealCluster,
 };
 use ztunnel_test_support::wait;
 

@@ -35,12 +35,14 @@ mod containerd;
 mod control_plane;
 mod images;
 mod kubelet;
+mod loadgen;
 mod mesh;
 mod node;
 
 pub use control_plane::CLUSTER_DNS;
 pub use images::{APP, COREDNS, Images, PAUSE, PROJECT};
 pub use kubelet::container_log;
+pub use loadgen::LoadgenPod;
 pub use mesh::{MESH_NAMESPACE, NOT_READY_TAINT, RELEASE, has_condition};
 pub use node::Node;
 

@@ -3,6 +3,8 @@
 //! short-lived pods that make a step's connections. Creating them and
 //! waiting on them is `real_cluster.rs`'s business.
 
+use ztunnel_test_support::real_cluster::LoadgenPod;
+
 use super::Source;
 use crate::APP_PORT;
 
@@ -63,25 +65,14 @@ spec:
 /// `ztunnel-loadgen` from `image` with `args` once, in a container named
 /// `client`.
 pub fn client_pod(image: &str, name: &str, from: Source, args: &[&str]) -> String {
-    // A JSON array is a YAML flow sequence, with every argument quoted.
-    let args = serde_json::Value::from(args.to_vec());
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {namespace}, labels: {{run: {name}}}}}
-spec:
-  serviceAccountName: {service_account}
-  restartPolicy: Never
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  containers:
-    - name: client
-      image: {image}
-      imagePullPolicy: Never
-      command: [ztunnel-loadgen, --quiet]
-      args: {args}
-",
-        namespace = from.namespace,
-        service_account = from.service_account,
-        node = from.node,
-    )
+    LoadgenPod {
+        name,
+        namespace: from.namespace,
+        service_account: from.service_account,
+        node: from.node,
+        label: ("run", name),
+        container: "client",
+        args,
+    }
+    .yaml(image)
 }

@@ -33,27 +33,20 @@ pub(super) fn run_client(
 /// Creates a client pod named `name` on `node` under the service account
 /// `client`, running `ztunnel-loadgen` with `args`.
 pub(super) fn create_client(cluster: &RealCluster, name: &str, node: &str, args: &[String]) {
+    let pod = LoadgenPod {
+        name,
+        namespace: APP_NAMESPACE,
+        service_account: "client",
+        node,
+        label: ("app", "client"),
+        container: "client",
+        args: &as_str(args),
+    };
     let image = cluster.images().reference(real_cluster::APP);
-    let args = serde_json::to_string(args).unwrap();
     cluster
         .api()
         .unwrap()
-        .apply_server_side(&format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: client}}}}
-spec:
-  serviceAccountName: client
-  restartPolicy: Never
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  containers:
-    - name: client
-      image: {image}
-      imagePullPolicy: Never
-      command: [ztunnel-loadgen, --quiet]
-      args: {args}
-"#
-        ))
+        .apply_server_side(&pod.yaml(&image))
         .unwrap();
 }
 

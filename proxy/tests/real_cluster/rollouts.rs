@@ -38,37 +38,31 @@ impl Soaks {
         ];
         let image = cluster.images().reference(real_cluster::APP);
         for (name, node, target, _) in &pods {
-            let args = serde_json::to_string(&[
-                "soak",
-                "--target",
-                &format!("{target}:{APP_PORT}"),
-                "--connections",
-                "4",
-                "--rate",
-                "20",
-                "--duration",
-                &SOAK_DURATION_S.to_string(),
-            ])
-            .unwrap();
+            let target = format!("{target}:{APP_PORT}");
+            let duration = SOAK_DURATION_S.to_string();
+            let pod = LoadgenPod {
+                name,
+                namespace: APP_NAMESPACE,
+                service_account: "client",
+                node,
+                label: ("app", "soak"),
+                container: "soak",
+                args: &[
+                    "soak",
+                    "--target",
+                    &target,
+                    "--connections",
+                    "4",
+                    "--rate",
+                    "20",
+                    "--duration",
+                    &duration,
+                ],
+            };
             cluster
                 .api()
                 .unwrap()
-                .apply_server_side(&format!(
-                    r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {APP_NAMESPACE}, labels: {{app: soak}}}}
-spec:
-  serviceAccountName: client
-  restartPolicy: Never
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  containers:
-    - name: soak
-      image: {image}
-      imagePullPolicy: Never
-      command: [ztunnel-loadgen, --quiet]
-      args: {args}
-"#
-                ))
+                .apply_server_side(&pod.yaml(&image))
                 .unwrap();
         }
         let soaks = Soaks {
