@@ -19,6 +19,7 @@ use crate::rbac::{Policy, Scope};
 
 // Crate-visible so that conversions elsewhere share the wire helpers; the
 // public path of every type is the re-export below.
+mod gateway;
 mod index;
 pub(crate) mod intern;
 pub(crate) mod network;
@@ -27,6 +28,7 @@ mod shared;
 pub(crate) mod upstream;
 pub(crate) mod workload;
 
+pub use gateway::{GatewayTarget, find_gateway};
 pub use intern::Interner;
 pub use network::{
     Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
