@@ -9,6 +9,7 @@
 
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
@@ -81,6 +82,11 @@ pub struct Config {
     pub cluster_id: String,
     /// Trust domain of the proxy's own identity and of its peers.
     pub trust_domain: String,
+    /// The network this proxy's pods are on (`NETWORK`, default empty): it
+    /// keys every address lookup and is the `x-forwarded-network` sent
+    /// through a network gateway (AMBIENT.md §3.1). It must equal the
+    /// network the control plane gives the node's workloads.
+    pub network: Arc<str>,
     /// Node whose workloads count as local; `None` makes every workload local.
     pub node_name: Option<String>,
     /// SO_MARK on every socket the proxy opens, so capture rules skip them.
@@ -279,6 +285,10 @@ struct Args {
     /// Trust domain.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     trust_domain: String,
+    /// The network of this node's pods, as the control plane names it
+    /// (Istio's `NETWORK`, chart value `network`); empty is the default network.
+    #[arg(long, env = "NETWORK", default_value = "")]
+    network: String,
     /// Node whose workloads are local; unset makes every workload local.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
@@ -556,6 +566,7 @@ impl Args {
                 .map_or_else(|| PathBuf::from(DEFAULT_TOKEN_PATH), PathBuf::from),
             cluster_id: self.cluster_id,
             trust_domain: self.trust_domain,
+            network: self.network.into(),
             node_name: self.node_name.filter(|name| !name.is_empty()),
             packet_mark,
             worker_threads,

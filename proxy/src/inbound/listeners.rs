@@ -114,7 +114,12 @@ pub(crate) async fn open_upstream(
 ) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
-        admit(&state, "", |workload| proxy.is_local(workload), arrival)
+        admit(
+            &state,
+            &proxy.config.network,
+            |workload| proxy.is_local(workload),
+            arrival,
+        )
     };
     let mut admitted = admit_now();
     // A connection to a new pod may come before the push describing it:
@@ -181,7 +186,9 @@ fn open_report(
     same_node: bool,
 ) -> Report {
     let state = proxy.state.read();
-    let source = state.workload_by_address("", arrival.source_ip).cloned();
+    let source = state
+        .workload_by_address(&proxy.config.network, arrival.source_ip)
+        .cloned();
     let local = proxy.local_workload_in(&state);
     Report::open(
         &proxy.metrics,
