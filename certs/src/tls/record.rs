@@ -114,6 +114,21 @@ pub enum RecordError {
     /// Empty records in a row beyond reason: a peer making us spin.
     #[error("too many empty TLS records in a row (unexpected_message)")]
     TooManyEmptyRecords,
+    /// KeyUpdates beyond rustls's bound with no application data between
+    /// them: each costs a key derivation.
+    #[error("too many TLS KeyUpdates without application data (unexpected_message)")]
+    TooManyKeyUpdates,
+    /// NewSessionTickets beyond the bound with no application data between
+    /// them: each costs rustls a ticket to parse and store.
+    #[error("too many TLS session tickets without application data (unexpected_message)")]
+    TooManySessionTickets,
+    /// Warning alerts (user_canceled) beyond rustls's bound.
+    #[error("too many TLS warning alerts (unexpected_message)")]
+    TooManyWarningAlerts,
+    /// A field holds a value its message does not allow (RFC 8446 §4.6.3,
+    /// §6): named here.
+    #[error("a TLS {0} holds a value that is not allowed (illegal_parameter)")]
+    IllegalParameter(&'static str),
     /// The peer sent an error alert.
     #[error("the peer sent the TLS alert {0:?}")]
     Alert(AlertDescription),
@@ -163,7 +178,11 @@ impl RecordError {
             | RecordError::UnexpectedHandshake(_)
             | RecordError::Interleaved
             | RecordError::HandshakeTooLong(_)
-            | RecordError::TooManyEmptyRecords => Some(AlertDescription::UnexpectedMessage),
+            | RecordError::TooManyEmptyRecords
+            | RecordError::TooManyKeyUpdates
+            | RecordError::TooManySessionTickets
+            | RecordError::TooManyWarningAlerts => Some(AlertDescription::UnexpectedMessage),
+            RecordError::IllegalParameter(_) => Some(AlertDescription::IllegalParameter),
             RecordError::Malformed(_) | RecordError::SessionTicket(_) => {
                 Some(AlertDescription::DecodeError)
             }
@@ -459,6 +478,11 @@ impl Kernel {
             Kernel::Server(kernel) => kernel.update_rx_secret(),
         }
         .map_err(RecordError::KeyUpdate)
+    }
+
+    /// Whether this side takes session tickets: only a server sends them.
+    fn takes_tickets(&self) -> bool {
+        matches!(self, Kernel::Client(_))
     }
 
     /// Hands a NewSessionTicket's body to rustls's ticket store. Only a

@@ -218,6 +218,13 @@ where
             }
         }
     }
+    // Whatever rustls encoded after its last transmit (a server's session
+    // tickets come after the client's Finished) goes out before the record
+    // layer takes over, so the peer never waits for a record we dropped.
+    if !outgoing.is_empty() {
+        io.write_all(&outgoing).await?;
+        io.flush().await?;
+    }
     // The handshake's last record ends the handshake's bytes (rustls checks
     // that no message straddles the key change), so rustls holds none.
     if fed != 0 {

@@ -37,6 +37,24 @@ const HANDSHAKE_HEADER_LEN: usize = 4;
 /// application data, but a stream of them is a peer making us spin.
 const MAX_EMPTY_RECORDS: u8 = 32;
 
+/// KeyUpdates tolerated between two application data records (rustls's
+/// and BoringSSL's number): each costs a key derivation.
+const MAX_KEY_UPDATES: u8 = 32;
+
+/// NewSessionTickets tolerated between two application data records. A
+/// server sends a few after the handshake (OpenSSL two by default); rustls
+/// sets no bound, but each costs it a ticket to parse and store, so a
+/// flood is refused as a KeyUpdate flood is.
+const MAX_SESSION_TICKETS: u8 = 32;
+
+/// Warning alerts (in TLS 1.3 only user_canceled) tolerated over the
+/// connection's life (rustls's and BoringSSL's number).
+const MAX_WARNING_ALERTS: u8 = 4;
+
+/// Alert levels (RFC 8446 §6).
+const WARNING: u8 = 1;
+const FATAL: u8 = 2;
+
 /// What opening the next record did.
 pub(super) enum Opened {
     /// A record was taken: its plaintext, if any, waits for the reader,
@@ -65,6 +83,11 @@ pub(super) struct Receiver {
     handshake: Vec<u8>,
     /// Empty records received in a row.
     empty_records: u8,
+    /// KeyUpdates and NewSessionTickets since the last application data.
+    key_updates: u8,
+    session_tickets: u8,
+    /// Warning alerts received.
+    warning_alerts: u8,
     /// close_notify came: the reader sees the end of the stream, and what
     /// follows is ignored (RFC 8446 §6.1).
     closed: bool,
@@ -86,6 +109,9 @@ impl Receiver {
             plaintext: 0..0,
             handshake: Vec::new(),
             empty_records: 0,
+            key_updates: 0,
+            session_tickets: 0,
+            warning_alerts: 0,
             closed: false,
         };
         if !received.is_empty() {
@@ -177,22 +203,33 @@ impl Receiver {
         match content_type {
             APPLICATION_DATA => {
                 self.plaintext = content;
+                self.key_updates = 0;
+                self.session_tickets = 0;
                 Ok(Opened::Record)
             }
             ALERT => {
-                match self.buf.get(content) {
-                    // Warning or fatal; in TLS 1.3 the description decides
-                    // (RFC 8446 §6).
-                    Some(&[1 | 2, description]) => match AlertDescription::from(description) {
-                        AlertDescription::CloseNotify => {
-                            // Nothing buffered is read any more.
-                            self.closed = true;
-                            self.release();
+                let Some(&[level, description]) = self.buf.get(content) else {
+                    return Err(RecordError::Malformed("alert"));
+                };
+                if level != WARNING && level != FATAL {
+                    return Err(RecordError::IllegalParameter("alert level"));
+                }
+                // In TLS 1.3 the description decides, whatever the level
+                // (RFC 8446 §6), except that a user_canceled sent as fatal
+                // ends the stream, as rustls has it.
+                match AlertDescription::from(description) {
+                    AlertDescription::CloseNotify => {
+                        // Nothing buffered is read any more.
+                        self.closed = true;
+                        self.release();
+                    }
+                    AlertDescription::UserCanceled if level == WARNING => {
+                        if self.warning_alerts >= MAX_WARNING_ALERTS {
+                            return Err(RecordError::TooManyWarningAlerts);
                         }
-                        AlertDescription::UserCanceled => {}
-                        other => return Err(RecordError::Alert(other)),
-                    },
-                    _ => return Err(RecordError::Malformed("alert")),
+                        self.warning_alerts += 1;
+                    }
+                    other => return Err(RecordError::Alert(other)),
                 }
                 Ok(Opened::Record)
             }
@@ -217,9 +254,10 @@ impl Receiver {
         {
             let len = u32::from_be_bytes([0, len_high, len_mid, len_low]);
             let len = usize::try_from(len).unwrap_or(usize::MAX);
-            if len > MAX_HANDSHAKE_MESSAGE {
-                return Err(RecordError::HandshakeTooLong(len));
-            }
+            // The type and length are checked at the header, before a body
+            // is waited for: no bytes are buffered for a message that will
+            // be refused.
+            Self::check_handshake_header(kernel, message_type, len)?;
             let body_start = offset + HANDSHAKE_HEADER_LEN;
             let Some(body) = self.handshake.get(body_start..body_start + len) else {
                 break;
@@ -227,10 +265,15 @@ impl Receiver {
             offset = body_start + len;
             match message_type {
                 KEY_UPDATE => {
+                    Self::count(
+                        &mut self.key_updates,
+                        MAX_KEY_UPDATES,
+                        RecordError::TooManyKeyUpdates,
+                    )?;
                     let requested = match body {
                         [0] => false,
                         [1] => true,
-                        _ => return Err(RecordError::Malformed("KeyUpdate")),
+                        _ => return Err(RecordError::IllegalParameter("KeyUpdate request")),
                     };
                     // The next record is sealed with the new key, so
                     // nothing may follow in this one (RFC 8446 §5.1).
@@ -243,7 +286,14 @@ impl Receiver {
                         opened = Opened::UpdateRequested;
                     }
                 }
-                NEW_SESSION_TICKET => kernel.session_ticket(body)?,
+                NEW_SESSION_TICKET => {
+                    Self::count(
+                        &mut self.session_tickets,
+                        MAX_SESSION_TICKETS,
+                        RecordError::TooManySessionTickets,
+                    )?;
+                    kernel.session_ticket(body)?;
+                }
                 other => return Err(RecordError::UnexpectedHandshake(other)),
             }
         }
@@ -252,6 +302,38 @@ impl Receiver {
             self.handshake = Vec::new();
         }
         Ok(opened)
+    }
+
+    /// Refuses a post-handshake message at its header: a type other than
+    /// KeyUpdate and (to a client) NewSessionTicket, a KeyUpdate body that
+    /// is not one byte, a message longer than rustls takes. Called again
+    /// for a message whose body is still coming, so it counts nothing.
+    fn check_handshake_header(
+        kernel: &Kernel,
+        message_type: u8,
+        len: usize,
+    ) -> Result<(), RecordError> {
+        match message_type {
+            KEY_UPDATE if len != 1 => Err(RecordError::Malformed("KeyUpdate")),
+            KEY_UPDATE => Ok(()),
+            NEW_SESSION_TICKET if kernel.takes_tickets() => {
+                if len > MAX_HANDSHAKE_MESSAGE {
+                    return Err(RecordError::HandshakeTooLong(len));
+                }
+                Ok(())
+            }
+            other => Err(RecordError::UnexpectedHandshake(other)),
+        }
+    }
+
+    /// Counts one more KeyUpdate or NewSessionTicket since the last
+    /// application data; past `max`, the peer is flooding: `error`.
+    fn count(counter: &mut u8, max: u8, error: RecordError) -> Result<(), RecordError> {
+        if *counter >= max {
+            return Err(error);
+        }
+        *counter += 1;
+        Ok(())
     }
 
     /// Reads more from `io` after the unopened bytes; `Ok(false)` at the

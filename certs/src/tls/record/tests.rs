@@ -492,6 +492,42 @@ async fn close_notify_either_way_is_the_end_of_the_stream_on_the_other_side() {
 }
 
 #[tokio::test]
+async fn a_stock_peer_updating_its_key_32_times_between_data_is_read_and_33_times_is_cut_off() {
+    // Our server, a stock client updating its key with no data between.
+    let (mut ours, _, mut theirs, _) = stock_to_ours(client_tls(), server_tls()).await;
+    for _ in 0..2 {
+        for _ in 0..32 {
+            theirs.get_mut().1.refresh_traffic_keys().unwrap();
+        }
+        send(&mut theirs, &mut ours, 1000, &RECORD_CUTS).await;
+    }
+    for _ in 0..33 {
+        theirs.get_mut().1.refresh_traffic_keys().unwrap();
+    }
+    theirs.write_all(b"late").await.unwrap();
+    theirs.flush().await.unwrap();
+    let error = ours.read(&mut [0; 16]).await.unwrap_err();
+    assert_eq!(record_error(&error), Some(&RecordError::TooManyKeyUpdates));
+    // The stock client hears why.
+    let mut rest = Vec::new();
+    let stock = theirs.read_to_end(&mut rest).await.unwrap_err();
+    assert!(
+        stock.to_string().contains("UnexpectedMessage"),
+        "the stock client was told: {stock}"
+    );
+}
+
+#[tokio::test]
+async fn a_stock_server_flooding_session_tickets_is_cut_off() {
+    let (mut ours, _, _theirs, _) = ours_to_stock(server_tls_with_tickets(33)).await;
+    let error = ours.read(&mut [0; 16]).await.unwrap_err();
+    assert_eq!(
+        record_error(&error),
+        Some(&RecordError::TooManySessionTickets)
+    );
+}
+
+#[tokio::test]
 async fn our_client_takes_the_stock_servers_session_tickets_in_stride() {
     let (ours, _, theirs, _) = ours_to_stock(server_tls_with_tickets(4)).await;
     exchange(ours, theirs, 1 << 20).await;

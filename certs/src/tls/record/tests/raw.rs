@@ -206,7 +206,36 @@ async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_ca
         (
             "a KeyUpdate with a request of 2",
             |peer| (peer.record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 2]), false),
+            RecordError::IllegalParameter("KeyUpdate request"),
+        ),
+        (
+            "a KeyUpdate of two bytes",
+            |peer| (peer.record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 2, 0, 0]), false),
             RecordError::Malformed("KeyUpdate"),
+        ),
+        (
+            "a record sealed with the old key after a KeyUpdate",
+            |peer| {
+                let update = peer.record(HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 0]);
+                let stale = peer.record(APPLICATION_DATA, b"old key");
+                ([update, stale].concat(), false)
+            },
+            RecordError::BadRecordMac,
+        ),
+        (
+            "the header of a Finished whose body never comes",
+            |peer| (peer.record(HANDSHAKE, &[20, 0, 0x10, 0]), false),
+            RecordError::UnexpectedHandshake(20),
+        ),
+        (
+            "33 session tickets without application data",
+            |peer| {
+                let ticket =
+                    [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+                let records = (0..33).map(|_| peer.record(HANDSHAKE, &ticket));
+                (records.collect::<Vec<_>>().concat(), false)
+            },
+            RecordError::TooManySessionTickets,
         ),
         (
             "a KeyUpdate with more after it in its record",
@@ -219,7 +248,9 @@ async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_ca
         (
             "application data between a ticket's fragments",
             |peer| {
-                let first = peer.record(HANDSHAKE, &TICKET[..6]);
+                let ticket =
+                    [&[NEW_SESSION_TICKET, 0, 0, TICKET.len() as u8][..], &TICKET].concat();
+                let first = peer.record(HANDSHAKE, &ticket[..6]);
                 let data = peer.record(APPLICATION_DATA, b"x");
                 ([first, data].concat(), false)
             },
@@ -249,6 +280,24 @@ async fn a_peer_breaking_the_record_protocol_fails_the_stream_and_every_later_ca
             "an alert of three bytes",
             |peer| (peer.record(ALERT, &[1, 0, 0]), false),
             RecordError::Malformed("alert"),
+        ),
+        (
+            "an alert of an unknown level",
+            |peer| (peer.record(ALERT, &[3, 90]), false),
+            RecordError::IllegalParameter("alert level"),
+        ),
+        (
+            "a user_canceled sent as fatal",
+            |peer| (peer.record(ALERT, &[2, 90]), false),
+            RecordError::Alert(AlertDescription::UserCanceled),
+        ),
+        (
+            "five user_canceled warnings",
+            |peer| {
+                let records = (0..5).map(|_| peer.record(ALERT, &[1, 90]));
+                (records.collect::<Vec<_>>().concat(), false)
+            },
+            RecordError::TooManyWarningAlerts,
         ),
         (
             "33 empty records in a row",
