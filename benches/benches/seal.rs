@@ -1,8 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // bench set-up: a panic is a failed run
 //! AES-GCM record sealing through rustls, aws-lc-rs against ring: the number
-//! behind choosing aws-lc-rs as the one provider (ARCHITECTURE.md); and the
-//! project's suites (`ours`: aws-lc-rs with our record encrypter,
-//! `certs/src/tls/seal.rs`) against aws-lc-rs's own.
+//! behind choosing aws-lc-rs as the one provider (ARCHITECTURE.md).
 //!
 //! Each provider gets an in-memory TLS 1.3 client/server pair limited to one
 //! suite. `seal` measures the sender alone: plaintext in, records out into a
@@ -15,8 +13,8 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rustls::crypto::CryptoProvider;
-use rustls::{CipherSuite, ServerConnection, SupportedCipherSuite};
 use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig};
+use rustls::{ServerConnection, SupportedCipherSuite};
 use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 
 /// The largest TLS record payload: a tunnel under load fills every record.
@@ -123,8 +121,8 @@ fn transfer(from: &mut Connection, to: &mut Connection, wire: &mut Vec<u8>) {
     }
 }
 
-/// The providers and suites compared: aws-lc-rs's suites and the project's
-/// own, in the project's provider, and ring's.
+/// The providers and suites compared: the project's provider (aws-lc-rs's
+/// own suites) and ring's.
 fn contenders() -> Vec<(
     &'static str,
     &'static str,
@@ -133,26 +131,7 @@ fn contenders() -> Vec<(
 )> {
     use rustls::crypto::{aws_lc_rs, ring};
     let ours = || Arc::unwrap_or_clone(ztunnel_certs::tls::provider());
-    let our_suite = |id| {
-        *ours()
-            .cipher_suites
-            .iter()
-            .find(|suite| suite.suite() == id)
-            .unwrap()
-    };
     vec![
-        (
-            "ours",
-            "AES_128_GCM",
-            ours(),
-            our_suite(CipherSuite::TLS13_AES_128_GCM_SHA256),
-        ),
-        (
-            "ours",
-            "AES_256_GCM",
-            ours(),
-            our_suite(CipherSuite::TLS13_AES_256_GCM_SHA384),
-        ),
         (
             "aws-lc-rs",
             "AES_128_GCM",

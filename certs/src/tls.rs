@@ -3,8 +3,8 @@
 //!
 //! The dialing side is `tls/client.rs`, the accepting side `tls/server.rs`,
 //! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`,
-//! the cipher suites' record encrypter `tls/seal.rs`, and the record layer
-//! that takes over an established connection from rustls `tls/record.rs`.
+//! and the record layer that takes over an established connection from
+//! rustls `tls/record.rs`.
 
 use std::sync::Arc;
 
@@ -13,7 +13,6 @@ use rustls::crypto::CryptoProvider;
 mod client;
 pub mod record;
 mod roots;
-mod seal;
 mod server;
 mod verify;
 
@@ -43,13 +42,14 @@ pub enum TlsError {
 }
 
 /// The crypto provider every TLS config in the project uses: aws-lc-rs,
-/// limited to the TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20), whose
-/// records are sealed without copying their plaintext (`tls/seal.rs`).
+/// limited to its own TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20).
+/// rustls's record encryption serves only the handshake and stock peers in
+/// tests: the data path seals its records itself (`tls/record.rs`).
 pub fn provider() -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites = vec![
-        seal::TLS13_AES_256_GCM_SHA384,
-        seal::TLS13_AES_128_GCM_SHA256,
+        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
+        rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
     ];
     Arc::new(provider)
 }
