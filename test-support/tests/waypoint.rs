@@ -3,7 +3,7 @@
 //! through the east-west gateway, with certificates from one generated root,
 //! and the refusals a test of the mesh relies on hold: a denied identity, an
 //! unknown authority, an upstream of the wrong identity, TLS 1.2, another
-//! trust domain. One test runs them inside a namespace, as the tests of
+//! trust domain, another root. One test runs them inside a namespace, as the tests of
 //! the netns cluster will.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
@@ -16,10 +16,11 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls::sign::SingleCertAndKey;
 use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::client_config;
-use ztunnel_test_support::ca::TestRoot;
+use ztunnel_test_support::ca::{TestRoot, foreign_certificate};
 use ztunnel_test_support::netns::{self, NetNs};
 use ztunnel_test_support::waypoint::hbone::{self, HboneError};
 use ztunnel_test_support::waypoint::{
@@ -258,21 +259,38 @@ async fn an_unknown_authority_or_an_unreachable_upstream_is_answered_503() {
 }
 
 #[tokio::test]
-async fn a_client_of_another_trust_domain_is_refused_at_the_handshake() {
+async fn clients_of_another_trust_domain_or_root_are_refused_at_the_handshake() {
     let mesh = Mesh::new();
     let server = mesh.server();
     let waypoint = mesh.waypoint(&server);
-    // Signed by the mesh's own root, so only the trust domain is wrong.
-    let client = mesh
-        .root
-        .issue(&Identity::new("other.example", "ns1", "client").unwrap())
-        .unwrap();
-
-    let refused = dial(&waypoint, &client, SERVICE_VIP, HeaderMap::new())
+    let other_domain = Identity::new("other.example", "ns1", "client").unwrap();
+    // (presented certificate, why); each client trusts the mesh's root, so
+    // only the waypoint's check of the client can refuse it.
+    let cases = [
+        (
+            mesh.root.issue(&other_domain).unwrap(),
+            "our root, another trust domain",
+        ),
+        (
+            foreign_certificate(&identity("client")).unwrap(),
+            "another root",
+        ),
+    ];
+    for (presented, why) in cases {
+        let mut config = client_config(&mesh.cert("client"), vec![identity("waypoint")]).unwrap();
+        config.client_auth_cert_resolver = Arc::new(SingleCertAndKey::from(Arc::clone(
+            presented.certified_key(),
+        )));
+        let refused = hbone::dial(
+            waypoint.addr(),
+            Arc::new(config),
+            SERVICE_VIP,
+            HeaderMap::new(),
+        )
         .await
-        .unwrap_err();
-
-    assert_eq!(refused.status(), None, "refused before any CONNECT");
+        .expect_err(why);
+        assert_eq!(refused.status(), None, "{why}: refused before any CONNECT");
+    }
     assert!(waypoint.records().is_empty());
     assert!(server.records().is_empty());
 }
