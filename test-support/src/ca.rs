@@ -98,13 +98,9 @@ impl TestCa {
     ) -> anyhow::Result<Self> {
         ztunnel_certs::tls::install_provider();
         let dir = tempfile::tempdir()?;
-        let root = generate_root(trust_domain, SystemTime::now())?;
-        std::fs::write(dir.path().join("root-cert.pem"), &root.cert_pem)?;
-        let issuer = Arc::new(Issuer::new(&SigningMaterial {
-            root_cert_pem: root.cert_pem,
-            root_key_pem: Some(root.key_pem),
-            ..SigningMaterial::default()
-        })?);
+        let issuer = root_issuer(trust_domain)?;
+        std::fs::write(dir.path().join("root-cert.pem"), issuer.root_bundle_pem())?;
+        let issuer = Arc::new(issuer);
         std::fs::write(dir.path().join("pods.yaml"), pods)?;
         let mut ca = TestCa {
             addr,
@@ -260,13 +256,40 @@ impl Drop for TestCa {
 
 /// A certificate for `identity` from a root of its own, unknown to the mesh.
 pub fn foreign_certificate(identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
-    let root = generate_root(identity.trust_domain(), SystemTime::now())?;
-    let issuer = Issuer::new(&SigningMaterial {
+    TestRoot::generate(identity.trust_domain())?.issue(identity)
+}
+
+/// A generated root that signs workload certificates directly, with no CA
+/// service, namespace or authorization: for tests of TLS peers on loopback
+/// (`crate::waypoint`), whose certificates need only share a root.
+pub struct TestRoot {
+    issuer: Issuer,
+}
+
+impl TestRoot {
+    /// Generates a root named after `trust_domain`.
+    pub fn generate(trust_domain: &str) -> anyhow::Result<TestRoot> {
+        Ok(TestRoot {
+            issuer: root_issuer(trust_domain)?,
+        })
+    }
+
+    /// Signs a certificate for `identity`, of any trust domain: one outside
+    /// the root's own is how a test makes a peer whose chain verifies but
+    /// whose trust domain a server must refuse.
+    pub fn issue(&self, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
+        issue_with(&self.issuer, identity)
+    }
+}
+
+/// An issuer signing with a newly generated root.
+fn root_issuer(trust_domain: &str) -> anyhow::Result<Issuer> {
+    let root = generate_root(trust_domain, SystemTime::now())?;
+    Ok(Issuer::new(&SigningMaterial {
         root_cert_pem: root.cert_pem,
         root_key_pem: Some(root.key_pem),
         ..SigningMaterial::default()
-    })?;
-    issue_with(&issuer, identity)
+    })?)
 }
 
 fn issue_with(issuer: &Issuer, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {

@@ -1,9 +1,10 @@
 //! Test support: real topologies for end-to-end tests. Network namespaces
 //! joined by veth pairs (198.18.0.0/15 addresses only), iptables capture
 //! rules, helpers to run code or processes inside a namespace, pods' pause
-//! processes in cgroups named after the pod, and a real Kubernetes API
-//! server (etcd and kube-apiserver). Nothing here is compiled into the
-//! product.
+//! processes in cgroups named after the pod, a real Kubernetes API
+//! server (etcd and kube-apiserver), and HBONE peers that stand in for
+//! Envoy (a waypoint, an east-west gateway, an echo destination). Nothing
+//! here is compiled into the product.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -18,3 +19,4 @@ pub mod pause;
 pub mod ports;
 pub mod real_cluster;
 pub mod wait;
+pub mod waypoint;
