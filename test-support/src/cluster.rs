@@ -296,6 +296,12 @@ impl Cluster {
         &mut self.mesh
     }
 
+    /// The cluster's CA: certificates it issues are trusted by every
+    /// ztunnel, as a test's own mesh peers (a waypoint) need.
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
+    }
+
     /// The API server the control plane reads, when it reads Kubernetes.
     pub fn kube(&self) -> Option<&ClusterApi> {
         self.kube.as_ref()
