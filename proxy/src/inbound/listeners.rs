@@ -112,6 +112,20 @@ pub(crate) async fn open_upstream(
     direction_peer: Option<&Identity>,
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
+    let authority = Authority::Address(arrival.target);
+    open_upstream_for(proxy, arrival, &authority, direction_peer, same_node).await
+}
+
+/// [`open_upstream`] for a connection asking for `authority`, which an
+/// HBONE CONNECT names (an address the connection may not have arrived
+/// on, or a service hostname).
+async fn open_upstream_for(
+    proxy: &Proxy,
+    arrival: &Arrival,
+    authority: &Authority,
+    direction_peer: Option<&Identity>,
+    same_node: bool,
+) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
         admit(
@@ -119,6 +133,7 @@ pub(crate) async fn open_upstream(
             &proxy.config.network,
             |workload| proxy.is_local(workload),
             arrival,
+            authority,
         )
     };
     let mut admitted = admit_now();
@@ -142,6 +157,7 @@ pub(crate) async fn open_upstream(
     let Admitted {
         workload,
         upstream,
+        proxy_destination: _,
         connection,
         dry_run,
     } = admitted;
@@ -245,19 +261,25 @@ impl InboundHandler for HboneInbound {
     type Upstream = AppConnection;
 
     async fn open(&self, request: &InboundRequest) -> Result<AppConnection, InboundRefusal> {
-        let Authority::Address(target) = &request.authority else {
-            return Err(InboundRefusal::Unavailable(
-                "hostname authorities are not served",
-            ));
+        let local_ip = canonical(request.local_addr).ip();
+        let (authority, target) = match &request.authority {
+            Authority::Address(address) => {
+                let address = canonical(*address);
+                (Authority::Address(address), address)
+            }
+            Authority::Hostname { port, .. } => {
+                (request.authority.clone(), SocketAddr::new(local_ip, *port))
+            }
         };
         let arrival = Arrival {
             peer_identity: Some(request.peer_identity.clone()),
             source_ip: canonical(request.peer_addr).ip(),
             source_port: request.peer_addr.port(),
-            local_ip: canonical(request.local_addr).ip(),
-            target: canonical(*target),
+            local_ip,
+            target,
         };
-        open_upstream(&self.proxy, &arrival, Some(&request.peer_identity), false).await
+        let peer = Some(&request.peer_identity);
+        open_upstream_for(&self.proxy, &arrival, &authority, peer, false).await
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {
