@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +26,7 @@ use crate::hbone::{
     Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
 };
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit};
+use crate::inbound::proxy_protocol::{self, HeaderError};
 use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
@@ -73,12 +74,26 @@ impl crate::copy::Side for AppConnection {}
 
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
-#[error("dialing the application at {addr}")]
-pub struct DialError {
-    /// The application address.
-    addr: SocketAddr,
-    /// What failed.
-    source: io::Error,
+pub enum DialError {
+    /// The connect failed or timed out.
+    #[error("dialing the application at {addr}")]
+    Connect {
+        /// The address dialled.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
+    /// The PROXY header could not be built.
+    #[error("building the PROXY header")]
+    Header(#[source] HeaderError),
+    /// The PROXY header could not be written.
+    #[error("writing the PROXY header to {addr}")]
+    WriteHeader {
+        /// The address dialled.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
 }
 
 impl AppConnection {
@@ -154,36 +169,25 @@ async fn open_upstream_for(
             return Err(answer.refusal);
         }
     };
-    let Admitted {
-        workload,
-        upstream,
-        proxy_destination: _,
-        connection,
-        dry_run,
-    } = admitted;
-    for matched in dry_run {
+    for matched in &admitted.dry_run {
         tracing::info!(?matched, "dry-run policy matched");
     }
-    let report = open_report(proxy, arrival, Some(&workload), direction_peer, same_node);
-    let dial = async {
-        let socket = proxy.sockets.upstream_socket(upstream, arrival.source_ip)?;
-        socket.connect(upstream).await
-    };
-    let dialed = tokio::time::timeout(CONNECT_TIMEOUT, dial)
-        .await
-        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()));
-    let stream = match dialed {
+    let report = open_report(
+        proxy,
+        arrival,
+        Some(&admitted.workload),
+        direction_peer,
+        same_node,
+    );
+    let stream = match dial(proxy, arrival, &admitted).await {
         Ok(stream) => stream,
-        Err(source) => {
+        Err(error) => {
             let answer = RefusalAnswer::UNREACHABLE;
-            let error = DialError {
-                addr: upstream,
-                source,
-            };
             report.refused(answer.flags, &error);
             return Err(answer.refusal);
         }
     };
+    let connection = admitted.connection;
     let stop = proxy.drain.stop_token();
     let tracked = proxy.tracker.track(connection, stop.clone());
     Ok(AppConnection {
@@ -192,6 +196,44 @@ async fn open_upstream_for(
         stop,
         tracked,
     })
+}
+
+/// Connects the admitted connection's application: a PROXY tunnel on
+/// loopback (`LOCALHOST_APP_TUNNEL`) from loopback, else the upstream from
+/// the client's IP where the sockets allow. A PROXY tunnel is sent its
+/// header at once, before the client's 200 and so before any tunnelled
+/// byte: the application reads the same bytes as if it came after, and a
+/// header that cannot be written is answered 503 rather than cut after a 200.
+async fn dial(
+    proxy: &Proxy,
+    arrival: &Arrival,
+    admitted: &Admitted,
+) -> Result<TcpStream, DialError> {
+    let loopback = admitted.loopback_dial(proxy.config.localhost_app_tunnel);
+    let addr = loopback.unwrap_or(admitted.upstream);
+    let connect = async {
+        let socket = match loopback {
+            Some(loopback) => proxy.sockets.tcp_socket(loopback, Some(loopback.ip()))?,
+            None => proxy.sockets.upstream_socket(addr, arrival.source_ip)?,
+        };
+        socket.connect(addr).await
+    };
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
+        .map_err(|source| DialError::Connect { addr, source })?;
+    if let Some(destination) = admitted.proxy_destination {
+        let source = SocketAddr::new(arrival.source_ip, arrival.source_port);
+        let identity = arrival.peer_identity.as_ref().map(Identity::as_str);
+        let mut header = Vec::new();
+        proxy_protocol::encode(&mut header, source, destination, identity)
+            .map_err(DialError::Header)?;
+        tokio::time::timeout(CONNECT_TIMEOUT, stream.write_all(&header))
+            .await
+            .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
+            .map_err(|source| DialError::WriteHeader { addr, source })?;
+    }
+    Ok(stream)
 }
 
 fn open_report(
