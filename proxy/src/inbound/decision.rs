@@ -331,6 +331,26 @@ fn header_destination(
     }
 }
 
+/// The workload the connection's source is reported as: the one owning
+/// the source IP on our network, unless `forwarded_network` (the CONNECT's
+/// `x-forwarded-network`) names another network, case aside: the
+/// connection then came through a network gateway, whose IP the source is,
+/// and the client's workload is unknown here (AMBIENT.md §3.5).
+/// Authorization is not affected: it sees that IP with the peer's identity.
+pub fn source_workload(
+    state: &State,
+    network: &str,
+    source_ip: IpAddr,
+    forwarded_network: Option<&str>,
+) -> Option<Arc<Workload>> {
+    let through_gateway =
+        forwarded_network.is_some_and(|forwarded| !forwarded.eq_ignore_ascii_case(network));
+    if through_gateway {
+        return None;
+    }
+    state.workload_by_address(network, source_ip).cloned()
+}
+
 /// Re-checks an open connection after a policy change.
 pub fn still_allowed(state: &State, connection: &Connection) -> Result<(), DenyReason> {
     let Some(workload) = state.workload(&connection.destination_workload) else {

@@ -23,9 +23,10 @@ use crate::access_log::{self, Direction};
 use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
+    Authority, InboundHandler, InboundRefusal, InboundRequest, X_FORWARDED_NETWORK, accept_tls,
+    serve_connection,
 };
-use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit};
+use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
 use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
@@ -128,16 +129,18 @@ pub(crate) async fn open_upstream(
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
     let authority = Authority::Address(arrival.target);
-    open_upstream_for(proxy, arrival, &authority, direction_peer, same_node).await
+    open_upstream_for(proxy, arrival, &authority, None, direction_peer, same_node).await
 }
 
 /// [`open_upstream`] for a connection asking for `authority`, which an
 /// HBONE CONNECT names (an address the connection may not have arrived
-/// on, or a service hostname).
+/// on, or a service hostname), with the network it says it was forwarded
+/// from (`x-forwarded-network`).
 async fn open_upstream_for(
     proxy: &Proxy,
     arrival: &Arrival,
     authority: &Authority,
+    forwarded_network: Option<&str>,
     direction_peer: Option<&Identity>,
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
@@ -164,7 +167,12 @@ async fn open_upstream_for(
             let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
             let answer = refusal.answer();
-            let report = open_report(proxy, arrival, None, direction_peer, same_node);
+            let ends = Ends {
+                workload: None,
+                peer: direction_peer,
+                forwarded_network,
+            };
+            let report = open_report(proxy, arrival, ends, same_node);
             report.refused(answer.flags, &refusal);
             return Err(answer.refusal);
         }
@@ -172,13 +180,12 @@ async fn open_upstream_for(
     for matched in &admitted.dry_run {
         tracing::info!(?matched, "dry-run policy matched");
     }
-    let report = open_report(
-        proxy,
-        arrival,
-        Some(&admitted.workload),
-        direction_peer,
-        same_node,
-    );
+    let ends = Ends {
+        workload: Some(&admitted.workload),
+        peer: direction_peer,
+        forwarded_network,
+    };
+    let report = open_report(proxy, arrival, ends, same_node);
     let stream = match dial(proxy, arrival, &admitted).await {
         Ok(stream) => stream,
         Err(error) => {
@@ -236,17 +243,27 @@ async fn dial(
     Ok(stream)
 }
 
-fn open_report(
-    proxy: &Proxy,
-    arrival: &Arrival,
-    workload: Option<&crate::state::Workload>,
-    peer: Option<&Identity>,
-    same_node: bool,
-) -> Report {
+/// What a report of an inbound connection says of its ends beyond the
+/// arrival.
+struct Ends<'a> {
+    /// The admitted local workload; `None` when refused before it was found.
+    workload: Option<&'a crate::state::Workload>,
+    /// The peer's identity, reported on both ends.
+    peer: Option<&'a Identity>,
+    /// The CONNECT's `x-forwarded-network`: another network than ours
+    /// leaves the source workload unknown.
+    forwarded_network: Option<&'a str>,
+}
+
+fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool) -> Report {
+    let Ends {
+        workload,
+        peer,
+        forwarded_network,
+    } = ends;
     let state = proxy.state.read();
-    let source = state
-        .workload_by_address(&proxy.config.network, arrival.source_ip)
-        .cloned();
+    let network = &proxy.config.network;
+    let source = source_workload(&state, network, arrival.source_ip, forwarded_network);
     let local = proxy.local_workload_in(&state);
     Report::open(
         &proxy.metrics,
@@ -321,7 +338,13 @@ impl InboundHandler for HboneInbound {
             target,
         };
         let peer = Some(&request.peer_identity);
-        open_upstream_for(&self.proxy, &arrival, &authority, peer, false).await
+        // Not visible ASCII: no network we could be named by, as if absent.
+        let forwarded_network = request
+            .headers
+            .get(X_FORWARDED_NETWORK)
+            .and_then(|value| value.to_str().ok());
+        let proxy = &self.proxy;
+        open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {

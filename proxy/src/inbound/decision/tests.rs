@@ -446,3 +446,32 @@ fn a_hostname_prefers_the_service_in_the_local_namespace_and_its_own_port_mappin
     let admitted = admit(&state, "", |_| true, &arrival, &authority).unwrap();
     assert_eq!(admitted.upstream, SocketAddr::new(ip(SERVER), 7070));
 }
+
+/// The receiving half of istio/ztunnel's `test_x_forwarded_network_header`
+/// (AMBIENT.md §3.5): a CONNECT forwarded from another network came
+/// through its gateway, so the source IP is the gateway's and names no
+/// client workload.
+#[test]
+fn a_connect_from_another_network_has_no_source_workload() {
+    let mut state = State::new();
+    let mut client = Workload::for_test("client", "default", &[ip(CLIENT)]);
+    client.network = "net-a".into();
+    state.insert_workload(client);
+    let cases = [
+        ("no header: the source is looked up", None, Some("client")),
+        ("our network", Some("net-a"), Some("client")),
+        ("our network, case aside", Some("NET-A"), Some("client")),
+        ("another network", Some("net-b"), None),
+        ("an empty name is another network", Some(""), None),
+    ];
+    for (why, forwarded, expected) in cases {
+        let source = source_workload(&state, "net-a", ip(CLIENT), forwarded);
+        let uid = source.as_ref().map(|workload| workload.uid.as_ref());
+        assert_eq!(uid, expected, "{why}");
+    }
+    let on_the_default_network = source_workload(&state, "", ip(CLIENT), None);
+    assert!(
+        on_the_default_network.is_none(),
+        "IPs are looked up per network"
+    );
+}
