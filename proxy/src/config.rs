@@ -115,6 +115,10 @@ pub struct Config {
     /// The most HBONE connections one inbound listener holds between
     /// accept and the end of their TLS handshake; more are closed at once.
     pub max_pending_handshakes: usize,
+    /// Whether an application tunnel speaking PROXY is dialled on loopback
+    /// (`LOCALHOST_APP_TUNNEL`), so that its listener need not be reachable
+    /// from the pod network; the header carries the real addresses.
+    pub localhost_app_tunnel: bool,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
 }
@@ -379,6 +383,10 @@ struct Args {
     /// closed at once and counted in `ztunnel_handshakes_refused_total`.
     #[arg(long, env = "MAX_PENDING_HANDSHAKES", default_value_t = 4096)]
     max_pending_handshakes: usize,
+    /// Dial a workload's PROXY application tunnel on 127.0.0.1 or ::1
+    /// rather than its pod IP.
+    #[arg(long, env = "LOCALHOST_APP_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
+    localhost_app_tunnel: bool,
     /// Shared mode: the node agent's ZDS socket.
     #[arg(
         long,
@@ -615,6 +623,7 @@ impl Args {
                 }
                 limit => limit,
             },
+            localhost_app_tunnel: self.localhost_app_tunnel,
             inpod: InpodSettings {
                 uds: self.inpod_uds,
                 port_reuse: self.inpod_port_reuse,

@@ -23,8 +23,8 @@ mod stream;
 
 pub use client::{HboneConnection, HboneError, connect};
 pub use headers::{
-    BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, baggage, connect_headers,
-    forwarded, traceparent,
+    BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, X_FORWARDED_NETWORK, baggage,
+    connect_headers, forwarded, traceparent,
 };
 pub use server::{
     InboundHandler, InboundRefusal, InboundRequest, ServerError, accept_tls, serve_connection,

@@ -5,4 +5,5 @@
 
 pub mod decision;
 pub mod listeners;
+pub mod proxy_protocol;
 pub mod tracker;

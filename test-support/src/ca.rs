@@ -96,6 +96,21 @@ impl TestCa {
         trust_domain: &str,
         pods: &str,
     ) -> anyhow::Result<Self> {
+        Self::start_in(Some(ns), addr, trust_domain, pods)
+    }
+
+    /// [`TestCa::start`] in the test's own network namespace, for tests on
+    /// loopback that need no topology.
+    pub fn start_here(addr: SocketAddr, trust_domain: &str, pods: &str) -> anyhow::Result<Self> {
+        Self::start_in(None, addr, trust_domain, pods)
+    }
+
+    fn start_in(
+        ns: Option<&NetNs>,
+        addr: SocketAddr,
+        trust_domain: &str,
+        pods: &str,
+    ) -> anyhow::Result<Self> {
         ztunnel_certs::tls::install_provider();
         let dir = tempfile::tempdir()?;
         let issuer = root_issuer(trust_domain)?;
@@ -128,7 +143,7 @@ impl TestCa {
         let mut ca = Self::start(ns, addr, trust_domain, "")?;
         ca.stop();
         ca.source = Source::Kubernetes(kubeconfig.to_owned());
-        ca.serve_in(ns)?;
+        ca.serve_in(Some(ns))?;
         Ok(ca)
     }
 
@@ -139,12 +154,12 @@ impl TestCa {
         if self.thread.is_some() {
             return Ok(());
         }
-        self.serve_in(ns)
+        self.serve_in(Some(ns))
     }
 
-    /// Loads the mesh file, binds the address inside `ns` and serves on a
-    /// thread of its own.
-    fn serve_in(&mut self, ns: &NetNs) -> anyhow::Result<()> {
+    /// Loads the mesh file, binds the address inside `ns` (else here) and
+    /// serves on a thread of its own.
+    fn serve_in(&mut self, ns: Option<&NetNs>) -> anyhow::Result<()> {
         let setup = match &self.source {
             Source::File => Setup::File {
                 registry: Arc::new(FileRegistry::load(&self.pods_path())?),
@@ -167,7 +182,11 @@ impl TestCa {
         // in count and time, ride that out.
         let mut tries = 0;
         let listener = loop {
-            match ns.run(move || std::net::TcpListener::bind(addr))? {
+            let bound = match ns {
+                Some(ns) => ns.run(move || std::net::TcpListener::bind(addr))?,
+                None => std::net::TcpListener::bind(addr),
+            };
+            match bound {
                 Err(error)
                     if error.kind() == std::io::ErrorKind::AddrInUse && tries < BIND_TRIES =>
                 {

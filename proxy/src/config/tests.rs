@@ -206,3 +206,10 @@ fn istios_cluster_id_variable_wins_over_cluster_id_but_not_over_the_flag() {
         "Kubernetes"
     );
 }
+
+#[test]
+fn a_proxy_application_tunnel_is_dialled_on_loopback_unless_turned_off() {
+    assert!(parse(&[]).unwrap().localhost_app_tunnel, "on by default");
+    let off = parse(&["--localhost-app-tunnel", "false"]).unwrap();
+    assert!(!off.localhost_app_tunnel);
+}

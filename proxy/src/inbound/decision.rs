@@ -4,16 +4,18 @@
 //! dialled. The answer carries its HTTP status so that one place decides
 //! what a refusal means on the wire (WIRE.md §4).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use ztunnel_certs::identity::Identity;
 
-use crate::hbone::InboundRefusal;
+use crate::hbone::{Authority, InboundRefusal};
 use crate::metrics::ResponseFlags;
 use crate::outbound::route::PROXY_PORTS;
 use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, applicable_policies, authorize};
-use crate::state::{State, Workload};
+use crate::state::{
+    ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload, find_gateway,
+};
 
 /// What arrived, in plain data.
 #[derive(Debug, Clone)]
@@ -25,10 +27,14 @@ pub struct Arrival {
     pub source_ip: IpAddr,
     /// That peer's port, for the access log and the metrics' address.
     pub source_port: u16,
-    /// The local address the connection arrived on.
+    /// The local address the connection arrived on: the IP of the local
+    /// workload it is for.
     pub local_ip: IpAddr,
-    /// Where the client wants to go: the CONNECT `:authority`, or the
-    /// original destination for plaintext.
+    /// The destination the connection is reported with: the CONNECT
+    /// `:authority` when it is an address (for a hostname, the local IP
+    /// with the authority's port), or the original destination for
+    /// plaintext. What the client asked for is the [`Authority`] given to
+    /// [`admit`].
     pub target: SocketAddr,
 }
 
@@ -37,8 +43,14 @@ pub struct Arrival {
 pub struct Admitted {
     /// The local destination workload.
     pub workload: Arc<Workload>,
-    /// The application address to dial.
+    /// The application address: the IP the connection arrived on, with the
+    /// authority's port (a hostname's mapped port), or the application
+    /// tunnel's port when it names one.
     pub upstream: SocketAddr,
+    /// For an application tunnel speaking PROXY, the destination its header
+    /// carries: the authority, or for a hostname the service's VIP on our
+    /// network with the authority's port.
+    pub proxy_destination: Option<SocketAddr>,
     /// The authorization inputs, kept to re-check the connection when
     /// policies change.
     pub connection: Connection,
@@ -46,20 +58,56 @@ pub struct Admitted {
     pub dry_run: Vec<DryRunMatch>,
 }
 
+impl Admitted {
+    /// Where a PROXY application tunnel is dialled when
+    /// `LOCALHOST_APP_TUNNEL` holds: loopback of the upstream's family, on
+    /// its port, so that only ztunnel reaches the tunnel's listener. `None`
+    /// dials `upstream` itself, from the client's IP where the sockets
+    /// allow.
+    pub fn loopback_dial(&self, localhost_app_tunnel: bool) -> Option<SocketAddr> {
+        if !localhost_app_tunnel || self.proxy_destination.is_none() {
+            return None;
+        }
+        let loopback = match self.upstream {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        };
+        Some(SocketAddr::new(loopback, self.upstream.port()))
+    }
+}
+
 /// Why an inbound connection is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    /// The authority's IP is not the address the connection arrived on.
-    #[error("authority {target} does not match the destination address {local}")]
+    /// The authority's IP is not the address the connection arrived on, and
+    /// the local workload is neither an application tunnel nor the
+    /// waypoint of what the authority names.
+    #[error("ip mismatch: {local} != {authority}")]
     AuthorityMismatch {
-        /// The requested target.
-        target: SocketAddr,
-        /// The local address.
+        /// The address the connection arrived on.
         local: IpAddr,
+        /// The authority's IP.
+        authority: IpAddr,
     },
-    /// No local workload has the target IP.
+    /// No local workload has the IP the connection arrived on.
     #[error("unknown destination workload {0}")]
     UnknownWorkload(IpAddr),
+    /// No service has the authority's hostname.
+    #[error("unknown service hostname {0}")]
+    UnknownHostname(Arc<str>),
+    /// The service named by hostname maps its port to no number for the
+    /// local workload.
+    #[error("no target port for {hostname}:{port}")]
+    NoTargetPort {
+        /// The service hostname.
+        hostname: Arc<str>,
+        /// The service port asked for.
+        port: u16,
+    },
+    /// A PROXY header needs an address for a hostname authority, and its
+    /// service has no VIP on our network.
+    #[error("no VIP on this network for {0}")]
+    NoServiceVip(Arc<str>),
     /// The target port is one of ztunnel's own.
     #[error("attempted recursive call to ourselves")]
     SelfCall,
@@ -100,6 +148,18 @@ impl Refusal {
                 InboundRefusal::Unavailable("unknown destination workload"),
                 ResponseFlags::Connect,
             ),
+            Refusal::UnknownHostname(_) => (
+                InboundRefusal::Unavailable("unknown service hostname"),
+                ResponseFlags::Connect,
+            ),
+            Refusal::NoTargetPort { .. } => (
+                InboundRefusal::Unavailable("no target port for the service port"),
+                ResponseFlags::Connect,
+            ),
+            Refusal::NoServiceVip(_) => (
+                InboundRefusal::Unavailable("no service VIP for the PROXY header"),
+                ResponseFlags::Connect,
+            ),
             Refusal::SelfCall => (
                 InboundRefusal::Unavailable("recursive call to ztunnel"),
                 ResponseFlags::Connect,
@@ -110,34 +170,49 @@ impl Refusal {
     }
 }
 
-/// Decides an arrival against the state. `local` limits the destination to
-/// the workloads this proxy serves (the dedicated workload, or the pod whose
-/// namespace the listener is in).
+/// Decides an arrival asking for `authority` against the state (AMBIENT.md
+/// §2.3). `local` limits the destination to the workloads this proxy
+/// serves (the dedicated workload, or the pod whose namespace the listener
+/// is in); the one the connection arrived for is found by the local IP.
 pub fn admit(
     state: &State,
     network: &str,
     local: impl Fn(&Workload) -> bool,
     arrival: &Arrival,
+    authority: &Authority,
 ) -> Result<Admitted, Refusal> {
-    if arrival.target.ip() != arrival.local_ip {
-        return Err(Refusal::AuthorityMismatch {
-            target: arrival.target,
-            local: arrival.local_ip,
-        });
-    }
     let workload = state
-        .workload_by_address(network, arrival.target.ip())
+        .workload_by_address(network, arrival.local_ip)
         .filter(|workload| local(workload))
         .cloned()
-        .ok_or(Refusal::UnknownWorkload(arrival.target.ip()))?;
-    if PROXY_PORTS.contains(&arrival.target.port()) {
+        .ok_or(Refusal::UnknownWorkload(arrival.local_ip))?;
+    let (port, service) = match authority {
+        Authority::Address(address) => {
+            check_destination(state, network, &workload, arrival.local_ip, address.ip())?;
+            (address.port(), None)
+        }
+        Authority::Hostname { host, port } => {
+            let (target, service) = service_target_port(state, &workload, host, *port)?;
+            (target, Some(service))
+        }
+    };
+    if PROXY_PORTS.contains(&port) {
         return Err(Refusal::SelfCall);
     }
+    let tunnel = workload.application_tunnel;
+    let port = tunnel.and_then(|tunnel| tunnel.port).unwrap_or(port);
+    let upstream = SocketAddr::new(arrival.local_ip, port);
+    let proxy_destination = match tunnel.map(|tunnel| tunnel.protocol) {
+        Some(ApplicationTunnelProtocol::Proxy) => {
+            Some(header_destination(network, authority, service.as_deref())?)
+        }
+        Some(ApplicationTunnelProtocol::None) | None => None,
+    };
     let connection = Connection {
         source_identity: arrival.peer_identity.clone(),
         source_ip: arrival.source_ip,
-        destination_ip: arrival.target.ip(),
-        destination_port: arrival.target.port(),
+        destination_ip: upstream.ip(),
+        destination_port: upstream.port(),
         destination_namespace: workload.namespace.clone(),
         destination_workload: workload.uid.clone(),
     };
@@ -145,12 +220,135 @@ pub fn admit(
     match decision.verdict {
         Verdict::Allow => Ok(Admitted {
             workload,
-            upstream: arrival.target,
+            upstream,
+            proxy_destination,
             connection,
             dry_run: decision.dry_run_matches,
         }),
         Verdict::Deny(reason) => Err(Refusal::Denied(reason)),
     }
+}
+
+/// An `ip:port` authority other than the address the connection arrived
+/// on is allowed in a waypoint sandwich only: the local workload has an
+/// application tunnel (it reads the authority from the PROXY header and
+/// decides), or it stands behind the waypoint of what the authority names.
+fn check_destination(
+    state: &State,
+    network: &str,
+    workload: &Workload,
+    local_ip: IpAddr,
+    authority: IpAddr,
+) -> Result<(), Refusal> {
+    let authority = authority.to_canonical();
+    let allowed = authority == local_ip
+        || workload.application_tunnel.is_some()
+        || is_waypoint_of(state, network, workload, local_ip, authority);
+    match allowed {
+        true => Ok(()),
+        false => Err(Refusal::AuthorityMismatch {
+            local: local_ip,
+            authority,
+        }),
+    }
+}
+
+/// Whether `workload` (reached at `local_ip`) is the waypoint of the
+/// workload or service (in that order, as the outbound side looks an
+/// address up) at `target` on `network`: the waypoint resolves to a service
+/// it is an endpoint of, or to a workload owning `local_ip`.
+fn is_waypoint_of(
+    state: &State,
+    network: &str,
+    workload: &Workload,
+    local_ip: IpAddr,
+    target: IpAddr,
+) -> bool {
+    let waypoint = match state.workload_by_address(network, target) {
+        Some(target) => target.waypoint.as_deref(),
+        None => match state.service_by_vip(network, target) {
+            Some(service) => service.waypoint.as_ref(),
+            None => None,
+        },
+    };
+    match waypoint.and_then(|waypoint| find_gateway(state, waypoint)) {
+        Some(GatewayTarget::Workload(waypoint)) => waypoint.addresses.contains(&local_ip),
+        Some(service @ GatewayTarget::Service(_)) => service.has_instance(state, workload),
+        None => false,
+    }
+}
+
+/// The port a `host:port` authority reaches on `workload` (WIRE.md §4):
+/// the service with that hostname, in the workload's namespace if there is
+/// one, else the one a hostname lookup finds; the port from the workload's
+/// own mapping of the service port, else the service's target port.
+fn service_target_port(
+    state: &State,
+    workload: &Workload,
+    host: &Arc<str>,
+    port: u16,
+) -> Result<(u16, Arc<Service>), Refusal> {
+    let service = state
+        .services_by_hostname(host)
+        .find(|service| service.namespace == workload.namespace)
+        .or_else(|| state.service_by_hostname(host))
+        .ok_or_else(|| Refusal::UnknownHostname(host.clone()))?;
+    let own = workload
+        .services
+        .get(&service.key())
+        .and_then(|ports| ports.get(&port))
+        .copied();
+    match own.or_else(|| service.ports.get(&port).copied()) {
+        Some(target) if target != 0 => Ok((target, service.clone())),
+        _ => Err(Refusal::NoTargetPort {
+            hostname: host.clone(),
+            port,
+        }),
+    }
+}
+
+/// The destination a PROXY header names: the authority's address, or for
+/// a hostname its service's VIP on `network`, IPv4 first, with the
+/// authority's port (the header carries no names).
+fn header_destination(
+    network: &str,
+    authority: &Authority,
+    service: Option<&Service>,
+) -> Result<SocketAddr, Refusal> {
+    let (host, port) = match authority {
+        Authority::Address(address) => return Ok(*address),
+        Authority::Hostname { host, port } => (host, *port),
+    };
+    let vips = service
+        .into_iter()
+        .flat_map(|service| &service.vips)
+        .filter(|vip| *vip.network == *network)
+        .map(|vip| vip.address);
+    let mut vips = vips.clone().filter(IpAddr::is_ipv4).chain(vips);
+    match vips.next() {
+        Some(vip) => Ok(SocketAddr::new(vip, port)),
+        None => Err(Refusal::NoServiceVip(host.clone())),
+    }
+}
+
+/// The workload the connection's source is reported as: the one owning
+/// the source IP on our network, unless `forwarded_network` (the CONNECT's
+/// `x-forwarded-network`) names another network, case aside: the
+/// connection then came through a network gateway, whose IP the source is,
+/// and the client's workload is unknown here (AMBIENT.md §3.5).
+/// Authorization is not affected: it sees that IP with the peer's identity.
+pub fn source_workload(
+    state: &State,
+    network: &str,
+    source_ip: IpAddr,
+    forwarded_network: Option<&str>,
+) -> Option<Arc<Workload>> {
+    let through_gateway =
+        forwarded_network.is_some_and(|forwarded| !forwarded.eq_ignore_ascii_case(network));
+    if through_gateway {
+        return None;
+    }
+    state.workload_by_address(network, source_ip).cloned()
 }
 
 /// Re-checks an open connection after a policy change.
@@ -167,119 +365,4 @@ pub fn still_allowed(state: &State, connection: &Connection) -> Result<(), DenyR
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-    use crate::config::local;
-
-    const STATE: &str = r#"
-workloads:
-- uid: uid-server
-  name: server-0
-  namespace: default
-  serviceAccount: server
-  workloadIps: [198.18.1.10]
-  protocol: HBONE
-  services: {}
-policies:
-- name: only-client
-  namespace: default
-  scope: Namespace
-  action: Allow
-  rules:
-  - - - principals: [!Exact "cluster.local/ns/default/sa/client"]
-- name: no-admin-port
-  namespace: default
-  scope: Namespace
-  action: Deny
-  rules:
-  - - - destinationPorts: [9000]
-"#;
-
-    fn arrival(identity: Option<&str>, target: &str) -> Arrival {
-        Arrival {
-            peer_identity: identity.map(|id| id.parse().unwrap()),
-            source_ip: "198.18.0.10".parse().unwrap(),
-            source_port: 40000,
-            local_ip: "198.18.1.10".parse().unwrap(),
-            target: target.parse().unwrap(),
-        }
-    }
-
-    #[test]
-    fn admissions() {
-        let state = local::parse(STATE, Path::new("t.yaml"))
-            .unwrap()
-            .into_state();
-        let client = Some("spiffe://cluster.local/ns/default/sa/client");
-        let other = Some("spiffe://cluster.local/ns/default/sa/other");
-        let admitted = admit(&state, "", |_| true, &arrival(client, "198.18.1.10:8080")).unwrap();
-        assert_eq!(admitted.upstream, "198.18.1.10:8080".parse().unwrap());
-        assert_eq!(admitted.workload.name.as_ref(), "server-0");
-
-        let cases: &[(Option<&str>, &str, u16)] = &[
-            (client, "198.18.1.11:8080", 400),
-            (client, "198.18.1.10:15008", 503),
-            (client, "198.18.1.10:15006", 503),
-            (other, "198.18.1.10:8080", 401),
-            (None, "198.18.1.10:8080", 401),
-            (client, "198.18.1.10:9000", 401),
-        ];
-        for (identity, target, status) in cases {
-            let refusal = admit(&state, "", |_| true, &arrival(*identity, target)).unwrap_err();
-            assert_eq!(
-                refusal.answer().refusal.status().as_u16(),
-                *status,
-                "{identity:?} → {target}: {refusal}"
-            );
-        }
-        let not_local = admit(&state, "", |_| false, &arrival(client, "198.18.1.10:8080"));
-        let status = not_local.unwrap_err().answer().refusal.status();
-        assert_eq!(status.as_u16(), 503);
-    }
-
-    #[test]
-    fn every_refusal_has_one_status_and_one_flag() {
-        let ip: IpAddr = "198.18.1.10".parse().unwrap();
-        let denied = DenyReason::NotAllowed;
-        let cases = [
-            (
-                Refusal::AuthorityMismatch {
-                    target: "198.18.1.11:80".parse().unwrap(),
-                    local: ip,
-                },
-                400,
-                ResponseFlags::Connect,
-            ),
-            (Refusal::UnknownWorkload(ip), 503, ResponseFlags::Connect),
-            (Refusal::SelfCall, 503, ResponseFlags::Connect),
-            (Refusal::Denied(denied), 401, ResponseFlags::Deny),
-        ];
-        for (refusal, status, flags) in cases {
-            let answer = refusal.answer();
-            assert_eq!(answer.refusal.status().as_u16(), status, "{refusal}");
-            assert_eq!(answer.flags, flags, "{refusal}");
-        }
-        assert_eq!(RefusalAnswer::UNREACHABLE.refusal.status().as_u16(), 503);
-        assert_eq!(RefusalAnswer::UNREACHABLE.flags, ResponseFlags::Connect);
-    }
-
-    #[test]
-    fn a_policy_change_is_seen_by_the_recheck() {
-        let mut state = local::parse(STATE, Path::new("t.yaml"))
-            .unwrap()
-            .into_state();
-        let other = Some("spiffe://cluster.local/ns/default/sa/other");
-        let admitted = {
-            let open = STATE.replace("sa/client", "sa/other");
-            let state = local::parse(&open, Path::new("t.yaml"))
-                .unwrap()
-                .into_state();
-            admit(&state, "", |_| true, &arrival(other, "198.18.1.10:8080")).unwrap()
-        };
-        assert!(still_allowed(&state, &admitted.connection).is_err());
-        state.remove_policy("default/only-client");
-        assert!(still_allowed(&state, &admitted.connection).is_ok());
-    }
-}
+mod tests;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -23,9 +23,11 @@ use crate::access_log::{self, Direction};
 use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
+    Authority, InboundHandler, InboundRefusal, InboundRequest, X_FORWARDED_NETWORK, accept_tls,
+    serve_connection,
 };
-use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit};
+use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
+use crate::inbound::proxy_protocol::{self, HeaderError};
 use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
@@ -73,12 +75,26 @@ impl crate::copy::Side for AppConnection {}
 
 /// Why an admitted connection could not reach the application.
 #[derive(Debug, thiserror::Error)]
-#[error("dialing the application at {addr}")]
-pub struct DialError {
-    /// The application address.
-    addr: SocketAddr,
-    /// What failed.
-    source: io::Error,
+pub enum DialError {
+    /// The connect failed or timed out.
+    #[error("dialing the application at {addr}")]
+    Connect {
+        /// The address dialled.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
+    /// The PROXY header could not be built.
+    #[error("building the PROXY header")]
+    Header(#[source] HeaderError),
+    /// The PROXY header could not be written.
+    #[error("writing the PROXY header to {addr}")]
+    WriteHeader {
+        /// The address dialled.
+        addr: SocketAddr,
+        /// What failed.
+        source: io::Error,
+    },
 }
 
 impl AppConnection {
@@ -112,6 +128,22 @@ pub(crate) async fn open_upstream(
     direction_peer: Option<&Identity>,
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
+    let authority = Authority::Address(arrival.target);
+    open_upstream_for(proxy, arrival, &authority, None, direction_peer, same_node).await
+}
+
+/// [`open_upstream`] for a connection asking for `authority`, which an
+/// HBONE CONNECT names (an address the connection may not have arrived
+/// on, or a service hostname), with the network it says it was forwarded
+/// from (`x-forwarded-network`).
+async fn open_upstream_for(
+    proxy: &Proxy,
+    arrival: &Arrival,
+    authority: &Authority,
+    forwarded_network: Option<&str>,
+    direction_peer: Option<&Identity>,
+    same_node: bool,
+) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
         let state = proxy.state.read();
         admit(
@@ -119,6 +151,7 @@ pub(crate) async fn open_upstream(
             &proxy.config.network,
             |workload| proxy.is_local(workload),
             arrival,
+            authority,
         )
     };
     let mut admitted = admit_now();
@@ -134,40 +167,34 @@ pub(crate) async fn open_upstream(
             let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
             let answer = refusal.answer();
-            let report = open_report(proxy, arrival, None, direction_peer, same_node);
+            let ends = Ends {
+                workload: None,
+                peer: direction_peer,
+                forwarded_network,
+            };
+            let report = open_report(proxy, arrival, ends, same_node);
             report.refused(answer.flags, &refusal);
             return Err(answer.refusal);
         }
     };
-    let Admitted {
-        workload,
-        upstream,
-        connection,
-        dry_run,
-    } = admitted;
-    for matched in dry_run {
+    for matched in &admitted.dry_run {
         tracing::info!(?matched, "dry-run policy matched");
     }
-    let report = open_report(proxy, arrival, Some(&workload), direction_peer, same_node);
-    let dial = async {
-        let socket = proxy.sockets.upstream_socket(upstream, arrival.source_ip)?;
-        socket.connect(upstream).await
+    let ends = Ends {
+        workload: Some(&admitted.workload),
+        peer: direction_peer,
+        forwarded_network,
     };
-    let dialed = tokio::time::timeout(CONNECT_TIMEOUT, dial)
-        .await
-        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()));
-    let stream = match dialed {
+    let report = open_report(proxy, arrival, ends, same_node);
+    let stream = match dial(proxy, arrival, &admitted).await {
         Ok(stream) => stream,
-        Err(source) => {
+        Err(error) => {
             let answer = RefusalAnswer::UNREACHABLE;
-            let error = DialError {
-                addr: upstream,
-                source,
-            };
             report.refused(answer.flags, &error);
             return Err(answer.refusal);
         }
     };
+    let connection = admitted.connection;
     let stop = proxy.drain.stop_token();
     let tracked = proxy.tracker.track(connection, stop.clone());
     Ok(AppConnection {
@@ -178,17 +205,65 @@ pub(crate) async fn open_upstream(
     })
 }
 
-fn open_report(
+/// Connects the admitted connection's application: a PROXY tunnel on
+/// loopback (`LOCALHOST_APP_TUNNEL`) from loopback, else the upstream from
+/// the client's IP where the sockets allow. A PROXY tunnel is sent its
+/// header at once, before the client's 200 and so before any tunnelled
+/// byte: the application reads the same bytes as if it came after, and a
+/// header that cannot be written is answered 503 rather than cut after a 200.
+async fn dial(
     proxy: &Proxy,
     arrival: &Arrival,
-    workload: Option<&crate::state::Workload>,
-    peer: Option<&Identity>,
-    same_node: bool,
-) -> Report {
+    admitted: &Admitted,
+) -> Result<TcpStream, DialError> {
+    let loopback = admitted.loopback_dial(proxy.config.localhost_app_tunnel);
+    let addr = loopback.unwrap_or(admitted.upstream);
+    let connect = async {
+        let socket = match loopback {
+            Some(loopback) => proxy.sockets.tcp_socket(loopback, Some(loopback.ip()))?,
+            None => proxy.sockets.upstream_socket(addr, arrival.source_ip)?,
+        };
+        socket.connect(addr).await
+    };
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
+        .map_err(|source| DialError::Connect { addr, source })?;
+    if let Some(destination) = admitted.proxy_destination {
+        let source = SocketAddr::new(arrival.source_ip, arrival.source_port);
+        let identity = arrival.peer_identity.as_ref().map(Identity::as_str);
+        let mut header = Vec::new();
+        proxy_protocol::encode(&mut header, source, destination, identity)
+            .map_err(DialError::Header)?;
+        tokio::time::timeout(CONNECT_TIMEOUT, stream.write_all(&header))
+            .await
+            .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
+            .map_err(|source| DialError::WriteHeader { addr, source })?;
+    }
+    Ok(stream)
+}
+
+/// What a report of an inbound connection says of its ends beyond the
+/// arrival.
+struct Ends<'a> {
+    /// The admitted local workload; `None` when refused before it was found.
+    workload: Option<&'a crate::state::Workload>,
+    /// The peer's identity, reported on both ends.
+    peer: Option<&'a Identity>,
+    /// The CONNECT's `x-forwarded-network`: another network than ours
+    /// leaves the source workload unknown.
+    forwarded_network: Option<&'a str>,
+}
+
+fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool) -> Report {
+    let Ends {
+        workload,
+        peer,
+        forwarded_network,
+    } = ends;
     let state = proxy.state.read();
-    let source = state
-        .workload_by_address(&proxy.config.network, arrival.source_ip)
-        .cloned();
+    let network = &proxy.config.network;
+    let source = source_workload(&state, network, arrival.source_ip, forwarded_network);
     let local = proxy.local_workload_in(&state);
     Report::open(
         &proxy.metrics,
@@ -245,19 +320,31 @@ impl InboundHandler for HboneInbound {
     type Upstream = AppConnection;
 
     async fn open(&self, request: &InboundRequest) -> Result<AppConnection, InboundRefusal> {
-        let Authority::Address(target) = &request.authority else {
-            return Err(InboundRefusal::Unavailable(
-                "hostname authorities are not served",
-            ));
+        let local_ip = canonical(request.local_addr).ip();
+        let (authority, target) = match &request.authority {
+            Authority::Address(address) => {
+                let address = canonical(*address);
+                (Authority::Address(address), address)
+            }
+            Authority::Hostname { port, .. } => {
+                (request.authority.clone(), SocketAddr::new(local_ip, *port))
+            }
         };
         let arrival = Arrival {
             peer_identity: Some(request.peer_identity.clone()),
             source_ip: canonical(request.peer_addr).ip(),
             source_port: request.peer_addr.port(),
-            local_ip: canonical(request.local_addr).ip(),
-            target: canonical(*target),
+            local_ip,
+            target,
         };
-        open_upstream(&self.proxy, &arrival, Some(&request.peer_identity), false).await
+        let peer = Some(&request.peer_identity);
+        // Not visible ASCII: no network we could be named by, as if absent.
+        let forwarded_network = request
+            .headers
+            .get(X_FORWARDED_NETWORK)
+            .and_then(|value| value.to_str().ok());
+        let proxy = &self.proxy;
+        open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {
