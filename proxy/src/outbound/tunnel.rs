@@ -60,7 +60,16 @@ pub(super) async fn double_tunnel(
 ) -> Result<hbone::H2Stream, OutboundError> {
     let source = source.ok_or(OutboundError::UnknownSource)?;
     let certificate = certificate(proxy, source).await?;
+    let tunnel = |error| OutboundError::Tunnel(Arc::new(error));
+    // Built first: an empty list (a service without SANs) fails here, as
+    // nothing could prove who ends the inner session, and the gateway is
+    // not bothered with a tunnel that could not be used.
+    let inner_tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())
+        .map_err(|error| tunnel(HboneError::TlsConfig(error)))?;
     let headers = headers(source, client, Some(&route.service.hostname))?;
+    let mut inner_headers = headers.clone();
+    let network = HeaderValue::from_str(&proxy.config.network).map_err(hbone::HeaderError::from)?;
+    inner_headers.insert(X_FORWARDED_NETWORK, network);
     let checkout = checkout(
         proxy,
         source,
@@ -70,21 +79,13 @@ pub(super) async fn double_tunnel(
         &route.gateway_expected,
     )
     .await?;
-    let tunnel = |error| OutboundError::Tunnel(Arc::new(error));
     let outer = checkout
-        .send_connect(&route.authority, headers.clone())
+        .send_connect(&route.authority, headers)
         .await
         .map_err(tunnel)?;
-    let mut inner_headers = headers;
-    let network = HeaderValue::from_str(&proxy.config.network).map_err(hbone::HeaderError::from)?;
-    inner_headers.insert(X_FORWARDED_NETWORK, network);
-    // An empty list (a service without SANs) fails here: nothing could
-    // prove who ends the inner session.
-    let tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())
-        .map_err(|error| tunnel(HboneError::TlsConfig(error)))?;
     let inner = hbone::connect_inner(
         outer,
-        Arc::new(tls),
+        Arc::new(inner_tls),
         &proxy.h2,
         &route.authority,
         inner_headers,
@@ -156,3 +157,6 @@ async fn checkout(
     };
     Ok(proxy.pool.checkout(&key, dial).await?)
 }
+
+#[cfg(test)]
+mod tests;
