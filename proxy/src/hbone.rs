@@ -1,5 +1,6 @@
 //! HBONE (WIRE.md §4): TCP tunneled in HTTP/2 `CONNECT` streams over mesh
-//! mTLS. The dialing side is `hbone/client.rs`, the accepting side
+//! mTLS. The dialing side is `hbone/client.rs`, the tunnel inside a tunnel
+//! through a network gateway `hbone/double.rs`, the accepting side
 //! `hbone/server.rs`, the stream-as-socket adapter `hbone/stream.rs`, the
 //! request headers `hbone/headers.rs`. What is shared lives here: the h2
 //! settings, the parsed `:authority`, and the PING keepalive. The TLS
@@ -17,11 +18,13 @@ use h2::{Ping, PingPong};
 use ztunnel_certs::error_chain::ErrorChain;
 
 mod client;
+mod double;
 mod headers;
 mod server;
 mod stream;
 
 pub use client::{HboneConnection, HboneError, connect};
+pub use double::connect_inner;
 pub use headers::{
     BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, X_FORWARDED_NETWORK, baggage,
     connect_headers, forwarded, traceparent,

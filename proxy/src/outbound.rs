@@ -1,8 +1,9 @@
 //! Outbound: connections a workload makes, captured on 15001. Each is routed
-//! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool,
-//! handed to another pod this proxy serves (`outbound/same_node.rs`), or
-//! passed through as plain TCP. One function (`flags`) decides what a
-//! failure means for metrics.
+//! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool, to
+//! the destination's ztunnel or a waypoint; tunnelled twice, through another
+//! network's gateway (`hbone/double.rs`); handed to another pod this proxy
+//! serves (`outbound/same_node.rs`); or passed through as plain TCP. One
+//! function (`flags`) decides what a failure means for metrics.
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,19 +19,21 @@ use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{Ended, copy_bidirectional_until_quiet};
-use crate::hbone::{self, HboneError, InboundRefusal, WorkloadLabels, connect_headers};
+use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
 use crate::inbound::listeners::{self, AppConnection};
 use crate::metrics::{Reporter, ResponseFlags};
-use crate::pool::{PoolError, PoolKey};
+use crate::pool::PoolError;
 use crate::report::{End, Opening, Report};
 use crate::socket::{canonical, original_destination};
-use crate::state::Workload;
+use crate::state::{Service, Workload};
 
 pub mod route;
 mod same_node;
+mod tunnel;
 
 use route::{HboneRoute, Route};
+use tunnel::{double_tunnel, tunnel};
 
 /// Why an outbound connection failed before its bytes flowed: every step
 /// of connecting it, in one flat type.
@@ -178,20 +181,23 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
     // plane's push describing it arrives: its first connections wait for
     // it, and are routed on the state that has it. A known pod pays
     // nothing more.
+    let decide =
+        |state: &_, source: &Workload| route::route(state, source, peer.ip(), target, proxy.pick());
     let known = {
         let state = proxy.state.read();
         proxy
             .local_workload_in(&state)
-            .map(|source| (route::route(&state, &source, target, proxy.pick()), source))
+            .map(|source| (decide(&state, &source), source))
     };
     let (route, source) = match known {
         Some(known) => known,
         None => {
             let source = proxy.wait_for_local_workload(Reporter::Source).await?;
-            let route = route::route(&proxy.state.read(), &source, target, proxy.pick());
+            let route = decide(&proxy.state.read(), &source);
             (route, source)
         }
     };
+    log_route(&route, peer, target);
     let source = Some(source);
     let (report, connected) = match route {
         Route::Refuse(refusal) => {
@@ -203,25 +209,19 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             workload,
             service,
         } => {
-            let report = Report::open(
-                &proxy.metrics,
-                Opening {
-                    reporter: Reporter::Source,
-                    direction: Direction::Outbound,
-                    source: End {
-                        addr: peer,
-                        workload: source.as_deref(),
-                        identity: None,
-                    },
-                    destination: End {
-                        addr: target,
-                        workload: workload.as_deref(),
-                        identity: None,
-                    },
-                    service: service.as_deref(),
-                    hbone_addr: None,
-                    same_node: false,
-                },
+            let destination = End {
+                addr: target,
+                workload: workload.as_deref(),
+                identity: None,
+            };
+            let report = open_report(
+                proxy,
+                peer,
+                source.as_deref(),
+                destination,
+                service.as_deref(),
+                None,
+                false,
             );
             let connected = dial(proxy, target)
                 .await
@@ -234,25 +234,19 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
         Route::Hbone(route) => {
             let destination_identity = route.expected.first();
             let same_node = same_node::destination(proxy, &route);
-            let report = Report::open(
-                &proxy.metrics,
-                Opening {
-                    reporter: Reporter::Source,
-                    direction: Direction::Outbound,
-                    source: End {
-                        addr: peer,
-                        workload: source.as_deref(),
-                        identity: source.as_ref().map(|workload| &workload.identity),
-                    },
-                    destination: End {
-                        addr: route.authority,
-                        workload: Some(&route.workload),
-                        identity: destination_identity,
-                    },
-                    service: route.service.as_deref(),
-                    hbone_addr: Some(route.dial),
-                    same_node: same_node.is_some(),
-                },
+            let destination = End {
+                addr: route.authority,
+                workload: Some(&route.workload),
+                identity: destination_identity,
+            };
+            let report = open_report(
+                proxy,
+                peer,
+                source.as_deref(),
+                destination,
+                route.service.as_deref(),
+                Some(route.dial),
+                same_node.is_some(),
             );
             let connected = match same_node {
                 Some(destination) => {
@@ -266,6 +260,26 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             };
             (report, connected)
         }
+        Route::DoubleHbone(route) => {
+            let destination = End {
+                addr: target,
+                workload: Some(&route.workload),
+                identity: route.expected.first(),
+            };
+            let report = open_report(
+                proxy,
+                peer,
+                source.as_deref(),
+                destination,
+                Some(&route.service),
+                Some(route.dial),
+                false,
+            );
+            let connected = double_tunnel(proxy, source.as_deref(), peer, &route)
+                .await
+                .map(|stream| Either::Left(Either::Right(stream)));
+            (report, connected)
+        }
     };
     match connected {
         Ok(upstream) => Some((report, upstream)),
@@ -274,6 +288,39 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             None
         }
     }
+}
+
+/// Opens the report of a connection from `peer`, of the workload `source`,
+/// to `destination`. A tunnelled connection (`hbone_addr`: the address
+/// dialled) carries the source's identity; plain TCP carries none.
+fn open_report(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    destination: End<'_>,
+    service: Option<&Service>,
+    hbone_addr: Option<SocketAddr>,
+    same_node: bool,
+) -> Report {
+    let identity = source
+        .map(|workload| &workload.identity)
+        .filter(|_| hbone_addr.is_some());
+    Report::open(
+        &proxy.metrics,
+        Opening {
+            reporter: Reporter::Source,
+            direction: Direction::Outbound,
+            source: End {
+                addr: peer,
+                workload: source,
+                identity,
+            },
+            destination,
+            service,
+            hbone_addr,
+            same_node,
+        },
+    )
 }
 
 /// Where an outbound connection's bytes go: a plain TCP connection or an
@@ -289,54 +336,26 @@ async fn dial(proxy: &Proxy, target: SocketAddr) -> io::Result<TcpStream> {
         .unwrap_or_else(|_elapsed| Err(io::ErrorKind::TimedOut.into()))
 }
 
-/// Opens a CONNECT stream to `route` on a pooled HBONE connection.
-async fn tunnel(
-    proxy: &Proxy,
-    source: Option<&Workload>,
-    client: SocketAddr,
-    route: &HboneRoute,
-) -> Result<hbone::H2Stream, OutboundError> {
-    let source = source.ok_or(OutboundError::UnknownSource)?;
-    let identity = source.identity.clone();
-    let certificate = proxy
-        .identities
-        .fetch_certificate(&identity)
-        .await
-        .map_err(OutboundError::Certificate)?;
-    let source_ip = source.addresses.first().copied().unwrap_or(client.ip());
-    let key = PoolKey::new(identity, route.expected.clone(), route.dial, source_ip);
-    // Only a new pooled connection needs a TLS configuration; most
-    // connections reuse one and skip building it. The whole dial (TCP, TLS
-    // and HTTP/2 handshakes) is bounded; a caller waiting for another's
-    // dial waits at most as long.
-    let dial = || async {
-        let tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())?;
-        let connect = async {
-            let tcp = dial(proxy, route.dial).await.map_err(HboneError::Connect)?;
-            hbone::connect(tcp, Arc::new(tls), &proxy.h2).await
-        };
-        tokio::time::timeout(CONNECT_TIMEOUT, connect)
-            .await
-            .unwrap_or_else(|_elapsed| Err(HboneError::Connect(io::ErrorKind::TimedOut.into())))
-    };
-    let checkout = proxy.pool.checkout(&key, dial).await?;
-    let labels = WorkloadLabels {
-        cluster_id: &source.group.cluster_id,
-        namespace: &source.namespace,
-        workload_type: source.group.workload_type.as_str(),
-        workload_name: &source.group.workload_name,
-        canonical_name: &source.group.canonical_name,
-        canonical_revision: &source.group.canonical_revision,
-        region: &source.group.locality.region,
-        zone: &source.group.locality.zone,
-    };
-    let service = route.service.as_ref().map(|service| &*service.hostname);
-    let headers = connect_headers(&labels, client, service)?;
-    let authority = hbone::Authority::Address(route.authority);
-    checkout
-        .send_connect(&authority, headers)
-        .await
-        .map_err(|error| OutboundError::Tunnel(Arc::new(error)))
+/// Says at debug which waypoint or network gateway a connection goes
+/// through; direct routes are in the access log already.
+fn log_route(route: &Route, peer: SocketAddr, target: SocketAddr) {
+    match route {
+        Route::Hbone(HboneRoute {
+            waypoint: Some(waypoint),
+            dial,
+            ..
+        }) => tracing::debug!(%peer, %target, %waypoint, %dial, "outbound through a waypoint"),
+        Route::DoubleHbone(double) => tracing::debug!(
+            %peer,
+            %target,
+            gateway = %double.gateway,
+            dial = %double.dial,
+            authority = %double.authority,
+            "outbound through a network gateway (double HBONE)"
+        ),
+        Route::Hbone(_) | Route::Passthrough { .. } | Route::Refuse(_) => {}
+    }
 }
+
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,10 @@
-//! The dialing side of HBONE: mTLS over a connected TCP socket, the h2
+//! The dialing side of HBONE: mTLS over a connected TCP socket (or, for the
+//! inner tunnel of double HBONE, over an outer CONNECT stream), the h2
 //! client handshake with our settings, the connection driver with its PING
 //! keepalive, and CONNECT requests on the result.
 //!
-//! Which connection to reuse for which destination is `pool.rs`'s decision.
+//! Which connection to reuse for which destination is `pool.rs`'s decision;
+//! the tunnel inside a tunnel is `hbone/double.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,7 +15,7 @@ use h2::client::SendRequest;
 use http::uri::{Authority as UriAuthority, InvalidUri};
 use http::{HeaderMap, Method, Request, StatusCode, Uri, Version};
 use rustls::ClientConfig;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::record::{self, HandshakeError};
@@ -88,19 +90,22 @@ impl std::fmt::Debug for HboneConnection {
     }
 }
 
-/// Runs TLS (no SNI, ALPN h2) and the h2 client handshake over `tcp`, then
-/// spawns the connection driver with its keepalive. The server's identity
-/// is checked by `tls`, built with `ztunnel_certs::tls::client_config`;
-/// after the handshake, records are sealed and opened by
-/// `ztunnel_certs::tls::record`.
+/// Runs TLS (no SNI, ALPN h2) and the h2 client handshake over `io`, a
+/// connected TCP socket or an outer tunnel's stream, then spawns the
+/// connection driver with its keepalive. The server's identity is checked
+/// by `tls`, built with `ztunnel_certs::tls::client_config`; after the
+/// handshake, records are sealed and opened by `ztunnel_certs::tls::record`.
 ///
 /// Not bounded in time by itself: the caller wraps it in its connect timeout.
-pub async fn connect(
-    tcp: TcpStream,
+pub async fn connect<IO>(
+    io: IO,
     tls: Arc<ClientConfig>,
     settings: &H2Settings,
-) -> Result<HboneConnection, HboneError> {
-    let (tls_stream, negotiated) = record::connect(tls, dummy_server_name(), tcp)
+) -> Result<HboneConnection, HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (tls_stream, negotiated) = record::connect(tls, dummy_server_name(), io)
         .await
         .map_err(HboneError::Tls)?;
     if negotiated.alpn_protocol.as_deref() != Some(ALPN_H2) {

@@ -17,7 +17,7 @@ pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 /// `traceparent` request header name (W3C Trace Context).
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// `x-forwarded-network` request header name: the sender's network, on the
-/// inner CONNECT of double HBONE only (AMBIENT.md §3.4, §3.5).
+/// inner CONNECT of double HBONE only (WIRE.md §4, AMBIENT.md §3.4, §3.5).
 pub const X_FORWARDED_NETWORK: HeaderName = HeaderName::from_static("x-forwarded-network");
 
 /// A header value could not be built.

@@ -44,22 +44,30 @@ const JOIN_AFTER_READS: u8 = 4;
 pub(super) fn destination(proxy: &Proxy, route: &HboneRoute) -> Option<Arc<Proxy>> {
     let pods = proxy.local_pods.as_ref()?;
     let node = proxy.config.node_name.as_deref();
-    if !eligible(&route.workload, route.service.as_deref(), node) {
+    if !eligible(route, node) {
         return None;
     }
     pods.get(&route.workload.namespace, &route.workload.name)
         .filter(|destination| !destination.drain.is_draining())
 }
 
-/// Whether a connection to `destination`, through `service` when one was
-/// dialled, may skip the network: the destination is on `node` (any node
-/// when the proxy has none configured), and neither it nor the service
-/// sends its traffic through a waypoint, which only the network reaches.
-pub fn eligible(destination: &Workload, service: Option<&Service>, node: Option<&str>) -> bool {
+/// Whether a connection routed as `route` may skip the network: it goes
+/// to the destination's own ztunnel, not to a waypoint; the destination is
+/// on `node` (any node when the proxy has none configured); and neither it
+/// nor the service dialled sends its traffic through a waypoint, which only
+/// the network reaches.
+pub fn eligible(route: &HboneRoute, node: Option<&str>) -> bool {
+    let destination = &route.workload;
     let on_node = node.is_none_or(|node| *destination.node == *node);
-    let waypoint =
-        destination.waypoint.is_some() || service.is_some_and(|service| service.waypoint.is_some());
+    let waypoint = route.waypoint.is_some()
+        || destination.waypoint.is_some()
+        || route.service.as_deref().is_some_and(has_waypoint);
     on_node && !waypoint
+}
+
+/// Whether `service` sends its traffic through a waypoint.
+fn has_waypoint(service: &Service) -> bool {
+    service.waypoint.is_some() || !service.weighted_waypoints.is_empty()
 }
 
 /// Admits a connection from `source` (its client at `client`, canonical
@@ -164,7 +172,20 @@ workloads:
   services: {}
   waypoint:
     destination: {namespace: default, hostname: waypoint.default.svc.cluster.local}
+- uid: uid-waypoint
+  name: waypoint-0
+  namespace: default
+  node: node-a
+  workloadIps: [198.18.1.40]
+  protocol: HBONE
+  services:
+    default/waypoint.default.svc.cluster.local: {15008: 15008}
 services:
+- name: waypoint
+  namespace: default
+  hostname: waypoint.default.svc.cluster.local
+  vips: ["/198.19.0.40"]
+  ports: {15008: 15008}
 - name: plain
   namespace: default
   hostname: plain.default.svc.cluster.local
@@ -195,14 +216,12 @@ services:
         ];
         let client = crate::state::Workload::for_test("uid-client", "default", &[]);
         for (dst, node, expected) in cases {
-            let Route::Hbone(hbone) = route(&state, &client, dst.parse().unwrap(), 0) else {
+            let dst = dst.parse().unwrap();
+            let Route::Hbone(hbone) = route(&state, &client, "198.18.1.1".parse().unwrap(), dst, 0)
+            else {
                 panic!("{dst} must tunnel");
             };
-            assert_eq!(
-                eligible(&hbone.workload, hbone.service.as_deref(), node),
-                expected,
-                "{dst} from {node:?}"
-            );
+            assert_eq!(eligible(&hbone, node), expected, "{dst} from {node:?}");
         }
     }
 }

@@ -178,6 +178,20 @@ pub enum GatewayDestination {
     Hostname(NamespacedHostname),
 }
 
+/// `namespace/hostname:port` or `network/ip:port`, as refusals and logs name
+/// a gateway.
+impl fmt::Display for GatewayAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.destination {
+            GatewayDestination::Hostname(name) => write!(f, "{name}")?,
+            GatewayDestination::Address(address) => {
+                write!(f, "{}/{}", address.network, address.address)?;
+            }
+        }
+        write!(f, ":{}", self.hbone_mtls_port)
+    }
+}
+
 impl TryFrom<&proto::GatewayAddress> for GatewayAddress {
     type Error = ResourceError;
 
