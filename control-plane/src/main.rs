@@ -37,6 +37,7 @@ use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
 use ztunnel_control_plane::root_configmap;
 use ztunnel_control_plane::untaint::{self, DEFAULT_TAINT_KEY, UntaintConfig};
+use ztunnel_control_plane::waypoint_status;
 use ztunnel_mesh::kube::convert::ConvertSettings;
 use ztunnel_mesh::kube::source::KubeRegistry;
 use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
@@ -409,6 +410,11 @@ fn kubernetes_source(
             wait(stopped.clone()),
         ));
     }
+    tokio::spawn(waypoint_status::run(
+        client.clone(),
+        args.cluster_domain.clone(),
+        wait(stopped.clone()),
+    ));
     tokio::spawn(kubernetes::watch_permissions(
         client.clone(),
         Arc::clone(&permissions),
@@ -420,6 +426,7 @@ fn kubernetes_source(
         cluster_domain: args.cluster_domain.clone(),
         root_namespace: args.root_namespace.clone(),
         enable_dry_run_policies: args.enable_dry_run_policies,
+        system_namespace: args.pod_namespace.clone(),
         ..ConvertSettings::default()
     };
     let registry = KubeRegistry::start(
