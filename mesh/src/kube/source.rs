@@ -329,13 +329,16 @@ where
 }
 
 /// Whether a watch failed because the API server does not serve the kind
-/// (404: its CRD is not installed).
+/// (404: its CRD is not installed). The API server answers a path of an
+/// unknown group with a plain-text "404 page not found", not a Status of
+/// reason `NotFound`, so the code alone decides.
 pub fn is_not_served(error: &watcher::Error) -> bool {
+    const NOT_FOUND: u16 = 404;
     match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.is_not_found(),
-        watcher::Error::WatchError(status) => status.is_not_found(),
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == NOT_FOUND,
+        watcher::Error::WatchError(status) => status.code == NOT_FOUND,
         _ => false,
     }
 }
