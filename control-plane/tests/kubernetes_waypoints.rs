@@ -3,7 +3,9 @@
 //! plane is ready before the Gateway API CRDs exist, picks them up once
 //! installed, addresses its `istio-waypoint` Gateway (status addresses
 //! from the Service named after it), and serves the binding a namespace
-//! label makes over xDS, and its removal.
+//! label makes over xDS, and its removal. Also the network (the system
+//! namespace's label), locality (the node's labels) and traffic
+//! distribution (a namespace annotation) that reach the same resources.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -325,5 +327,111 @@ async fn a_namespace_label_binds_its_services_not_its_pods_to_the_addressed_wayp
         status_addresses(&api).map(|addresses| addresses.len()),
         Some(2),
         "status addresses are never removed"
+    );
+}
+
+/// A node in region `eu`, zone `eu-1`, subzone `rack-7`.
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-a
+  labels:
+    topology.kubernetes.io/region: eu
+    topology.kubernetes.io/zone: eu-1
+    topology.istio.io/subzone: rack-7
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_and_vips_take_the_system_namespaces_network_and_pods_their_nodes_locality() {
+    let Some((api, kubeconfig)) = api_with_control_plane_account(ROLE).await else {
+        return;
+    };
+    let client = api.admin_client().await.unwrap();
+    api.kubectl(&["apply", "-f", "-"], Some(NODE)).unwrap();
+    api.kubectl(
+        &[
+            "label",
+            "namespace",
+            "istio-system",
+            "topology.istio.io/network=net-1",
+        ],
+        None,
+    )
+    .unwrap();
+    ensure_namespace(&client, "ns1", &[]).await.unwrap();
+    let ztunnel_a = create_pod(
+        &client,
+        &PodSpecForTest {
+            namespace: "istio-system".into(),
+            name: "ztunnel-a".into(),
+            service_account: "ztunnel".into(),
+            node: "node-a".into(),
+            ..PodSpecForTest::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_pod_running(
+        &client,
+        "istio-system",
+        "ztunnel-a",
+        &["198.18.0.11".parse().unwrap()],
+        true,
+    )
+    .await
+    .unwrap();
+    api.kubectl(&["apply", "-f", "-"], Some(SERVICES)).unwrap();
+    api.kubectl(
+        &[
+            "annotate",
+            "namespace",
+            "ns1",
+            "networking.istio.io/traffic-distribution=PreferClose",
+        ],
+        None,
+    )
+    .unwrap();
+
+    let state = api.dir().join("ca-state");
+    let (_server, grpc, http) = serve::start(&state, &["--kubeconfig", &kubeconfig], "info");
+    wait_ready(http).await;
+    let roots = stored_roots(&client).await;
+    let token = request_token(
+        &client,
+        "istio-system",
+        "ztunnel",
+        Some(("ztunnel-a", &ztunnel_a)),
+        Some("istio-ca"),
+    )
+    .await
+    .unwrap();
+    let mut view = AddressView::open(grpc, &roots, &token).await;
+    let ztunnel = "Kubernetes//Pod/istio-system/ztunnel-a";
+    let echo = "ns1/echo.ns1.svc.cluster.local";
+    view.until("the pod and the Service served", |resources| {
+        workload(resources, ztunnel).is_some() && service(resources, echo).is_some()
+    })
+    .await;
+    let pod = workload(&view.resources, ztunnel).unwrap();
+    assert_eq!(pod.network, "net-1");
+    let locality = pod.locality.clone().unwrap();
+    assert_eq!(
+        (locality.region, locality.zone, locality.subzone),
+        ("eu".into(), "eu-1".into(), "rack-7".into())
+    );
+    let echo_service = service(&view.resources, echo).unwrap();
+    assert!(
+        echo_service
+            .addresses
+            .iter()
+            .all(|vip| vip.network == "net-1"),
+        "every VIP on the network"
+    );
+    let balancing = echo_service.load_balancing.clone().unwrap();
+    assert_eq!(
+        balancing.routing_preference.len(),
+        3,
+        "the namespace's PreferClose: network, region, zone"
     );
 }
