@@ -101,20 +101,27 @@ struct ServeArgs {
     #[arg(long, default_value = "ztunnel-ca-state")]
     state_dir: PathBuf,
     /// Mesh file (YAML), the source of truth for impersonation and xDS:
-    /// `{pods: [...], services: [...], policies: [...]}`, or a bare list of
-    /// pods. Pods: name, namespace, uid, serviceAccount, nodeName, phase,
-    /// ips, labels, protocol (HBONE or TCP), network, clusterId,
-    /// workloadName. Services: name, namespace, hostname, vips, ports
-    /// {servicePort: targetPort}, and selector (labels) or endpoints (pod
-    /// uids). Policies: as ztunnel's local file, plus selector for scope
+    /// `{pods: [...], services: [...], policies: [...], networkGateways:
+    /// [...]}`, or a bare list of pods. Pods: name, namespace, uid,
+    /// serviceAccount, nodeName, phase, ips, labels, protocol (HBONE or
+    /// TCP), network, clusterId, workloadName, locality {region, zone,
+    /// subzone}, waypoint, applicationTunnel {protocol, port}. Services:
+    /// name, namespace, hostname, vips, ports {servicePort: targetPort}, and
+    /// selector (labels) or endpoints (pod uids); waypoint,
+    /// weightedWaypoints [{waypoint, weight}], ingressUseWaypoint. A
+    /// waypoint is {service: name or ns/name}, {hostname, namespace} or
+    /// {address: net/ip}, each with an optional port (15008). Network
+    /// gateways: network, namespace, serviceAccount, address or hostname,
+    /// port. Policies: as ztunnel's local file, plus selector for scope
     /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
     /// good file. Without it no impersonation is authorized and xDS serves
     /// nothing.
     #[arg(long, visible_alias = "pods", conflicts_with_all = ["kubeconfig", "in_cluster"])]
     mesh: Option<PathBuf>,
     /// Take the mesh from the Kubernetes API with this kubeconfig, instead
-    /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes and
-    /// security.istio.io AuthorizationPolicies are watched, and callers'
+    /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes,
+    /// security.istio.io AuthorizationPolicies and (when installed) Gateway
+    /// API Gateways and GatewayClasses are watched, and callers'
     /// tokens are checked by TokenReview (the role it needs:
     /// deploy/rbac/control-plane.yaml).
     #[arg(long, conflicts_with = "in_cluster")]

@@ -30,7 +30,7 @@ mod service;
 mod waypoint;
 
 pub use pod::{pod_addresses, service_account};
-pub use waypoint::{WAYPOINT_CLASS, status_addresses};
+pub use waypoint::status_addresses;
 
 /// What the watches currently hold. Order does not matter: the output is
 /// sorted by namespace and name.

@@ -48,7 +48,7 @@ const MANAGED: &str = "gateway.istio.io/managed";
 const MANAGED_VALUES: [&str; 2] = ["istio.io-mesh-controller", "istio.io-eastwest-controller"];
 
 /// The class of the waypoints this control plane addresses.
-pub const WAYPOINT_CLASS: &str = "istio-waypoint";
+const WAYPOINT_CLASS: &str = "istio-waypoint";
 
 /// What a waypoint takes: `istio.io/waypoint-for`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
