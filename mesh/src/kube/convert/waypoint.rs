@@ -95,6 +95,9 @@ struct Waypoint {
     /// `allowedRoutes.namespaces` of its mesh listener.
     from: Attachment,
     inbound_binding: Option<ApplicationTunnel>,
+    /// Of class `istio-waypoint`: its Service (named after it) is the one
+    /// istiod would deploy, labelled managed, and is never bound.
+    ours: bool,
 }
 
 /// Which namespaces may use a waypoint.
@@ -191,6 +194,7 @@ impl<'a> Waypoints<'a> {
                 traffic: TrafficType::parse(inherited(WAYPOINT_FOR)),
                 from: attachment(&gateway.spec.listeners, inbound_binding),
                 inbound_binding,
+                ours: gateway.spec.gateway_class_name == WAYPOINT_CLASS,
             };
             by_name.insert((namespace.to_owned(), name.to_owned()), waypoint);
         }
@@ -209,7 +213,15 @@ impl<'a> Waypoints<'a> {
     ) -> ServiceWaypoints {
         let managed = value_of(&metadata.labels, MANAGED)
             .is_some_and(|value| MANAGED_VALUES.contains(&value));
-        if managed {
+        // The Service of one of our waypoints stands for the one istiod
+        // deploys with the managed label: binding it would send the
+        // waypoint's own traffic back to itself.
+        let waypoints_own = metadata
+            .name
+            .as_deref()
+            .and_then(|name| self.waypoint(namespace, name))
+            .is_some_and(|waypoint| waypoint.ours);
+        if managed || waypoints_own {
             return ServiceWaypoints::default();
         }
         let Some((level, name)) = self.level(metadata, namespace) else {

@@ -298,6 +298,26 @@ fn services_bind_by_their_own_label_else_their_namespaces() {
 }
 
 #[test]
+fn the_service_of_one_of_our_waypoints_is_never_bound() {
+    let named = |name: &str| json!({"metadata": {"name": name}});
+    let world = |service: Value, class: &str| World {
+        shop_labels: json!({"istio.io/use-waypoint": "wp"}),
+        gateway_patches: vec![("wp2", json!({"spec": {"gatewayClassName": class}}))],
+        service,
+        ..World::default()
+    };
+    assert_eq!(
+        world(named("wp2"), "istio-waypoint").service_waypoint(),
+        None
+    );
+    assert_eq!(
+        world(named("wp2"), "other-waypoints").service_waypoint(),
+        Some(hostname("shop", "wp")),
+        "another class's Service is an ordinary one"
+    );
+}
+
+#[test]
 fn an_own_label_that_cannot_bind_is_reported_and_an_inherited_one_is_not() {
     let reasons = |world: &World| -> Vec<ProblemReason> {
         world
