@@ -12,6 +12,12 @@
 #   cri-tools   crictl
 #   coredns     coredns, the test cluster's DNS
 #
+# and the Gateway API CRDs (sigs.k8s.io/gateway-api, its
+# config/crd/experimental/ bundle), not built but extracted from the
+# module the wrapper test-support/kube-env/gateway-api pins, fetched
+# through the Go module proxy into parts/gateway-api-HASH/crds and linked
+# as `current/crds`. They are not kept in this repository.
+#
 # Each group is cached on its own, outside target/ (default
 # ~/.cache/ztunnel-kube-env/parts/GROUP-HASH), keyed by its module files and
 # its build recipe, so a change to one group rebuilds only that one. The
@@ -19,6 +25,10 @@
 # group's binaries. A second call with the same pins builds nothing.
 #
 #   scripts/k8s-test-env.sh          build what is missing, print the bin directory
+#   scripts/k8s-test-env.sh --chart-crds
+#                                    also write the Gateway and GatewayClass
+#                                    CRDs into deploy/charts/ztunnel-mesh/crds/
+#                                    (git-ignored), for a helm install
 #   ZTUNNEL_KUBE_ENV=DIR ...         another cache directory
 #   GOCACHE=DIR ...                  build with (and keep) this Go build cache
 set -euo pipefail
@@ -63,6 +73,42 @@ group_key() { # recipe -> hash of the recipe and its module's files
   dir="$modules/$(cut -d'|' -f2 <<<"$1")"
   { printf '%s\n' "$1"; cat "$dir"/go.mod "$dir"/go.sum "$dir"/*.go; } | sha256sum | cut -c1-16
 }
+# The Gateway API CRDs: keyed by the wrapper module's pins.
+crds_key() {
+  cat "$modules/gateway-api/go.mod" "$modules/gateway-api/go.sum" | sha256sum | cut -c1-16
+}
+crds_dir() { echo "$cache/parts/gateway-api-$(crds_key)/crds"; }
+# Downloads the pinned module (checked against the wrapper's go.sum) and
+# copies out the CRDs of its experimental bundle, once per pin.
+fetch_crds() {
+  local out module file
+  out="$(crds_dir)"
+  [ -e "$out/gateway.networking.k8s.io_gateways.yaml" ] && return 0
+  module="$(cd "$modules/gateway-api" && GOFLAGS="-mod=readonly" go mod download -json sigs.k8s.io/gateway-api |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  if [ -z "$module" ] || ! [ -d "$module/config/crd/experimental" ]; then
+    echo "k8s-test-env: sigs.k8s.io/gateway-api could not be downloaded" >&2
+    return 1
+  fi
+  rm -rf "$out.tmp"
+  mkdir -p "$out.tmp"
+  for file in "$module"/config/crd/experimental/*.yaml; do
+    if grep -x 'kind: CustomResourceDefinition' "$file" >/dev/null; then
+      cp "$file" "$out.tmp/"
+    fi
+  done
+  chmod u+w "$out.tmp"/*
+  mv "$out.tmp" "$out"
+}
+# Writes the two CRDs the control plane watches into the chart.
+chart_crds() {
+  local kind
+  for kind in gateways gatewayclasses; do
+    cp "$(crds_dir)/gateway.networking.k8s.io_$kind.yaml" deploy/charts/ztunnel-mesh/crds/
+  done
+  echo "k8s-test-env: Gateway API CRDs written to deploy/charts/ztunnel-mesh/crds/" >&2
+}
+
 group_built() { # directory binaries...
   local dir="$1" tool
   shift
@@ -78,10 +124,12 @@ assemble() {
   for recipe in "${recipes[@]}"; do
     keys+="$(group_key "$recipe")"
   done
+  keys+="$(crds_key)"
   local combined
   combined="$(sha256sum <<<"$keys" | cut -c1-16)"
   rm -rf "$cache/$combined.tmp"
   mkdir -p "$cache/$combined.tmp/bin"
+  ln -s "../parts/gateway-api-$(crds_key)/crds" "$cache/$combined.tmp/crds"
   for recipe in "${recipes[@]}"; do
     IFS='|' read -r name _ bins _ <<<"$recipe"
     key="$(group_key "$recipe")"
@@ -110,8 +158,15 @@ missing() {
   done
 }
 
+chart=""
+if [ "${1:-}" = --chart-crds ]; then
+  chart=1
+fi
+
 if [ -z "$(missing)" ]; then
+  fetch_crds
   assemble
+  [ -z "$chart" ] || chart_crds
   echo "$cache/current/bin"
   exit 0
 fi
@@ -174,9 +229,12 @@ for dir in "$cache"/parts/*; do
   for recipe in "${recipes[@]}"; do
     [ "$dir" = "$cache/parts/$(cut -d'|' -f1 <<<"$recipe")-$(group_key "$recipe")" ] && keep=1
   done
+  [ "$dir" = "$cache/parts/gateway-api-$(crds_key)" ] && keep=1
   [ -n "$keep" ] || rm -rf "$dir"
 done
+fetch_crds
 assemble
+[ -z "$chart" ] || chart_crds
 echo "k8s-test-env: built in $(( $(date +%s) - started )) s; $(du -shL "$cache/current/bin" | cut -f1) of binaries" >&2
 "$cache/current/bin/kube-apiserver" --version >&2
 echo "$cache/current/bin"

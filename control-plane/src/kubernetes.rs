@@ -30,8 +30,9 @@ use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, watch_into_store}
 
 use crate::ca::metrics::{CaMetrics, Readiness};
 
-/// What the control plane does with the API: (verb, group, resource). The
-/// ClusterRole in `deploy/rbac/control-plane.yaml` grants exactly these.
+/// What the control plane does with the API: (verb, group, resource, with
+/// `/subresource` where it acts on one). The ClusterRole in
+/// `deploy/rbac/control-plane.yaml` grants exactly these.
 pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("list", "", "pods"),
     ("watch", "", "pods"),
@@ -45,6 +46,12 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("watch", "discovery.k8s.io", "endpointslices"),
     ("list", "security.istio.io", "authorizationpolicies"),
     ("watch", "security.istio.io", "authorizationpolicies"),
+    ("list", "gateway.networking.k8s.io", "gateways"),
+    ("watch", "gateway.networking.k8s.io", "gateways"),
+    ("list", "gateway.networking.k8s.io", "gatewayclasses"),
+    ("watch", "gateway.networking.k8s.io", "gatewayclasses"),
+    // The status addresses of our waypoints (`waypoint_status.rs`).
+    ("patch", "gateway.networking.k8s.io", "gateways/status"),
     ("create", "authentication.k8s.io", "tokenreviews"),
 ];
 
@@ -91,6 +98,14 @@ impl SourceObserver for MetricsObserver {
             object = %format_args!("{}/{}", problem.namespace, problem.name),
             reason = %problem.reason,
             "Kubernetes object left out of the mesh"
+        );
+    }
+
+    fn kind_absent(&self, kind: &'static str) {
+        tracing::info!(
+            kind,
+            "the API server does not serve this kind (CRD not installed); the mesh is built \
+             without it until it is"
         );
     }
 
@@ -170,12 +185,17 @@ async fn missing_access(
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
     for (verb, group, resource) in required {
+        let (kind, subresource) = match resource.split_once('/') {
+            Some((kind, subresource)) => (kind, Some(subresource.to_owned())),
+            None => (*resource, None),
+        };
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some((*verb).to_owned()),
                     group: Some((*group).to_owned()),
-                    resource: Some((*resource).to_owned()),
+                    resource: Some(kind.to_owned()),
+                    subresource,
                     ..ResourceAttributes::default()
                 }),
                 ..SelfSubjectAccessReviewSpec::default()

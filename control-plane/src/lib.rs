@@ -13,4 +13,5 @@ pub mod ca;
 pub mod kubernetes;
 pub mod root_configmap;
 pub mod untaint;
+pub mod waypoint_status;
 pub mod xds;

@@ -37,6 +37,7 @@ use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
 use ztunnel_control_plane::root_configmap;
 use ztunnel_control_plane::untaint::{self, DEFAULT_TAINT_KEY, UntaintConfig};
+use ztunnel_control_plane::waypoint_status;
 use ztunnel_mesh::kube::convert::ConvertSettings;
 use ztunnel_mesh::kube::source::KubeRegistry;
 use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
@@ -100,20 +101,27 @@ struct ServeArgs {
     #[arg(long, default_value = "ztunnel-ca-state")]
     state_dir: PathBuf,
     /// Mesh file (YAML), the source of truth for impersonation and xDS:
-    /// `{pods: [...], services: [...], policies: [...]}`, or a bare list of
-    /// pods. Pods: name, namespace, uid, serviceAccount, nodeName, phase,
-    /// ips, labels, protocol (HBONE or TCP), network, clusterId,
-    /// workloadName. Services: name, namespace, hostname, vips, ports
-    /// {servicePort: targetPort}, and selector (labels) or endpoints (pod
-    /// uids). Policies: as ztunnel's local file, plus selector for scope
+    /// `{pods: [...], services: [...], policies: [...], networkGateways:
+    /// [...]}`, or a bare list of pods. Pods: name, namespace, uid,
+    /// serviceAccount, nodeName, phase, ips, labels, protocol (HBONE or
+    /// TCP), network, clusterId, workloadName, locality {region, zone,
+    /// subzone}, waypoint, applicationTunnel {protocol, port}. Services:
+    /// name, namespace, hostname, vips, ports {servicePort: targetPort}, and
+    /// selector (labels) or endpoints (pod uids); waypoint,
+    /// weightedWaypoints [{waypoint, weight}], ingressUseWaypoint. A
+    /// waypoint is {service: name or ns/name}, {hostname, namespace} or
+    /// {address: net/ip}, each with an optional port (15008). Network
+    /// gateways: network, namespace, serviceAccount, address or hostname,
+    /// port. Policies: as ztunnel's local file, plus selector for scope
     /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
     /// good file. Without it no impersonation is authorized and xDS serves
     /// nothing.
     #[arg(long, visible_alias = "pods", conflicts_with_all = ["kubeconfig", "in_cluster"])]
     mesh: Option<PathBuf>,
     /// Take the mesh from the Kubernetes API with this kubeconfig, instead
-    /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes and
-    /// security.istio.io AuthorizationPolicies are watched, and callers'
+    /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes,
+    /// security.istio.io AuthorizationPolicies and (when installed) Gateway
+    /// API Gateways and GatewayClasses are watched, and callers'
     /// tokens are checked by TokenReview (the role it needs:
     /// deploy/rbac/control-plane.yaml).
     #[arg(long, conflicts_with = "in_cluster")]
@@ -409,6 +417,11 @@ fn kubernetes_source(
             wait(stopped.clone()),
         ));
     }
+    tokio::spawn(waypoint_status::run(
+        client.clone(),
+        args.cluster_domain.clone(),
+        wait(stopped.clone()),
+    ));
     tokio::spawn(kubernetes::watch_permissions(
         client.clone(),
         Arc::clone(&permissions),
@@ -420,6 +433,7 @@ fn kubernetes_source(
         cluster_domain: args.cluster_domain.clone(),
         root_namespace: args.root_namespace.clone(),
         enable_dry_run_policies: args.enable_dry_run_policies,
+        system_namespace: args.pod_namespace.clone(),
         ..ConvertSettings::default()
     };
     let registry = KubeRegistry::start(

@@ -1,5 +1,7 @@
 //! The Kubernetes source of the mesh: Pods, Services, EndpointSlices,
-//! Nodes and Istio AuthorizationPolicies, converted to the mesh model.
+//! Nodes, Istio AuthorizationPolicies and Gateway API Gateways, converted
+//! to the mesh model.
 pub mod convert;
+pub mod gateway_crd;
 pub mod policy_crd;
 pub mod source;

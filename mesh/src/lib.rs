@@ -11,7 +11,8 @@
 //! Kubernetes objects to a [`MeshFile`]). Readers take an immutable
 //! [`MeshSnapshot`], so one request sees one consistent mesh; a change
 //! swaps the whole snapshot at once and tells [`PodRegistry::changes`]
-//! watchers. The entries are `pod.rs`, `service.rs` and `policy.rs`; checks
+//! watchers. The entries are `pod.rs`, `service.rs` and `policy.rs`, with
+//! the waypoints and network gateways they name in `waypoint.rs`; checks
 //! across entries are `snapshot.rs`'s.
 
 #![forbid(unsafe_code)]
@@ -36,6 +37,10 @@ pub use service::{
     NetworkAddress, Service, ServicePort, TargetPort,
 };
 pub use snapshot::{MeshError, MeshFile, MeshSnapshot};
+pub use waypoint::{
+    ApplicationTunnel, GatewayAddress, GatewayDestination, NetworkGateway, TunnelHeader,
+    WAYPOINT_HBONE_PORT, WeightedWaypoint,
+};
 
 mod file;
 pub mod kube;
@@ -43,6 +48,7 @@ mod pod;
 mod policy;
 mod service;
 mod snapshot;
+mod waypoint;
 
 /// Where pod, service and policy facts come from.
 pub trait PodRegistry: Send + Sync {

@@ -13,6 +13,8 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
+use super::waypoint::{ApplicationTunnel, GatewayAddress};
+
 /// Pod labels, and label selectors: key → value. Ordered, so that anything
 /// built from them is built the same way every time.
 pub type Labels = BTreeMap<String, String>;
@@ -96,6 +98,14 @@ pub struct Pod {
     /// and a pod without that name is not reached on that service port.
     #[serde(default)]
     pub container_ports: BTreeMap<String, u16>,
+    /// The waypoint that traffic addressed to the pod's own IPs goes
+    /// through; absent, peers reach the pod directly.
+    #[serde(default)]
+    pub waypoint: Option<GatewayAddress>,
+    /// How the pod, itself a waypoint's instance, takes traffic its node's
+    /// proxy hands it; absent, as HBONE delivers it.
+    #[serde(default)]
+    pub application_tunnel: Option<ApplicationTunnel>,
 }
 
 impl Pod {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::pod::Labels;
 use super::text_value;
+use super::waypoint::{GatewayAddress, WeightedWaypoint};
 
 /// One service, as the mesh file spells it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -54,6 +55,18 @@ pub struct Service {
     /// Kubernetes Service is canonical for its own hostname).
     #[serde(default)]
     pub canonical: bool,
+    /// The waypoint that traffic addressed to the service goes through;
+    /// absent, clients balance over the endpoints themselves.
+    #[serde(default)]
+    pub waypoint: Option<GatewayAddress>,
+    /// The waypoint beside a canary, with their shares; `waypoint` stays
+    /// the primary, for clients that read only it.
+    #[serde(default)]
+    pub weighted_waypoints: Vec<WeightedWaypoint>,
+    /// Ingress gateways send this service's traffic through its waypoint
+    /// too (ztunnel does not read it).
+    #[serde(default)]
+    pub ingress_use_waypoint: bool,
 }
 
 impl Service {

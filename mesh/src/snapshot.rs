@@ -20,6 +20,7 @@ use ztunnel_certs::identity::Identity;
 use super::pod::{Pod, PodPhase};
 use super::policy::{Policy, PolicyScope};
 use super::service::{Service, TargetPort};
+use super::waypoint::{GatewayAddress, GatewayDestination, NetworkGateway};
 
 /// The file's content, parsed but not yet checked as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct MeshFile {
     pub services: Vec<Service>,
     /// Authorization policies.
     pub policies: Vec<Policy>,
+    /// Gateways into the networks of pods on other networks than a
+    /// client's.
+    pub network_gateways: Vec<NetworkGateway>,
 }
 
 /// The map form of the file.
@@ -42,6 +46,8 @@ struct MeshFileMap {
     services: Vec<Service>,
     #[serde(default)]
     policies: Vec<Policy>,
+    #[serde(default, rename = "networkGateways")]
+    network_gateways: Vec<NetworkGateway>,
 }
 
 impl<'de> Deserialize<'de> for MeshFile {
@@ -59,7 +65,7 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
     type Value = MeshFile;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map {pods, services, policies} or a list of pods")
+        f.write_str("a map {pods, services, policies, networkGateways} or a list of pods")
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
@@ -76,6 +82,7 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
             pods: form.pods,
             services: form.services,
             policies: form.policies,
+            network_gateways: form.network_gateways,
         })
     }
 
@@ -101,17 +108,21 @@ pub struct MeshSnapshot {
     services: Vec<Service>,
     /// Policies, in file order.
     policies: Vec<Policy>,
+    /// Network gateways, in file order.
+    network_gateways: Vec<NetworkGateway>,
 }
 
 impl MeshSnapshot {
     /// Checks and indexes a file's content.
-    pub fn new(file: MeshFile) -> Result<Self, MeshError> {
+    pub fn new(mut file: MeshFile) -> Result<Self, MeshError> {
+        resolve_waypoints(&mut file)?;
         let mut snapshot = MeshSnapshot::default();
         snapshot.add_pods(file.pods)?;
         snapshot.check_services(&file.services)?;
         check_policies(&file.policies)?;
         snapshot.services = file.services;
         snapshot.policies = file.policies;
+        snapshot.network_gateways = file.network_gateways;
         Ok(snapshot)
     }
 
@@ -147,6 +158,19 @@ impl MeshSnapshot {
     /// Every policy, in file order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies
+    }
+
+    /// Every network gateway, in file order.
+    pub fn network_gateways(&self) -> &[NetworkGateway] {
+        &self.network_gateways
+    }
+
+    /// The gateway of `network` that workloads of that network are reached
+    /// through from others: the first one with a known HBONE port.
+    pub fn network_gateway(&self, network: &str) -> Option<&NetworkGateway> {
+        self.network_gateways
+            .iter()
+            .find(|gateway| gateway.network == network && gateway.hbone_mtls_port != 0)
     }
 
     /// Whether some pod with this namespace and service account, not in
@@ -306,6 +330,61 @@ impl MeshSnapshot {
     }
 }
 
+/// Turns every waypoint that names a service of the file into that
+/// service's hostname; an unknown name is an error.
+fn resolve_waypoints(file: &mut MeshFile) -> Result<(), MeshError> {
+    let hostnames: HashMap<(String, String), String> = file
+        .services
+        .iter()
+        .map(|service| {
+            let key = (service.namespace.clone(), service.name.clone());
+            (key, service.hostname.clone())
+        })
+        .collect();
+    let resolve = |waypoint: &mut GatewayAddress, referrer: &str, item: &dyn Fn() -> String| {
+        let GatewayDestination::Service { namespace, name } = &waypoint.destination else {
+            return Ok(());
+        };
+        let namespace = namespace.clone().unwrap_or_else(|| referrer.to_owned());
+        let Some(hostname) = hostnames.get(&(namespace.clone(), name.clone())) else {
+            return Err(MeshError::UnknownWaypoint {
+                item: item(),
+                service: format!("{namespace}/{name}"),
+            });
+        };
+        waypoint.destination = GatewayDestination::Hostname {
+            hostname: hostname.clone(),
+            namespace,
+        };
+        Ok(())
+    };
+    for pod in &mut file.pods {
+        let item = || format!("pod {}/{}", pod.namespace, pod.name);
+        if let Some(waypoint) = &mut pod.waypoint {
+            resolve(waypoint, &pod.namespace, &item)?;
+        }
+    }
+    for service in &mut file.services {
+        let item = || format!("service {}/{}", service.namespace, service.name);
+        let weighted = service
+            .weighted_waypoints
+            .iter_mut()
+            .map(|w| &mut w.waypoint);
+        for waypoint in service.waypoint.iter_mut().chain(weighted) {
+            resolve(waypoint, &service.namespace, &item)?;
+        }
+    }
+    for gateway in &file.network_gateways {
+        if let GatewayDestination::Service { .. } = gateway.destination {
+            return Err(MeshError::UnknownWaypoint {
+                item: format!("network gateway {}", gateway.workload_uid()),
+                service: gateway.destination.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Policies against each other, and scope against selector.
 fn check_policies(policies: &[Policy]) -> Result<(), MeshError> {
     let mut names = HashMap::new();
@@ -445,6 +524,14 @@ pub enum MeshError {
         service: String,
         /// The unknown uid.
         uid: String,
+    },
+    /// A waypoint names a service the file does not have.
+    #[error("{item}: waypoint {service} is not a service of the file")]
+    UnknownWaypoint {
+        /// The pod or service naming it.
+        item: String,
+        /// `namespace/name` of the service named.
+        service: String,
     },
     /// Two policies share a namespace and name.
     #[error("{policy} appears twice")]

@@ -68,6 +68,13 @@ pub struct KubeApi {
     started_in: Duration,
 }
 
+/// The Gateway API CRDs the control plane watches, as
+/// `scripts/k8s-test-env.sh` extracts them.
+const GATEWAY_API_CRDS: [&str; 2] = [
+    "gateway.networking.k8s.io_gateways.yaml",
+    "gateway.networking.k8s.io_gatewayclasses.yaml",
+];
+
 impl KubeApi {
     /// Where the binaries are, if `scripts/k8s-test-env.sh` built them: the
     /// reason to skip otherwise.
@@ -89,6 +96,44 @@ impl KubeApi {
             }
         }
         Ok(bin)
+    }
+
+    /// Where `scripts/k8s-test-env.sh` put the Gateway API CRDs (extracted
+    /// from the Go module it pins): the reason to skip otherwise.
+    pub fn gateway_api_crds() -> Result<PathBuf, String> {
+        let bin = Self::binaries()?;
+        let crds = bin.with_file_name("crds");
+        let gateways = crds.join(GATEWAY_API_CRDS[0]);
+        if !gateways.is_file() {
+            return Err(format!(
+                "{} missing: run scripts/k8s-test-env.sh to fetch the Gateway API CRDs",
+                gateways.display()
+            ));
+        }
+        Ok(crds)
+    }
+
+    /// Installs the Gateway API's Gateway and GatewayClass CRDs from `crds`
+    /// ([`KubeApi::gateway_api_crds`]) and waits until the API server
+    /// serves them.
+    pub fn install_gateway_api_crds(&self, crds: &Path) -> anyhow::Result<()> {
+        for file in GATEWAY_API_CRDS {
+            let path = crds.join(file).display().to_string();
+            // Server-side: the Gateway CRD is too big for the annotation a
+            // client-side apply keeps.
+            self.kubectl(&["apply", "--server-side", "-f", &path], None)?;
+        }
+        self.kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                "crd/gateways.gateway.networking.k8s.io",
+                "crd/gatewayclasses.gateway.networking.k8s.io",
+            ],
+            None,
+        )?;
+        Ok(())
     }
 
     /// Starts etcd and kube-apiserver and waits until the API server is

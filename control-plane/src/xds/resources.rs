@@ -32,8 +32,11 @@ use ztunnel_mesh::{
     WorkloadType as MeshWorkloadType,
 };
 
+use gateway::{application_tunnel, gateway_address, network_gateway_workload};
+
 use index::PodIndex;
 
+mod gateway;
 mod index;
 
 /// The cluster of pods that name none (WIRE.md §8: empty means this too).
@@ -56,8 +59,8 @@ const CANONICAL_REVISION_LABELS: [&str; 3] = [
 /// The revision of pods that carry none of the labels, as istiod says.
 const DEFAULT_REVISION: &str = "latest";
 
-/// Every `Address` resource of a snapshot (workloads, then services), with
-/// its resource name. `trust_domain` is the CA's: the identities it issues.
+/// Every `Address` resource of a snapshot (workloads, then network
+/// gateways' workloads, then services), with its resource name. `trust_domain` is the CA's: the identities it issues.
 pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Address)> {
     let index = PodIndex::new(snapshot);
     let mut services_of: HashMap<usize, BTreeMap<String, PortList>> = HashMap::new();
@@ -91,9 +94,21 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
         let mut policies = policies_of.remove(&at).unwrap_or_default();
         policies.sort_unstable();
         let services = services_of.remove(&at).unwrap_or_default();
-        let workload = workload(pod, trust_domain, services, policies);
+        let mut workload = workload(pod, trust_domain, services, policies);
+        workload.network_gateway = snapshot
+            .network_gateway(&pod.network)
+            .map(|gateway| gateway_address(&gateway.destination, gateway.hbone_mtls_port));
         resources.push((
             pod.resource_name().to_owned(),
+            Address {
+                r#type: Some(address::Type::Workload(workload)),
+            },
+        ));
+    }
+    for gateway in snapshot.network_gateways() {
+        let workload = network_gateway_workload(gateway, trust_domain);
+        resources.push((
+            workload.uid.clone(),
             Address {
                 r#type: Some(address::Type::Workload(workload)),
             },
@@ -217,6 +232,11 @@ fn workload(
         } else {
             proto_workload::NetworkMode::Standard
         } as i32,
+        waypoint: pod
+            .waypoint
+            .as_ref()
+            .map(|waypoint| gateway_address(&waypoint.destination, waypoint.hbone_mtls_port)),
+        application_tunnel: pod.application_tunnel.map(application_tunnel),
         ..Workload::default()
     }
 }
@@ -300,6 +320,22 @@ fn proto_service(service: &Service) -> ProtoService {
             IpFamilies::Dual => proto_workload::IpFamilies::Dual,
         } as i32,
         canonical: service.canonical,
+        waypoint: service
+            .waypoint
+            .as_ref()
+            .map(|waypoint| gateway_address(&waypoint.destination, waypoint.hbone_mtls_port)),
+        weighted_waypoints: service
+            .weighted_waypoints
+            .iter()
+            .map(|weighted| proto_workload::WeightedWaypoint {
+                destination: Some(gateway_address(
+                    &weighted.waypoint.destination,
+                    weighted.waypoint.hbone_mtls_port,
+                )),
+                weight: weighted.weight,
+            })
+            .collect(),
+        ingress_use_waypoint: service.ingress_use_waypoint,
         ..ProtoService::default()
     }
 }
@@ -416,7 +452,7 @@ fn cidr(form: &Cidr) -> proto_security::Address {
 }
 
 /// 4 bytes for IPv4 (IPv4-mapped IPv6 included), 16 for IPv6.
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+pub(super) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     match ip.to_canonical() {
         IpAddr::V4(v4) => v4.octets().to_vec(),
         IpAddr::V6(v6) => v6.octets().to_vec(),

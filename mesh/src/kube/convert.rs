@@ -18,14 +18,19 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod as KubePod, Service as Kub
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::gateway_crd::{Gateway, GatewayClass};
 use super::policy_crd::AuthorizationPolicy;
 use crate::{Labels, Locality, MeshFile, Pod, Policy};
+use waypoint::Waypoints;
 
+mod network;
 mod pod;
 mod policy;
 mod service;
+mod waypoint;
 
 pub use pod::{pod_addresses, service_account};
+pub use waypoint::status_addresses;
 
 /// What the watches currently hold. Order does not matter: the output is
 /// sorted by namespace and name.
@@ -33,8 +38,8 @@ pub use pod::{pod_addresses, service_account};
 pub struct KubeObjects {
     /// Every pod, whichever its phase (the CA counts all but Failed ones).
     pub pods: Vec<Arc<KubePod>>,
-    /// Namespaces. The conversion reads none of their fields today; they
-    /// are held for the watch's namespace filtering.
+    /// Namespaces: their waypoint labels and traffic distribution, and the
+    /// system namespace's network label.
     pub namespaces: Vec<Arc<Namespace>>,
     /// Services.
     pub services: Vec<Arc<KubeService>>,
@@ -44,6 +49,10 @@ pub struct KubeObjects {
     pub nodes: Vec<Arc<Node>>,
     /// Istio AuthorizationPolicies.
     pub authorization_policies: Vec<Arc<AuthorizationPolicy>>,
+    /// Gateway API Gateways: waypoints and network gateways.
+    pub gateways: Vec<Arc<Gateway>>,
+    /// Gateway API GatewayClasses: what their Gateways inherit.
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
 }
 
 /// The mesh-wide settings istiod takes from its flags and mesh config.
@@ -59,8 +68,12 @@ pub struct ConvertSettings {
     pub cluster_domain: String,
     /// Where mesh-wide policies live (mesh config `rootNamespace`).
     pub root_namespace: String,
-    /// The network of pod IPs and service VIPs; empty is the default one.
+    /// The network of pod IPs and service VIPs when the system namespace
+    /// has no `topology.istio.io/network` label; empty is the default one.
     pub network: String,
+    /// The namespace the control plane runs in: its
+    /// `topology.istio.io/network` label names the network.
+    pub system_namespace: String,
     /// Whether dry-run policies are sent, marked dry-run, rather than
     /// left out (`AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY`).
     pub enable_dry_run_policies: bool,
@@ -75,6 +88,7 @@ impl Default for ConvertSettings {
             cluster_domain: "cluster.local".to_owned(),
             root_namespace: "istio-system".to_owned(),
             network: String::new(),
+            system_namespace: "istio-system".to_owned(),
             enable_dry_run_policies: false,
         }
     }
@@ -185,6 +199,22 @@ pub enum ProblemReason {
         /// The action as written.
         action: &'static str,
     },
+    /// An object's own `istio.io/use-waypoint` label that binds nothing;
+    /// it goes direct (no fall-back to its namespace's waypoint).
+    #[error("waypoint {waypoint} not bound: {reason}")]
+    WaypointNotBound {
+        /// `namespace/name` of the Gateway named.
+        waypoint: String,
+        /// istiod's reason: `WaypointIsNotReady`, `AttachmentDenied` or
+        /// `UnsupportedTrafficType`.
+        reason: &'static str,
+    },
+    /// A canary waypoint that cannot be used; the primary alone applies.
+    #[error("canary waypoint not used: {why}")]
+    CanaryInvalid {
+        /// Why.
+        why: String,
+    },
     /// A dry-run policy while dry-run policies are disabled; not sent.
     #[error("dry-run policy not sent (dry-run policies are disabled)")]
     DryRunNotSent,
@@ -223,7 +253,9 @@ impl ProblemReason {
             | ProblemReason::BadPort { .. }
             | ProblemReason::EndpointsWithoutPod { .. }
             | ProblemReason::AllowRulesDropped { .. }
-            | ProblemReason::DenyFieldsIgnored { .. } => Effect::Trimmed,
+            | ProblemReason::DenyFieldsIgnored { .. }
+            | ProblemReason::WaypointNotBound { .. }
+            | ProblemReason::CanaryInvalid { .. } => Effect::Trimmed,
         }
     }
 }
@@ -244,15 +276,39 @@ pub enum Effect {
 /// The mesh the objects make. Pure: the same objects give the same result.
 pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion {
     let mut problems = Vec::new();
+    let namespaces: HashMap<&str, &ObjectMeta> = objects
+        .namespaces
+        .iter()
+        .filter_map(|ns| Some((ns.metadata.name.as_deref()?, &ns.metadata)))
+        .collect();
+    let network = namespaces
+        .get(settings.system_namespace.as_str())
+        .and_then(|ns| value(&ns.labels, network::NETWORK_LABEL));
+    let settings = &ConvertSettings {
+        network: network.map_or_else(|| settings.network.clone(), str::to_owned),
+        ..settings.clone()
+    };
+    let waypoints = Waypoints::new(
+        &objects.gateways,
+        &objects.gateway_classes,
+        &namespaces,
+        &settings.network,
+    );
     let localities = pod::localities(&objects.nodes);
-    let pods = pods(objects, &localities, settings, &mut problems);
-    let services = service::services(objects, &pods, settings, &mut problems);
+    let pods = pods(objects, &localities, &waypoints, settings, &mut problems);
+    let context = service::Context {
+        pods: &pods,
+        namespaces: &namespaces,
+        waypoints: &waypoints,
+    };
+    let services = service::services(objects, &context, settings, &mut problems);
     let policies = policies(objects, settings, &mut problems);
     Conversion {
         mesh: MeshFile {
             pods,
             services,
             policies,
+            network_gateways: network::network_gateways(&objects.gateways),
         },
         problems,
     }
@@ -263,6 +319,7 @@ pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion 
 fn pods(
     objects: &KubeObjects,
     localities: &HashMap<&str, Locality>,
+    waypoints: &Waypoints<'_>,
     settings: &ConvertSettings,
     problems: &mut Vec<ObjectProblem>,
 ) -> Vec<Pod> {
@@ -270,7 +327,12 @@ fn pods(
     let mut claims = PodClaims::default();
     for object in sorted(&objects.pods, |pod| &pod.metadata) {
         let report = |reason| problem("Pod", &object.metadata, reason);
-        let outcome = pod::pod(object, localities, settings);
+        let mut outcome = pod::pod(object, localities, settings);
+        if let Some(pod) = &mut outcome.entry {
+            let bound = waypoints.for_pod(&object.metadata, &pod.namespace, &mut outcome.problems);
+            pod.waypoint = bound.waypoint;
+            pod.application_tunnel = bound.application_tunnel;
+        }
         problems.extend(outcome.problems.into_iter().map(report));
         let Some(mut pod) = outcome.entry else {
             continue;

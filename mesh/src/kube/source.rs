@@ -1,6 +1,7 @@
 //! The Kubernetes source of the mesh, as a [`PodRegistry`]: one watch per
 //! kind (Pods, Namespaces, Services, EndpointSlices, Nodes,
-//! AuthorizationPolicies) feeding a reflector store, and one task that
+//! AuthorizationPolicies, Gateways, GatewayClasses) feeding a reflector
+//! store, and one task that
 //! turns the stores into a new [`MeshSnapshot`] through the pure
 //! conversion (`convert.rs`) after each change.
 //!
@@ -11,7 +12,11 @@
 //! - an object that does not convert is left out and reported, with its
 //!   kind and name, once per distinct problem; the rest of the mesh is kept;
 //! - until every watch has listed once, the source is not ready and the
-//!   snapshot is empty (readers check [`KubeRegistry::is_ready`]).
+//!   snapshot is empty (readers check [`KubeRegistry::is_ready`]);
+//! - the Gateway API is optional: while its CRDs are not installed, its
+//!   kinds count as listed and empty (said once, through
+//!   [`SourceObserver::kind_absent`]), and their watches keep retrying, so
+//!   Gateways installed later are picked up.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
@@ -29,6 +34,7 @@ use tokio::sync::{Notify, watch};
 use ztunnel_certs::error_chain::ErrorChain;
 
 use super::convert::{ConvertSettings, KubeObjects, ObjectProblem, convert};
+use super::gateway_crd::{Gateway, GatewayClass};
 use super::policy_crd::AuthorizationPolicy;
 use crate::{MeshSnapshot, PodRegistry};
 
@@ -46,6 +52,9 @@ pub trait SourceObserver: Send + Sync {
     fn object_refused(&self, problem: &ObjectProblem);
     /// A new snapshot was built from the stores.
     fn snapshot_built(&self, snapshot: &MeshSnapshot);
+    /// The API server does not serve `kind` (its CRD is not installed); the
+    /// mesh is built without it until it appears. Told once per absence.
+    fn kind_absent(&self, kind: &'static str);
 }
 
 /// The mesh as the API server says it is.
@@ -97,6 +106,8 @@ impl KubeRegistry {
                 &client,
                 watch("AuthorizationPolicy"),
             ),
+            gateways: watch_optional_kind::<Gateway>(&client, watch("Gateway")),
+            gateway_classes: watch_optional_kind::<GatewayClass>(&client, watch("GatewayClass")),
         };
         let task = rebuild(Arc::clone(&registry), stores, settings, changed, observer);
         let shutdown = until_stopped();
@@ -154,6 +165,27 @@ struct Stores {
     endpoint_slices: Store<EndpointSlice>,
     nodes: Store<Node>,
     authorization_policies: Store<AuthorizationPolicy>,
+    gateways: OptionalStore<Gateway>,
+    gateway_classes: OptionalStore<GatewayClass>,
+}
+
+/// The store of a kind whose CRD may be absent, and whether the API server
+/// said so.
+struct OptionalStore<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    absent: watch::Receiver<bool>,
+}
+
+impl<K: kube::Resource<DynamicType = ()> + Clone + 'static> OptionalStore<K> {
+    /// Until the first list, or until the API server says the kind is not
+    /// served.
+    async fn wait_until_settled(&self) {
+        let mut absent = self.absent.clone();
+        tokio::select! {
+            _ = self.store.wait_until_ready() => {}
+            _ = absent.wait_for(|absent| *absent) => {}
+        }
+    }
 }
 
 impl Stores {
@@ -174,6 +206,11 @@ impl Stores {
         wait!(self.endpoint_slices, "EndpointSlices");
         wait!(self.nodes, "Nodes");
         wait!(self.authorization_policies, "AuthorizationPolicies");
+        registry.set_waiting_for("the first list of Gateways (or word that they are not served)");
+        self.gateways.wait_until_settled().await;
+        registry
+            .set_waiting_for("the first list of GatewayClasses (or word that they are not served)");
+        self.gateway_classes.wait_until_settled().await;
     }
 
     fn objects(&self) -> KubeObjects {
@@ -184,6 +221,8 @@ impl Stores {
             endpoint_slices: self.endpoint_slices.state(),
             nodes: self.nodes.state(),
             authorization_policies: self.authorization_policies.state(),
+            gateways: self.gateways.store.state(),
+            gateway_classes: self.gateway_classes.store.state(),
         }
     }
 }
@@ -222,32 +261,86 @@ where
     store
 }
 
+/// The settings of one of the mesh's watches: the kind's name in reports,
+/// what to wake, whom to tell, and until when.
+type MeshWatch<'a, S> = (
+    &'static str,
+    &'a Arc<Notify>,
+    &'a Arc<dyn SourceObserver>,
+    S,
+);
+
 /// Watches one kind over all namespaces for the mesh: every event wakes
 /// the rebuild, every error is reported.
 fn watch_kind<K>(
     client: &kube::Client,
-    (kind, changed, observer, shutdown): (
-        &'static str,
-        &Arc<Notify>,
-        &Arc<dyn SourceObserver>,
-        impl Future<Output = ()> + Send + 'static,
-    ),
+    watch: MeshWatch<'_, impl Future<Output = ()> + Send + 'static>,
 ) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watch_mesh_kind(client, watch, false).store
+}
+
+/// Watches a kind whose CRD may not be installed: as [`watch_kind`], but a
+/// "not found" from the API server is told once through
+/// [`SourceObserver::kind_absent`] (until the kind is served again) rather
+/// than as a failure, and settles the store's first list as empty.
+fn watch_optional_kind<K>(
+    client: &kube::Client,
+    watch: MeshWatch<'_, impl Future<Output = ()> + Send + 'static>,
+) -> OptionalStore<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watch_mesh_kind(client, watch, true)
+}
+
+fn watch_mesh_kind<K>(
+    client: &kube::Client,
+    (kind, changed, observer, shutdown): MeshWatch<'_, impl Future<Output = ()> + Send + 'static>,
+    optional: bool,
+) -> OptionalStore<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let changed = Arc::clone(changed);
     let observer = Arc::clone(observer);
+    let (absent_sender, absent) = watch::channel(false);
     let on_event = move |event: Result<(), watcher::Error>| match event {
-        Ok(()) => changed.notify_one(),
+        Ok(()) => {
+            absent_sender.send_replace(false);
+            changed.notify_one();
+        }
+        Err(error) if optional && is_not_served(&error) => {
+            if !absent_sender.send_replace(true) {
+                observer.kind_absent(kind);
+            }
+        }
         Err(error) => observer.watch_failed(kind, &ErrorChain(&error).to_string()),
     };
-    watch_into_store(
+    let store = watch_into_store(
         Api::all(client.clone()),
         watcher::Config::default(),
         on_event,
         shutdown,
-    )
+    );
+    OptionalStore { store, absent }
+}
+
+/// Whether a watch failed because the API server does not serve the kind
+/// (404: its CRD is not installed). The API server answers a path of an
+/// unknown group with a plain-text "404 page not found", not a Status of
+/// reason `NotFound`, so the code alone decides.
+pub fn is_not_served(error: &watcher::Error) -> bool {
+    const NOT_FOUND: u16 = 404;
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == NOT_FOUND,
+        watcher::Error::WatchError(status) => status.code == NOT_FOUND,
+        _ => false,
+    }
 }
 
 /// Builds a snapshot once every store is ready, then after each burst of

@@ -124,6 +124,9 @@ pub(super) fn pod(
         ready: Some(is_ready(object)),
         trust_domain: Some(trust_domain),
         container_ports: spec.map(container_ports).unwrap_or_default(),
+        // Bound by `convert.rs`, which sees the Gateways.
+        waypoint: None,
+        application_tunnel: None,
         name,
         namespace,
         uid,

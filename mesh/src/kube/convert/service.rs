@@ -15,6 +15,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::waypoint::Waypoints;
 use super::{
     ConvertSettings, KubeObjects, ObjectProblem, Outcome, ProblemReason, name_and_namespace,
     problem, sorted, value,
@@ -27,22 +30,50 @@ use crate::{
 /// Names the Service an EndpointSlice belongs to.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// Istio's traffic distribution, on a Service, else its Namespace; the
+/// Service's `spec.trafficDistribution` wins over both.
+const TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
+
+/// What a Service's conversion reads beside the Service.
+pub(super) struct Context<'a> {
+    /// The pods kept, so that every member named is one of them.
+    pub(super) pods: &'a [Pod],
+    /// Namespace name → metadata.
+    pub(super) namespaces: &'a HashMap<&'a str, &'a ObjectMeta>,
+    /// The waypoints services bind to.
+    pub(super) waypoints: &'a Waypoints<'a>,
+}
+
 /// Every Service that converts, in namespace/name order, with the
-/// EndpointSlice members of those without a selector. `pods` are the pods
-/// kept, so that every member named is one of them.
+/// EndpointSlice members of those without a selector and their waypoints.
 pub(super) fn services(
     objects: &KubeObjects,
-    pods: &[Pod],
+    context: &Context<'_>,
     settings: &ConvertSettings,
     problems: &mut Vec<ObjectProblem>,
 ) -> Vec<Service> {
     let mut slice_problems = Vec::new();
-    let mut members = slice_members(&objects.endpoint_slices, pods, &mut slice_problems);
+    let mut members = slice_members(&objects.endpoint_slices, context.pods, &mut slice_problems);
     let mut converted = Vec::new();
     let mut names = HashSet::new();
     for object in sorted(&objects.services, |service| &service.metadata) {
         let report = |reason| problem("Service", &object.metadata, reason);
-        let outcome = service(object, settings);
+        let namespace_metadata = object
+            .metadata
+            .namespace
+            .as_deref()
+            .and_then(|namespace| context.namespaces.get(namespace).copied());
+        let mut outcome = service(object, namespace_metadata, settings);
+        if let Some(service) = &mut outcome.entry {
+            let bound = context.waypoints.for_service(
+                &object.metadata,
+                &service.namespace,
+                &mut outcome.problems,
+            );
+            service.waypoint = bound.waypoint;
+            service.weighted_waypoints = bound.weighted;
+            service.ingress_use_waypoint = bound.ingress_use_waypoint;
+        }
         problems.extend(outcome.problems.into_iter().map(report));
         let Some(mut service) = outcome.entry else {
             continue;
@@ -64,7 +95,11 @@ pub(super) fn services(
 
 /// The mesh service of a Kubernetes Service; ExternalName services are
 /// not sent (silently: that is what they are), nameless ones are left out.
-fn service(object: &KubeService, settings: &ConvertSettings) -> Outcome<Service> {
+fn service(
+    object: &KubeService,
+    namespace_metadata: Option<&ObjectMeta>,
+    settings: &ConvertSettings,
+) -> Outcome<Service> {
     let (name, namespace) = match name_and_namespace(&object.metadata) {
         Ok(names) => names,
         Err(reason) => return Outcome::left_out(reason),
@@ -97,6 +132,11 @@ fn service(object: &KubeService, settings: &ConvertSettings) -> Outcome<Service>
     let (ports, port_problems) = ports(spec.ports.as_deref().unwrap_or_default());
     problems.extend(port_problems);
     let selector = spec.selector.clone().filter(|labels| !labels.is_empty());
+    let traffic_distribution = spec
+        .traffic_distribution
+        .as_deref()
+        .or_else(|| value(&object.metadata.annotations, TRAFFIC_DISTRIBUTION))
+        .or_else(|| namespace_metadata.and_then(|ns| value(&ns.annotations, TRAFFIC_DISTRIBUTION)));
     let service = Service {
         hostname: format!("{name}.{namespace}.svc.{}", settings.cluster_domain),
         vips,
@@ -106,10 +146,13 @@ fn service(object: &KubeService, settings: &ConvertSettings) -> Outcome<Service>
         ip_families: ip_families(spec.ip_families.as_deref().unwrap_or_default()),
         load_balancing: load_balancing(
             spec.internal_traffic_policy.as_deref(),
-            spec.traffic_distribution.as_deref(),
+            traffic_distribution,
             spec.publish_not_ready_addresses == Some(true),
         ),
         canonical: true,
+        waypoint: None,
+        weighted_waypoints: Vec::new(),
+        ingress_use_waypoint: false,
         name,
         namespace,
     };

@@ -26,7 +26,7 @@ fn convert(patch: Value) -> Service {
 }
 
 fn convert_with(patch: Value, settings: &ConvertSettings) -> Service {
-    let outcome = service(&kube_service(patch), settings);
+    let outcome = service(&kube_service(patch), None, settings);
     assert_eq!(outcome.problems, []);
     outcome.entry.unwrap()
 }
@@ -98,7 +98,7 @@ fn hostname_and_vips_follow_the_spec() {
 fn external_name_services_are_not_sent_and_not_reported() {
     let object =
         kube_service(json!({"spec": {"type": "ExternalName", "externalName": "db.example"}}));
-    let outcome = service(&object, &ConvertSettings::default());
+    let outcome = service(&object, None, &ConvertSettings::default());
     assert_eq!((outcome.entry, outcome.problems), (None, vec![]));
 }
 
@@ -224,7 +224,7 @@ fn out_of_range_ports_are_skipped_and_reported() {
         {"port": 82, "targetPort": -1},
         {"port": 83},
     ]}}));
-    let outcome = service(&object, &ConvertSettings::default());
+    let outcome = service(&object, None, &ConvertSettings::default());
     let ports: Vec<u16> = outcome.entry.unwrap().ports.into_keys().collect();
     assert_eq!(ports, [83]);
     let bad = [70000, 0, -1].map(|port| ProblemReason::BadPort { port });
@@ -392,7 +392,19 @@ fn members_come_from_the_selector_or_the_endpoint_slices() {
         ..KubeObjects::default()
     };
     let mut problems = Vec::new();
-    let services = services(&objects, &pods, &ConvertSettings::default(), &mut problems);
+    let namespaces = HashMap::new();
+    let waypoints = Waypoints::new(&[], &[], &namespaces, "");
+    let context = Context {
+        pods: &pods,
+        namespaces: &namespaces,
+        waypoints: &waypoints,
+    };
+    let services = services(
+        &objects,
+        &context,
+        &ConvertSettings::default(),
+        &mut problems,
+    );
     // (service, selector, members)
     let got: Vec<Members> = services
         .iter()
