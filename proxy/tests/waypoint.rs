@@ -16,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ztunnel_certs::identity::Identity;
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::waypoint::{Outcome, Route, Waypoint};
 
 use support::{APP_PORT, HBONE_PORT, delivered_over_mtls, eventually, logs};
@@ -66,6 +67,13 @@ fn start(tag: &str) -> Option<Cluster> {
         eprintln!("skipping {tag}: {reason}");
         return None;
     }
+    let crds = match KubeApi::gateway_api_crds() {
+        Ok(crds) => crds,
+        Err(reason) => {
+            eprintln!("skipping {tag}: {reason}");
+            return None;
+        }
+    };
     let specs = [
         PodSpec::new("client", "default", "client", "node-a"),
         PodSpec::new("other", "default", "other", "node-a"),
@@ -86,6 +94,8 @@ fn start(tag: &str) -> Option<Cluster> {
             pod.serve_echo(APP_PORT).unwrap();
         }
     }
+    let api = cluster.kube().unwrap().api();
+    api.install_gateway_api_crds(&crds).unwrap();
     kubectl(&cluster, &["apply", "-f", "-"], Some(OBJECTS));
     cluster.wait_synced().unwrap();
     Some(cluster)
@@ -132,6 +142,24 @@ fn use_waypoint(cluster: &Cluster, on: bool) {
     kubectl(cluster, &args, None);
 }
 
+/// The Gateway as the API server has it, and node-a's services, for a
+/// failure's message.
+fn debug_state(cluster: &Cluster) -> String {
+    let gateway = cluster
+        .kube()
+        .unwrap()
+        .api()
+        .kubectl(&["get", "gateway", "-A", "-o", "yaml"], None)
+        .unwrap_or_else(|error| error.to_string());
+    let dump = cluster
+        .node("node-a")
+        .unwrap()
+        .http_get(15000, "/config_dump")
+        .map(|(_, body)| body)
+        .unwrap_or_else(|error| error.to_string());
+    format!("--- gateways ---\n{gateway}\n--- node-a config_dump ---\n{dump}")
+}
+
 /// Whether `from`'s bytes to `target` come back.
 fn echoes_at(cluster: &Cluster, from: &str, target: SocketAddr) -> bool {
     cluster.pod(from).unwrap().echoes(target)
@@ -173,13 +201,17 @@ fn a_namespace_labelled_to_use_a_waypoint_reaches_its_service_only_through_it() 
         logs(&cluster)
     );
     assert!(delivered_over_mtls(&cluster, "node-b", "server-b", "client") > 0);
-    assert!(waypoint.records().is_empty(), "nothing went to the waypoint");
+    assert!(
+        waypoint.records().is_empty(),
+        "nothing went to the waypoint"
+    );
 
     use_waypoint(&cluster, true);
     assert!(
         eventually(|| echoes_at(&cluster, "client", vip) && !waypoint.records().is_empty()),
-        "service traffic goes through the waypoint once the namespace is labelled:\n{}",
-        logs(&cluster)
+        "service traffic goes through the waypoint once the namespace is labelled:\n{}\n{}",
+        logs(&cluster),
+        debug_state(&cluster)
     );
     let through = waypoint.records();
     let record = through.last().unwrap();

@@ -393,6 +393,13 @@ fn serve(
                         return;
                     }
                 };
+                // The control plane writes its waypoints' status
+                // addresses, as `ztunnel-ca serve` does on Kubernetes.
+                tokio::spawn(ztunnel_control_plane::waypoint_status::run(
+                    client.clone(),
+                    ConvertSettings::default().cluster_domain,
+                    until_stopped(),
+                ));
                 let registry = KubeRegistry::start(
                     client.clone(),
                     ConvertSettings::default(),
