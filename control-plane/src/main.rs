@@ -108,7 +108,8 @@ struct ServeArgs {
     /// subzone}, waypoint, applicationTunnel {protocol, port}. Services:
     /// name, namespace, hostname, vips, ports {servicePort: targetPort}, and
     /// selector (labels) or endpoints (pod uids); waypoint,
-    /// weightedWaypoints [{waypoint, weight}], ingressUseWaypoint. A
+    /// weightedWaypoints [{waypoint, weight}], ingressUseWaypoint,
+    /// subjectAltNames (SPIFFE identities, as a ServiceEntry's). A
     /// waypoint is {service: name or ns/name}, {hostname, namespace} or
     /// {address: net/ip}, each with an optional port (15008). Network
     /// gateways: network, namespace, serviceAccount, address or hostname,

@@ -67,6 +67,12 @@ pub struct Service {
     /// too (ztunnel does not read it).
     #[serde(default)]
     pub ingress_use_waypoint: bool,
+    /// SPIFFE identities its endpoints may present besides their own, as
+    /// a ServiceEntry's `subjectAltNames`: what a client expects at the end
+    /// of a double HBONE tunnel into another network, where no other
+    /// identity is accepted (AMBIENT.md §3.3-3.4).
+    #[serde(default)]
+    pub subject_alt_names: Vec<String>,
 }
 
 impl Service {

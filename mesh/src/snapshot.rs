@@ -281,6 +281,15 @@ impl MeshSnapshot {
             non_empty(&service.name, "name", item)?;
             non_empty(&service.namespace, "namespace", item)?;
             non_empty(&service.hostname, "hostname", item)?;
+            for san in &service.subject_alt_names {
+                if let Err(error) = san.parse::<Identity>() {
+                    return Err(MeshError::BadSubjectAltName {
+                        service: item(),
+                        san: san.clone(),
+                        reason: ErrorChain(&error).to_string(),
+                    });
+                }
+            }
             if names
                 .insert((&service.namespace, &service.name), ())
                 .is_some()
@@ -481,6 +490,16 @@ pub enum MeshError {
         first: String,
         /// The second.
         second: String,
+    },
+    /// A service's subject alt name is no SPIFFE identity.
+    #[error("{service}: subjectAltNames entry {san:?} is not a SPIFFE identity: {reason}")]
+    BadSubjectAltName {
+        /// The service.
+        service: String,
+        /// The entry.
+        san: String,
+        /// Why it does not parse.
+        reason: String,
     },
     /// Two services share a namespace and name.
     #[error("{service} appears twice")]

@@ -387,6 +387,11 @@ fn contradictory_entries_are_refused() {
             "endpoint nope",
         ),
         (
+            "subject alt name that is no identity",
+            service(", subjectAltNames: ['spiffe://cluster.local/ns/n/sa/s', 'db.example']"),
+            "subjectAltNames entry \"db.example\" is not a SPIFFE identity",
+        ),
+        (
             "zero port",
             format!(
                 "pods:\n{two_pods}services:\n- {{name: s, namespace: n, hostname: h, ports: {{80: 0}}}}\n"

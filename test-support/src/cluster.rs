@@ -383,6 +383,7 @@ impl Cluster {
     /// Starts the shared-mode ztunnel of `name`, stopping the running one
     /// first.
     pub fn start_ztunnel(&mut self, name: &str) -> anyhow::Result<()> {
+        let network = self.mesh.node_network(name).to_owned();
         let node = node_mut(&mut self.nodes, name)?;
         stop(&mut node.ztunnel);
         let log = append(&node.dir.join("ztunnel.log"))?;
@@ -405,6 +406,7 @@ impl Cluster {
             .env("CA_ROOT_CA", self.ca.root_cert_path())
             .env("AUTH_TOKEN", node.dir.join("ztunnel.token"))
             .env("TRUST_DOMAIN", TRUST_DOMAIN)
+            .env("NETWORK", network)
             .env("ZTUNNEL_WORKER_THREADS", "1")
             .env("TERMINATION_GRACE_PERIOD_SECONDS", "1s")
             .env("RUST_LOG", "info,access=debug")

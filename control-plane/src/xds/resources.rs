@@ -336,6 +336,7 @@ fn proto_service(service: &Service) -> ProtoService {
             })
             .collect(),
         ingress_use_waypoint: service.ingress_use_waypoint,
+        subject_alt_names: service.subject_alt_names.clone(),
         ..ProtoService::default()
     }
 }

@@ -47,7 +47,7 @@ pub fn registry(nodes: &[&str], pods: &[PodSpec]) -> String {
         text.push_str(&ztunnel_entry(node));
     }
     for pod in pods {
-        text.push_str(&pod_entry(pod, None));
+        text.push_str(&pod_entry(pod, None, ""));
     }
     text
 }
@@ -61,8 +61,8 @@ fn ztunnel_entry(node: &str) -> String {
 }
 
 /// The registry entry of an application pod, with its address and protocol
-/// once it has a workload.
-fn pod_entry(spec: &PodSpec, workload: Option<&Workload>) -> String {
+/// once it has a workload, on `network` (the default when empty).
+fn pod_entry(spec: &PodSpec, workload: Option<&Workload>, network: &str) -> String {
     let mut entry = format!(
         "- {{name: {}, namespace: {}, uid: {}, serviceAccount: {}, nodeName: {}, phase: Running",
         spec.name,
@@ -78,6 +78,9 @@ fn pod_entry(spec: &PodSpec, workload: Option<&Workload>) -> String {
             workload.ip,
             workload.protocol()
         );
+    }
+    if !network.is_empty() {
+        let _ = write!(entry, ", network: {network}");
     }
     entry.push_str("}\n");
     entry
@@ -129,6 +132,10 @@ pub struct MeshFile {
     pods: Vec<Entry>,
     policies: String,
     services: String,
+    /// `networkGateways:` list items (YAML), as the mesh file spells them.
+    network_gateways: String,
+    /// The network of each node's pods, where it is not the default one.
+    node_networks: Vec<(String, String)>,
     /// Workloads on nodes outside the cluster, only written to the file:
     /// the size of the mesh a proxy knows (`set_remote_workloads`).
     remote_workloads: usize,
@@ -175,6 +182,8 @@ impl MeshFile {
                 .collect(),
             policies: String::new(),
             services: String::new(),
+            network_gateways: String::new(),
+            node_networks: Vec::new(),
             remote_workloads: 0,
         };
         file.write()?;
@@ -248,6 +257,39 @@ impl MeshFile {
         self.write()
     }
 
+    /// Puts the pods of `node` on `network` (the default network when
+    /// empty). Only with xDS: the control plane gives workloads their
+    /// network.
+    pub fn set_node_network(&mut self, node: &str, network: &str) -> anyhow::Result<()> {
+        if self.source != ConfigSource::Xds {
+            bail!("networks are only written to the control plane's mesh file");
+        }
+        self.node_networks.retain(|(known, _)| known != node);
+        if !network.is_empty() {
+            self.node_networks
+                .push((node.to_owned(), network.to_owned()));
+        }
+        self.write()
+    }
+
+    /// The network of `node`'s pods; empty for the default network.
+    pub fn node_network(&self, node: &str) -> &str {
+        self.node_networks
+            .iter()
+            .find(|(known, _)| known == node)
+            .map_or("", |(_, network)| network)
+    }
+
+    /// Replaces the `networkGateways:` list (YAML list items of the CA's
+    /// mesh file). Only with xDS.
+    pub fn set_network_gateways(&mut self, gateways: &str) -> anyhow::Result<()> {
+        if self.source != ConfigSource::Xds {
+            bail!("network gateways are only written to the control plane's mesh file");
+        }
+        gateways.clone_into(&mut self.network_gateways);
+        self.write()
+    }
+
     /// Adds `count` workloads on other nodes (replacing any added before):
     /// the rest of a large mesh, which no test pod talks to but every
     /// proxy holds. Each has an address in 198.19.0.0/16, one of 50
@@ -300,10 +342,14 @@ impl MeshFile {
             text.push_str(&ztunnel_entry(node));
         }
         for entry in &self.pods {
-            text.push_str(&pod_entry(&entry.spec, entry.workload.as_ref()));
+            let network = self.node_network(&entry.spec.node);
+            text.push_str(&pod_entry(&entry.spec, entry.workload.as_ref(), network));
         }
         if !self.services.trim().is_empty() {
             let _ = write!(text, "services:\n{}", self.services);
+        }
+        if !self.network_gateways.trim().is_empty() {
+            let _ = write!(text, "networkGateways:\n{}", self.network_gateways);
         }
         if !self.policies.trim().is_empty() {
             let _ = write!(text, "policies:\n{}", self.policies);

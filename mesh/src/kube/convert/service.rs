@@ -153,6 +153,7 @@ fn service(
         waypoint: None,
         weighted_waypoints: Vec::new(),
         ingress_use_waypoint: false,
+        subject_alt_names: Vec::new(),
         name,
         namespace,
     };
