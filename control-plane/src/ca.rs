@@ -22,6 +22,7 @@ pub mod authenticator;
 pub mod authn;
 pub mod authz;
 pub mod metrics;
+pub mod pending;
 pub mod server;
 pub mod service;
 pub mod signing_secret;

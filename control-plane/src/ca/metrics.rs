@@ -61,6 +61,10 @@ pub struct CaMetrics {
     kube_watch_errors: Family<KindLabels, Counter>,
     /// Kubernetes objects left out of the mesh, by kind.
     kube_objects_refused: Family<KindLabels, Counter>,
+    /// Connections closed before their TLS handshake ended, by reason:
+    /// too many pending from one source or in all, or the handshake's
+    /// time ran out.
+    connections_refused: Family<ReasonLabels, Counter>,
 }
 
 impl CaMetrics {
@@ -101,6 +105,7 @@ impl CaMetrics {
             xds_nacks: Family::default(),
             kube_watch_errors: Family::default(),
             kube_objects_refused: Family::default(),
+            connections_refused: Family::default(),
         };
         metrics.register_mesh();
         metrics
@@ -123,6 +128,11 @@ impl CaMetrics {
             "kube_objects_refused",
             "Kubernetes objects left out of the mesh, by kind",
             self.kube_objects_refused.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Connections closed before their TLS handshake ended, by reason (pending_per_source, pending_total, handshake_timeout)",
+            self.connections_refused.clone(),
         );
         registry.register(
             "xds_clients",
@@ -177,6 +187,13 @@ impl CaMetrics {
     /// Counts an invalid request.
     pub fn record_rejection(&self, reason: &'static str) {
         self.rejected.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts a connection closed before its TLS handshake ended.
+    pub fn record_connection_refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// Counts an issued certificate.

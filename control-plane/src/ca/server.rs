@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -30,6 +31,8 @@ use ztunnel_certs::issuer::{IssuerError, ServingCertificate};
 use ztunnel_certs::tls;
 
 use super::CaConfig;
+use super::metrics::CaMetrics;
+use super::pending::PendingHandshakes;
 use super::service::CertificateService;
 
 /// Largest gRPC request decoded: a CSR is at most 64 KiB of PEM, and the
@@ -56,8 +59,21 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// across a cluster; 10 s frees the slot of a client that stalls.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Handshakes in flight at once: each holds a socket and a rustls state.
-const MAX_CONCURRENT_HANDSHAKES: usize = 256;
+/// Handshakes in flight from one source address: a ztunnel opens a
+/// connection or two at a time (CA and xDS, on start and on renewal); more
+/// is a peer holding slots. Over it a connection is closed at once.
+const MAX_PENDING_PER_SOURCE: usize = 16;
+
+/// Handshakes in flight in all: each holds a socket and a rustls state
+/// (tens of KiB), so this bounds the memory unidentified peers cost.
+const MAX_PENDING_HANDSHAKES: usize = 1024;
+
+/// Finished handshakes waiting for the gRPC server to take them.
+const HANDED_OVER: usize = 256;
+
+/// How often refused connections are logged: each is counted, the log
+/// says it is happening without a line per connection.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Requests a connection may have in flight: a ztunnel runs at most 8
 /// concurrent CA calls (WIRE.md §3).
@@ -98,6 +114,7 @@ pub async fn serve(
         SystemTime::now(),
     )?;
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(serving)?));
+    let metrics = Arc::clone(&config.metrics);
     let (stop, stopped) = watch::channel(false);
     let ads = AdsService::start(&config, MAX_XDS_DECODING_MESSAGE_BYTES, stopped);
     let ca = IstioCertificateServiceServer::new(CertificateService::new(config))
@@ -110,8 +127,8 @@ pub async fn serve(
         let _ = stop.send(true);
     };
 
-    let (connections, incoming) = mpsc::channel(MAX_CONCURRENT_HANDSHAKES);
-    let accept = tokio::spawn(accept_loop(listener, acceptor, connections));
+    let (connections, incoming) = mpsc::channel(HANDED_OVER);
+    let accept = tokio::spawn(accept_loop(listener, acceptor, connections, metrics));
     let result = tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
@@ -171,13 +188,19 @@ pub fn tls_config(serving: ServingCertificate) -> Result<ServerConfig, rustls::E
 }
 
 /// Accepts TCP connections and hands each finished TLS handshake to tonic.
-/// Runs until aborted or tonic stops taking connections.
+/// Never waits for a slot: a connection whose source (or the server) has
+/// too many handshakes pending is closed at once and counted, so peers
+/// that connect and send nothing cannot delay anyone else's accept. Runs
+/// until aborted or tonic stops taking connections.
 async fn accept_loop(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     connections: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+    metrics: Arc<CaMetrics>,
 ) {
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    let pending = PendingHandshakes::new(MAX_PENDING_PER_SOURCE, MAX_PENDING_HANDSHAKES);
+    let mut refused_since_log = 0_u64;
+    let mut last_log: Option<Instant> = None;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -187,17 +210,40 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
-            return;
-        };
         if connections.is_closed() {
             return;
         }
+        let slot = match pending.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                drop(stream);
+                metrics.record_connection_refused(refused.label());
+                refused_since_log += 1;
+                if last_log.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_EVERY) {
+                    tracing::warn!(
+                        %peer,
+                        reason = refused.label(),
+                        refused = refused_since_log,
+                        per_source = MAX_PENDING_PER_SOURCE,
+                        total = MAX_PENDING_HANDSHAKES,
+                        "closing connections whose TLS handshake cannot be pending now \
+                         (counted in ca_connections_refused)"
+                    );
+                    refused_since_log = 0;
+                    last_log = Some(Instant::now());
+                }
+                continue;
+            }
+        };
         let acceptor = acceptor.clone();
         let connections = connections.clone();
+        let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {
-            let _permit = permit;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
+            // The slot is given back once the handshake has ended either
+            // way, before waiting for the gRPC server to take the stream.
+            drop(slot);
+            match handshake {
                 Ok(Ok(tls)) => {
                     // Err: the server is shutting down; the connection just closes.
                     let _ = connections.send(Ok(tls)).await;
@@ -205,7 +251,10 @@ async fn accept_loop(
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, error = %ErrorChain(&error), "CA TLS handshake failed")
                 }
-                Err(_) => tracing::debug!(%peer, "CA TLS handshake timed out"),
+                Err(_) => {
+                    metrics.record_connection_refused("handshake_timeout");
+                    tracing::debug!(%peer, "CA TLS handshake timed out");
+                }
             }
         });
     }
