@@ -43,6 +43,7 @@ const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
+const DATA: u8 = 0x0;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 /// GOAWAY's error code for a peer that behaves abusively.
@@ -204,13 +205,20 @@ async fn frames_until_closed(
     tokio::time::timeout(within, read_all)
         .await
         .unwrap_or_else(|_| panic!("the connection is still open after {within:?}"));
+    frames_in(&received)
+}
+
+/// The whole frames in `received`, as (type, payload).
+fn frames_in(received: &[u8]) -> Vec<(u8, Vec<u8>)> {
     let mut frames = Vec::new();
-    let mut rest = &received[..];
+    let mut rest = received;
     while rest.len() >= 9 {
         let length = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
-        let end = (9 + length).min(rest.len());
-        frames.push((rest[3], rest[9..end].to_vec()));
-        rest = &rest[end..];
+        if rest.len() < 9 + length {
+            break;
+        }
+        frames.push((rest[3], rest[9..9 + length].to_vec()));
+        rest = &rest[9 + length..];
     }
     frames
 }
@@ -465,4 +473,31 @@ async fn pings_and_settings_a_client_does_not_read_the_answers_to_hold_it_back()
             "frame type {kind}: the server took all {written} bytes with none of its answers read"
         );
     }
+}
+
+#[tokio::test]
+async fn a_flood_of_empty_data_frames_closes_the_connection() {
+    let mesh = Mesh::new();
+    let (addr, _outcomes) = mesh.serve(H2Settings::default(), &Arc::default()).await;
+    let mut tls = mesh.connect(addr).await;
+    let mut flood = PREFACE.to_vec();
+    flood.extend(frame(SETTINGS, 0, 0, &[]));
+    // `:method: CONNECT` and `:authority: 10.0.0.1:8080`, as literals: a
+    // stream the server accepts and keeps open while it dials.
+    let block = [
+        &[0x02, 0x07][..],
+        b"CONNECT",
+        &[0x01, 0x0d],
+        b"10.0.0.1:8080",
+    ]
+    .concat();
+    flood.extend(frame(HEADERS, END_HEADERS, 1, &block));
+    // Each frame costs the server its parsing and carries nothing.
+    let empty = frame(DATA, 0, 1, &[]);
+    for _ in 0..10_000 {
+        flood.extend_from_slice(&empty);
+    }
+    let _ = tls.write_all(&flood).await;
+    let frames = frames_until_closed(&mut tls, PATIENCE).await;
+    assert_eq!(goaway_code(&frames), Some(ENHANCE_YOUR_CALM), "{frames:?}");
 }

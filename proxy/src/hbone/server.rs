@@ -19,8 +19,9 @@
 //!   and reads no further frame until it is written, so a client that does
 //!   not read its acknowledgements is held back by TCP, and one that does
 //!   costs a frame written per frame read;
-//! - empty DATA frames: h2 drops them before they reach the stream, so
-//!   they cost their parsing only, as any byte the client sends.
+//! - empty and small DATA frames: h2 (0.4.17 on) closes the connection after
+//!   100 empty ones (END_STREAM aside) and when small ones buffered outrun
+//!   a budget, so their framing cannot cost more than the data they carry.
 //!
 //! What the tunnel may reach (authorization, the upstream dial) is the
 //! [`InboundHandler`]'s decision; this module only speaks h2.
@@ -133,7 +134,9 @@ pub trait InboundHandler: Send + Sync + 'static {
     type Upstream: Side + Send + 'static;
 
     /// Authorizes `request` and connects the upstream. The client gets its
-    /// 200 only once this returns `Ok`.
+    /// 200 only once this returns `Ok`. The future is dropped unfinished
+    /// when the client resets the stream meanwhile, so it must hold nothing
+    /// that dropping does not release (a socket being connected is closed).
     fn open(
         &self,
         request: &InboundRequest,
