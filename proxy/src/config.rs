@@ -19,6 +19,7 @@ use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::control_plane::ControlPlaneError;
 
+mod keepalive;
 pub mod local;
 mod value;
 mod xds;
@@ -91,6 +92,8 @@ pub struct Config {
     pub node_name: Option<String>,
     /// SO_MARK on every socket the proxy opens, so capture rules skip them.
     pub packet_mark: Option<u32>,
+    /// TCP keepalive of every data-plane socket.
+    pub keepalive: crate::socket::Keepalive,
     /// Worker threads of the data-plane runtime.
     pub worker_threads: usize,
     /// Connection pool limits.
@@ -299,6 +302,8 @@ struct Args {
     /// SO_MARK for the proxy's own sockets [default: 1337 in shared mode, none in dedicated].
     #[arg(long, env = "PACKET_MARK")]
     packet_mark: Option<u32>,
+    #[command(flatten)]
+    keepalive: keepalive::KeepaliveArgs,
     /// Data-plane worker threads [default: ZTUNNEL_CPU_LIMIT when set, else 2].
     #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
     worker_threads: Option<usize>,
@@ -577,6 +582,7 @@ impl Args {
             network: self.network.into(),
             node_name: self.node_name.filter(|name| !name.is_empty()),
             packet_mark,
+            keepalive: self.keepalive.parse()?,
             worker_threads,
             pool: PoolSettings {
                 max_streams_per_connection: self.pool_max_streams_per_connection.max(1),

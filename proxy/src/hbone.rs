@@ -67,6 +67,28 @@ pub struct H2Settings {
     pub keepalive_interval: Duration,
     /// A PING unanswered this long closes the connection: the peer is gone.
     pub keepalive_timeout: Duration,
+    /// How long the server waits for the client's connection preface once
+    /// TLS is done: 5 s. Ours and Istio's clients write it right after
+    /// their TLS handshake, with the first CONNECT behind it, so a few
+    /// seconds cover any round trip; without a bound, an authenticated
+    /// client that goes silent holds its socket and TLS state until TCP
+    /// gives up.
+    pub server_preface_timeout: Duration,
+    /// How long the server waits for the first CONNECT after the preface:
+    /// 5 s, as a client dials only when it has a request to send. After
+    /// that, h2 PINGs keep a connection's liveness in check.
+    pub server_first_request_timeout: Duration,
+    /// Streams the client reset before the server accepted them, held at
+    /// once, after which the connection is closed (ENHANCE_YOUR_CALM):
+    /// 20, h2's own default, set here so that an upgrade cannot loosen it.
+    /// The rapid-reset attack (CVE-2023-44487) opens and resets streams
+    /// faster than they are accepted.
+    pub server_max_pending_accept_reset_streams: usize,
+    /// Streams the server resets for the client's protocol errors before
+    /// it closes the connection (ENHANCE_YOUR_CALM): 1024, h2's default,
+    /// which no conforming client comes near; each error costs the server
+    /// a reset to write, so a client must not force them without end.
+    pub server_max_local_error_resets: usize,
 }
 
 impl Default for H2Settings {
@@ -84,6 +106,10 @@ impl Default for H2Settings {
             server_send_buffer: 400 * 1024,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),
+            server_preface_timeout: Duration::from_secs(5),
+            server_first_request_timeout: Duration::from_secs(5),
+            server_max_pending_accept_reset_streams: 20,
+            server_max_local_error_resets: 1024,
         }
     }
 }

@@ -5,17 +5,98 @@
 //! `inpod/netns.rs`). Listeners are bound by each mode's start-up with
 //! [`listen`], the one set-up both share. Also reads the original
 //! destination of a redirected connection.
+//!
+//! Every data-plane socket carries the [`Keepalive`] settings (AMBIENT.md
+//! §8.1): dials get them from their factory, and accepted connections from
+//! their listener, whose TCP options the kernel copies onto each
+//! connection it accepts (Linux's `tcp_create_openreq_child`), which saves
+//! the five `setsockopt` calls per connection of setting them after accept.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// Backlog of each listener: enough for a burst of pod connections while
 /// the accept loop is busy, the kernel caps it at `somaxconn` anyway.
 const LISTEN_BACKLOG: i32 = 1024;
+
+/// TCP keepalive and user timeout of the data plane's sockets, as Istio
+/// sets them (AMBIENT.md §8.1): a peer that vanished without a FIN or RST
+/// (a node gone, a NAT or conntrack entry expired) is found and its
+/// connection closed, instead of holding a socket and its tunnel forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Whether probes are sent at all (`KEEPALIVE_ENABLED`).
+    pub enabled: bool,
+    /// Idle time before the first probe (`KEEPALIVE_TIME`, TCP_KEEPIDLE).
+    pub time: Duration,
+    /// Time between unanswered probes (`KEEPALIVE_INTERVAL`, TCP_KEEPINTVL).
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped
+    /// (`KEEPALIVE_RETRIES`, TCP_KEEPCNT).
+    pub retries: u32,
+    /// Whether data left unacknowledged for as long as the probes would
+    /// take also drops the connection (`USER_TIMEOUT_ENABLED`,
+    /// TCP_USER_TIMEOUT): probes only run on an idle connection, so a peer
+    /// that vanishes while we have data in flight is found only by this.
+    pub user_timeout: bool,
+}
+
+impl Keepalive {
+    /// Nothing set: the proxy's own endpoints (admin, metrics, readiness),
+    /// which Istio leaves to the kernel's defaults.
+    pub const OFF: Keepalive = Keepalive {
+        enabled: false,
+        time: Duration::ZERO,
+        interval: Duration::ZERO,
+        retries: 0,
+        user_timeout: false,
+    };
+
+    /// TCP_USER_TIMEOUT, when enabled: as long as an idle connection's
+    /// probes take to give up, `time + retries × interval` (30 min by
+    /// default).
+    pub fn user_timeout(&self) -> Option<Duration> {
+        self.user_timeout.then(|| {
+            self.time
+                .saturating_add(self.interval.saturating_mul(self.retries))
+        })
+    }
+
+    /// Sets these options on `socket`: a dialing socket, or a listener
+    /// whose accepted connections inherit them.
+    pub fn apply(&self, socket: &Socket) -> io::Result<()> {
+        if self.enabled {
+            let keepalive = TcpKeepalive::new()
+                .with_time(self.time)
+                .with_interval(self.interval)
+                .with_retries(self.retries);
+            socket.set_tcp_keepalive(&keepalive)?;
+        }
+        if let Some(timeout) = self.user_timeout() {
+            socket.set_tcp_user_timeout(Some(timeout))?;
+        }
+        Ok(())
+    }
+}
+
+/// Istio's defaults: probes after 180 s idle, every 180 s, 9 of them; no
+/// user timeout.
+impl Default for Keepalive {
+    fn default() -> Keepalive {
+        Keepalive {
+            enabled: true,
+            time: Duration::from_secs(180),
+            interval: Duration::from_secs(180),
+            retries: 9,
+            user_timeout: false,
+        }
+    }
+}
 
 /// Makes the sockets of one proxied workload.
 pub trait SocketFactory: Send + Sync + 'static {
@@ -38,18 +119,21 @@ pub trait SocketFactory: Send + Sync + 'static {
 pub struct LocalSockets {
     /// SO_MARK for every socket; `None` sets none.
     pub mark: Option<u32>,
+    /// On every socket, listeners included.
+    pub keepalive: Keepalive,
 }
 
 impl LocalSockets {
     /// A bound, listening TCP socket in the current namespace.
     pub fn tcp_listener(&self, addr: SocketAddr) -> io::Result<TcpListener> {
-        TcpListener::from_std(listen(addr, self.mark, |_| Ok(()))?)
+        TcpListener::from_std(listen(addr, self.mark, self.keepalive, |_| Ok(()))?)
     }
 }
 
 impl SocketFactory for LocalSockets {
     fn tcp_socket(&self, destination: SocketAddr, source: Option<IpAddr>) -> io::Result<TcpSocket> {
-        let socket = dial_socket(new_dial_socket(destination)?, self.mark)?;
+        let socket = new_dial_socket(destination)?;
+        let socket = dial_socket(socket, self.mark, self.keepalive)?;
         if let Some(source) = source {
             bind_source(&socket, source)?;
         }
@@ -59,12 +143,14 @@ impl SocketFactory for LocalSockets {
 
 /// A listening TCP socket on `addr`, set up as every proxy listener is:
 /// one dual-stack socket on `[::]` (IPv4 peers show as ::ffff:a.b.c.d),
-/// SO_REUSEADDR, non-blocking, no Nagle, and `mark` as SO_MARK.
+/// SO_REUSEADDR, non-blocking, no Nagle, `mark` as SO_MARK, and
+/// `keepalive`, which accepted connections inherit with the no-Nagle flag.
 /// `before_bind` adds the caller's own options (SO_REUSEPORT,
 /// IP_TRANSPARENT).
 pub fn listen(
     addr: SocketAddr,
     mark: Option<u32>,
+    keepalive: Keepalive,
     before_bind: impl FnOnce(&Socket) -> io::Result<()>,
 ) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -77,6 +163,7 @@ pub fn listen(
     if let Some(mark) = mark {
         socket.set_mark(mark)?;
     }
+    keepalive.apply(&socket)?;
     before_bind(&socket)?;
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
@@ -92,12 +179,14 @@ pub fn new_dial_socket(destination: SocketAddr) -> io::Result<Socket> {
 }
 
 /// Sets up a socket from [`new_dial_socket`] as every proxy dial is: no
-/// Nagle, and `mark` as SO_MARK so that capture rules skip it.
-pub fn dial_socket(socket: Socket, mark: Option<u32>) -> io::Result<Socket> {
+/// Nagle, `mark` as SO_MARK so that capture rules skip it, and
+/// `keepalive`.
+pub fn dial_socket(socket: Socket, mark: Option<u32>, keepalive: Keepalive) -> io::Result<Socket> {
     socket.set_tcp_nodelay(true)?;
     if let Some(mark) = mark {
         socket.set_mark(mark)?;
     }
+    keepalive.apply(&socket)?;
     Ok(socket)
 }
 
@@ -169,16 +258,92 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_connection_that_was_not_redirected_has_no_original_destination() {
-        let sockets = LocalSockets::default();
+    /// The keepalive options as the kernel holds them on `socket`:
+    /// (SO_KEEPALIVE, idle, interval, probes, user timeout).
+    fn keepalive_of(socket: SockRef<'_>) -> (bool, Duration, Duration, u32, Option<Duration>) {
+        (
+            socket.keepalive().unwrap(),
+            socket.tcp_keepalive_time().unwrap(),
+            socket.tcp_keepalive_interval().unwrap(),
+            socket.tcp_keepalive_retries().unwrap(),
+            socket.tcp_user_timeout().unwrap(),
+        )
+    }
+
+    /// A connection through a listener and a dial both made by `sockets`:
+    /// the dialled stream and the accepted one.
+    async fn connect_through(sockets: &LocalSockets) -> (TcpStream, TcpStream) {
         let listener = sockets
             .tcp_listener("127.0.0.1:0".parse().unwrap())
             .unwrap();
         let addr = listener.local_addr().unwrap();
         let client = sockets.tcp_socket(addr, None).unwrap().connect(addr);
         let (client, accepted) = tokio::join!(client, listener.accept());
-        let (_client, (server, _)) = (client.unwrap(), accepted.unwrap());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn dialled_and_accepted_connections_carry_istios_keepalive() {
+        let sockets = LocalSockets::default();
+        let (dialled, accepted) = connect_through(&sockets).await;
+        let istio = (
+            true,
+            Duration::from_secs(180),
+            Duration::from_secs(180),
+            9,
+            None,
+        );
+        assert_eq!(keepalive_of(SockRef::from(&dialled)), istio, "dialled");
+        assert_eq!(keepalive_of(SockRef::from(&accepted)), istio, "accepted");
+        assert!(accepted.nodelay().unwrap(), "accepted without Nagle");
+    }
+
+    #[tokio::test]
+    async fn the_user_timeout_is_as_long_as_the_probes_take() {
+        let keepalive = Keepalive {
+            time: Duration::from_secs(10),
+            interval: Duration::from_secs(3),
+            retries: 4,
+            user_timeout: true,
+            ..Keepalive::default()
+        };
+        let sockets = LocalSockets {
+            mark: None,
+            keepalive,
+        };
+        let (dialled, accepted) = connect_through(&sockets).await;
+        let want = (
+            true,
+            Duration::from_secs(10),
+            Duration::from_secs(3),
+            4,
+            Some(Duration::from_secs(22)),
+        );
+        assert_eq!(keepalive_of(SockRef::from(&dialled)), want, "dialled");
+        assert_eq!(keepalive_of(SockRef::from(&accepted)), want, "accepted");
+        let default = Keepalive {
+            user_timeout: true,
+            ..Keepalive::default()
+        };
+        assert_eq!(default.user_timeout(), Some(Duration::from_secs(30 * 60)));
+    }
+
+    #[tokio::test]
+    async fn keepalive_off_leaves_the_kernels_defaults() {
+        let sockets = LocalSockets {
+            mark: None,
+            keepalive: Keepalive::OFF,
+        };
+        let (dialled, accepted) = connect_through(&sockets).await;
+        for socket in [SockRef::from(&dialled), SockRef::from(&accepted)] {
+            assert!(!socket.keepalive().unwrap());
+            assert_eq!(socket.tcp_user_timeout().unwrap(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_was_not_redirected_has_no_original_destination() {
+        let (_client, server) = connect_through(&LocalSockets::default()).await;
         assert!(original_destination(&server).is_err());
     }
 }

@@ -29,6 +29,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
     let certificate_ready = node.ready.register_task("local workload certificate");
     let sockets = LocalSockets {
         mark: config.packet_mark,
+        keepalive: config.keepalive,
     };
     let proxy = Arc::new(Proxy {
         config: Arc::clone(config),

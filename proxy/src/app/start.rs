@@ -26,7 +26,7 @@ use crate::inpod::zds::ProtocolError;
 use crate::memory;
 use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
-use crate::socket::LocalSockets;
+use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
 use crate::xds::{XdsClient, XdsMetrics};
@@ -177,7 +177,10 @@ fn serve_operations(
 ) -> anyhow::Result<mpsc::Receiver<()>> {
     let _guard = node.control.enter();
     let addrs = node.config.listeners;
-    let plain = LocalSockets { mark: None };
+    let plain = LocalSockets {
+        mark: None,
+        keepalive: Keepalive::OFF,
+    };
     let admin_listener = app::bind(&plain, addrs.admin, "admin")?;
     let stats_listener = app::bind(&plain, addrs.stats, "stats")?;
     let readiness_listener = app::bind(&plain, addrs.readiness, "readiness")?;

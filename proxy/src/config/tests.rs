@@ -213,3 +213,67 @@ fn a_proxy_application_tunnel_is_dialled_on_loopback_unless_turned_off() {
     let off = parse(&["--localhost-app-tunnel", "false"]).unwrap();
     assert!(!off.localhost_app_tunnel);
 }
+
+#[test]
+fn keepalive_follows_istio() {
+    let keepalive = parse(&[]).unwrap().keepalive;
+    assert_eq!(keepalive, crate::socket::Keepalive::default());
+    let minutes = |m: u64| Duration::from_secs(m * 60);
+    assert_eq!(
+        (keepalive.enabled, keepalive.time, keepalive.interval),
+        (true, minutes(3), minutes(3))
+    );
+    assert_eq!((keepalive.retries, keepalive.user_timeout()), (9, None));
+
+    // Istio's variable names.
+    let command = Args::command();
+    let envs: Vec<_> = command
+        .get_arguments()
+        .filter(|arg| {
+            arg.get_id().as_str().contains("keepalive") || arg.get_id() == "user_timeout_enabled"
+        })
+        .filter_map(|arg| arg.get_env()?.to_str())
+        .collect();
+    assert_eq!(
+        envs,
+        [
+            "KEEPALIVE_ENABLED",
+            "KEEPALIVE_TIME",
+            "KEEPALIVE_INTERVAL",
+            "KEEPALIVE_RETRIES",
+            "USER_TIMEOUT_ENABLED"
+        ]
+    );
+
+    let set = parse(&[
+        "--keepalive-enabled=false",
+        "--keepalive-time=1m",
+        "--keepalive-interval=5",
+        "--keepalive-retries=3",
+        "--user-timeout-enabled=true",
+    ])
+    .unwrap()
+    .keepalive;
+    assert!(!set.enabled);
+    assert_eq!(
+        (set.time, set.interval),
+        (minutes(1), Duration::from_secs(5))
+    );
+    assert_eq!(set.user_timeout(), Some(Duration::from_secs(75)));
+}
+
+#[test]
+fn keepalive_values_the_kernel_refuses_fail_start_up() {
+    let cases = [
+        ("--keepalive-time=0s", "KEEPALIVE_TIME"),
+        ("--keepalive-time=1500ms", "KEEPALIVE_TIME"),
+        ("--keepalive-interval=10h", "KEEPALIVE_INTERVAL"),
+        ("--keepalive-interval=soon", "KEEPALIVE_INTERVAL"),
+        ("--keepalive-retries=0", "KEEPALIVE_RETRIES"),
+        ("--keepalive-retries=128", "KEEPALIVE_RETRIES"),
+    ];
+    for (flag, name) in cases {
+        let error = parse(&[flag]).unwrap_err();
+        assert!(error.to_string().starts_with(name), "{flag}: {error}");
+    }
+}

@@ -21,6 +21,9 @@ pub enum ValueError {
     /// A duration did not parse.
     #[error("{0:?} is not a duration such as 300ms, 30s, 5m, 1h30m or 24h")]
     Duration(String),
+    /// The value is outside what the setting can take.
+    #[error("{0:?} is out of range: {1}")]
+    Range(String, &'static str),
     /// The value is not an IP address.
     #[error("{0:?} is not an IP address")]
     Address(String),

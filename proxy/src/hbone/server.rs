@@ -2,6 +2,27 @@
 //! the h2 server with our bounds, the checks of each request (WIRE.md §4
 //! "Server handling"), and the copy between the tunnel and the upstream.
 //!
+//! What a client may make the server hold, and what bounds it:
+//! - a connection that never sends its preface, or never a first CONNECT:
+//!   [`H2Settings::server_preface_timeout`] and
+//!   [`H2Settings::server_first_request_timeout`] close it;
+//! - streams opened and reset at once (rapid reset): a reset abandons the
+//!   stream's upstream dial at once, at most the advertised stream limit
+//!   dial at one time (a stream beyond it is refused with REFUSED_STREAM),
+//!   and h2 closes the connection when resets outrun accepts
+//!   ([`H2Settings::server_max_pending_accept_reset_streams`]) or the
+//!   client keeps causing protocol errors
+//!   ([`H2Settings::server_max_local_error_resets`]);
+//! - header blocks: 64 KiB a request, and h2 (0.4.16 and later) closes the
+//!   connection after a few CONTINUATION frames more than that needs;
+//! - PING and SETTINGS floods: h2 holds one unsent acknowledgement of each
+//!   and reads no further frame until it is written, so a client that does
+//!   not read its acknowledgements is held back by TCP, and one that does
+//!   costs a frame written per frame read;
+//! - empty and small DATA frames: h2 (0.4.17 on) closes the connection after
+//!   100 empty ones (END_STREAM aside) and when small ones buffered outrun
+//!   a budget, so their framing cannot cost more than the data they carry.
+//!
 //! What the tunnel may reach (authorization, the upstream dial) is the
 //! [`InboundHandler`]'s decision; this module only speaks h2.
 
@@ -17,6 +38,7 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use ztunnel_certs::error_chain::ErrorChain;
@@ -33,6 +55,10 @@ use crate::hbone::{Authority, H2Settings, keepalive};
 /// stream still dialing its upstream.
 const FORCED_STREAM_GRACE: Duration = Duration::from_millis(100);
 
+/// How long a connection closed for its silence has to take its GOAWAY:
+/// one is a few bytes, so this only bounds a client that does not read.
+const GOAWAY_FLUSH: Duration = Duration::from_secs(1);
+
 /// Why an inbound HBONE connection failed before or while serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -46,6 +72,12 @@ pub enum ServerError {
     /// The client certificate carries no SPIFFE identity.
     #[error("client certificate carries no SPIFFE identity")]
     NoPeerIdentity,
+    /// The client sent no HTTP/2 preface in time after its TLS handshake.
+    #[error("no HTTP/2 preface within {0:?}")]
+    PrefaceTimeout(Duration),
+    /// The client sent no request in time after its preface.
+    #[error("no request within {0:?} of the HTTP/2 handshake")]
+    FirstRequestTimeout(Duration),
     /// The h2 handshake or the connection failed.
     #[error("HTTP/2")]
     H2(#[from] h2::Error),
@@ -102,7 +134,9 @@ pub trait InboundHandler: Send + Sync + 'static {
     type Upstream: Side + Send + 'static;
 
     /// Authorizes `request` and connects the upstream. The client gets its
-    /// 200 only once this returns `Ok`.
+    /// 200 only once this returns `Ok`. The future is dropped unfinished
+    /// when the client resets the stream meanwhile, so it must hold nothing
+    /// that dropping does not release (a socket being connected is closed).
     fn open(
         &self,
         request: &InboundRequest,
@@ -155,15 +189,7 @@ where
     H: InboundHandler,
 {
     let (peer_addr, local_addr) = addresses;
-    let mut connection = h2::server::Builder::new()
-        .initial_window_size(settings.stream_window)
-        .initial_connection_window_size(settings.connection_window)
-        .max_frame_size(settings.max_frame_size)
-        .max_header_list_size(settings.server_max_header_list)
-        .max_concurrent_streams(settings.server_max_concurrent_streams)
-        .max_send_buffer_size(settings.server_send_buffer)
-        .handshake::<_, Bytes>(tls)
-        .await?;
+    let mut connection = handshake(tls, settings).await?;
     let ping_pong = connection.ping_pong();
     let (interval, timeout) = (settings.keepalive_interval, settings.keepalive_timeout);
     let keepalive = async move {
@@ -184,13 +210,29 @@ where
     // of every open tunnel); the tracker only counts them. Streams left
     // when the connection ends see it gone and report their close.
     let streams = TaskTracker::new();
-    let mut draining = false;
+    // h2 stops counting a stream the moment the client resets it, while its
+    // task may still be dialing: the dials hold a permit each, so resets
+    // never let more run than the streams the client may have open.
+    let dials = Arc::new(Semaphore::new(
+        settings.server_max_concurrent_streams as usize,
+    ));
+    let first_request_timeout = settings.server_first_request_timeout;
+    let first_request = tokio::time::sleep(first_request_timeout);
+    tokio::pin!(first_request);
+    let (mut draining, mut requested) = (false, false);
     // Bounded by the connection: `accept` returns `None` once it is closed,
     // and h2 caps the streams in flight at the advertised maximum.
     loop {
         tokio::select! {
             accepted = connection.accept() => match accepted {
-                Some(Ok((request, respond))) => {
+                Some(Ok((request, mut respond))) => {
+                    requested = true;
+                    let Ok(dialing) = Arc::clone(&dials).try_acquire_owned() else {
+                        // Only a client resetting streams faster than their
+                        // dials stop gets here.
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    };
                     // The set-up is boxed and built here, so the stream's
                     // task holds only what the copy needs (see `serve_stream`).
                     let opening = Box::pin(open_stream(
@@ -198,12 +240,17 @@ where
                         respond,
                         Arc::clone(&context),
                         Arc::clone(&handler),
+                        dialing,
                     ));
                     streams.spawn(serve_stream(opening, Arc::clone(&handler)));
                 }
                 Some(Err(error)) => return Err(ServerError::H2(error)),
                 None => break,
             },
+            () = &mut first_request, if !requested => {
+                send_away(&mut connection).await;
+                return Err(ServerError::FirstRequestTimeout(first_request_timeout));
+            }
             () = drain.signaled(), if !draining => {
                 draining = true;
                 connection.graceful_shutdown();
@@ -221,6 +268,45 @@ where
         }
     }
     Ok(())
+}
+
+/// The h2 server handshake on `tls` with our settings, which ends once the
+/// client's preface is read, within [`H2Settings::server_preface_timeout`].
+async fn handshake<S>(
+    tls: S,
+    settings: &H2Settings,
+) -> Result<h2::server::Connection<S, Bytes>, ServerError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.server_max_header_list)
+        .max_concurrent_streams(settings.server_max_concurrent_streams)
+        .max_send_buffer_size(settings.server_send_buffer)
+        .max_pending_accept_reset_streams(settings.server_max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(Some(settings.server_max_local_error_resets))
+        .handshake::<_, Bytes>(tls);
+    let timeout = settings.server_preface_timeout;
+    tokio::time::timeout(timeout, handshake)
+        .await
+        .map_err(|_elapsed| ServerError::PrefaceTimeout(timeout))?
+        .map_err(ServerError::H2)
+}
+
+/// Closes an idle `connection` with a GOAWAY (NO_ERROR), given
+/// [`GOAWAY_FLUSH`] to write it.
+async fn send_away<S>(connection: &mut h2::server::Connection<S, Bytes>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    connection.abrupt_shutdown(h2::Reason::NO_ERROR);
+    // `accept` drives the connection until the GOAWAY is out and it ends.
+    // Cancel safety: it keeps no state of its own between calls.
+    let flush = async { while connection.accept().await.is_some() {} };
+    let _ = tokio::time::timeout(GOAWAY_FLUSH, flush).await;
 }
 
 /// What every stream on one connection shares.
@@ -252,12 +338,14 @@ async fn serve_stream<H: InboundHandler>(opening: Opening<H::Upstream>, handler:
 }
 
 /// Checks one request, asks the handler, answers with 200 and hands back
-/// the tunnel and its upstream.
+/// the tunnel and its upstream. `dialing` is held until then; a reset of
+/// the stream meanwhile abandons the handler's work (the dial).
 async fn open_stream<H: InboundHandler>(
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
     context: Arc<StreamContext>,
     handler: Arc<H>,
+    dialing: OwnedSemaphorePermit,
 ) -> Option<(H2Stream, H::Upstream)> {
     let authority = match check_request(&request) {
         Ok(authority) => authority,
@@ -275,7 +363,19 @@ async fn open_stream<H: InboundHandler>(
         local_addr: context.local_addr,
         headers: parts.headers,
     };
-    let upstream = match handler.open(&inbound).await {
+    let opened = tokio::select! {
+        opened = handler.open(&inbound) => Some(opened),
+        // The client gave up (or the connection is gone): nobody is left
+        // to answer, and a client resetting streams must not leave dials
+        // running behind them.
+        _reset = std::future::poll_fn(|cx| respond.poll_reset(cx)) => None,
+    };
+    drop(dialing);
+    let Some(opened) = opened else {
+        tracing::debug!(peer = %inbound.peer_identity, "HBONE stream reset while opening; upstream abandoned");
+        return None;
+    };
+    let upstream = match opened {
         Ok(upstream) => upstream,
         Err(refusal) => {
             tracing::debug!(%refusal, peer = %inbound.peer_identity, "HBONE tunnel refused");
@@ -287,7 +387,7 @@ async fn open_stream<H: InboundHandler>(
     match respond.send_response(ok, false) {
         Ok(send) => Some((H2Stream::new(send, body, context.max_write, None), upstream)),
         Err(error) => {
-            // The client reset the stream while the upstream was dialed.
+            // The client reset the stream as the upstream was connected.
             let result = Err(CopyError::Read {
                 direction: Way::AToB,
                 transferred: Transferred::default(),

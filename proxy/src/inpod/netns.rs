@@ -20,7 +20,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpSocket;
 use ztunnel_certs::error_chain::ErrorChain;
 
-use crate::socket::{self, SocketFactory};
+use crate::socket::{self, Keepalive, SocketFactory};
 
 /// What tells two namespace handles apart: the nsfs device and inode. Two
 /// handles on the same namespace (a `/proc/<pid>/ns/net` open and a
@@ -158,6 +158,8 @@ pub struct ListenerOptions {
     /// IP_TRANSPARENT: `None` best effort, `Some(true)` required,
     /// `Some(false)` off.
     pub transparent: Option<bool>,
+    /// TCP keepalive, which accepted connections inherit.
+    pub keepalive: Keepalive,
 }
 
 /// The listeners of one pod, still plain std sockets: the caller registers
@@ -214,7 +216,7 @@ fn listener(
     options: ListenerOptions,
     transparent: &mut bool,
 ) -> io::Result<std::net::TcpListener> {
-    socket::listen(addr, options.mark, |socket| {
+    socket::listen(addr, options.mark, options.keepalive, |socket| {
         if options.reuse_port {
             socket.set_reuse_port(true)?;
         }
@@ -249,6 +251,8 @@ pub struct NetnsSockets {
     pub home: HostNetns,
     /// SO_MARK for every socket.
     pub mark: Option<u32>,
+    /// TCP keepalive on every socket.
+    pub keepalive: Keepalive,
     /// Whether the application dial binds the client's IP (IP_TRANSPARENT).
     pub transparent: bool,
 }
@@ -258,7 +262,7 @@ impl NetnsSockets {
         let socket = self
             .netns
             .run_here(&self.home, || socket::new_dial_socket(destination))??;
-        socket::dial_socket(socket, self.mark)
+        socket::dial_socket(socket, self.mark, self.keepalive)
     }
 }
 

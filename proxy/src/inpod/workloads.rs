@@ -131,6 +131,7 @@ impl Workloads {
             mark: config.packet_mark,
             reuse_port: config.inpod.port_reuse,
             transparent: config.inpod.original_source,
+            keepalive: config.keepalive,
         };
         let bound = bind_pod_listeners(&netns, self.capture_addrs(), options)
             .map_err(StartError::Netns)?
@@ -143,6 +144,7 @@ impl Workloads {
             netns,
             home: self.node.home.clone(),
             mark: config.packet_mark,
+            keepalive: config.keepalive,
             transparent: bound.transparent,
         };
         let proxy = Arc::new(Proxy {
