@@ -1,8 +1,9 @@
 //! Fuzzes the control plane's Kubernetes conversion (KUBERNETES.md
 //! E2–E10): objects decoded from JSON as the watches decode them (Pods,
 //! Namespaces, Services, EndpointSlices, Nodes, AuthorizationPolicies,
-//! each list under its key: `pods`, `namespaces`, `services`,
-//! `endpointSlices`, `nodes`, `authorizationPolicies`), then
+//! Gateways, GatewayClasses, each list under its key: `pods`,
+//! `namespaces`, `services`, `endpointSlices`, `nodes`,
+//! `authorizationPolicies`, `gateways`, `gatewayClasses`), then
 //! `kube::convert::convert`, then what the control plane serves of the
 //! result over xDS.
 //!
@@ -27,6 +28,7 @@ use serde::Deserialize;
 use ztunnel_fuzz::check_served_to_proxy;
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_mesh::kube::convert::{ConvertSettings, KubeObjects, convert};
+use ztunnel_mesh::kube::gateway_crd::{Gateway, GatewayClass};
 use ztunnel_mesh::kube::policy_crd::AuthorizationPolicy;
 
 /// The watches' stores, as one JSON document.
@@ -45,6 +47,10 @@ struct Objects {
     nodes: Vec<Node>,
     #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
+    #[serde(default)]
+    gateways: Vec<Gateway>,
+    #[serde(default)]
+    gateway_classes: Vec<GatewayClass>,
 }
 
 fn shared<T>(objects: Vec<T>) -> Vec<Arc<T>> {
@@ -53,9 +59,14 @@ fn shared<T>(objects: Vec<T>) -> Vec<Arc<T>> {
 
 /// Whether no two objects share a namespace and name.
 fn unique<T: Metadata<Ty = ObjectMeta>>(objects: &[Arc<T>]) -> bool {
+    unique_by(objects, |object| object.metadata())
+}
+
+/// [`unique`] for types whose metadata `metadata` reaches.
+fn unique_by<T>(objects: &[Arc<T>], metadata: impl Fn(&T) -> &ObjectMeta) -> bool {
     let mut seen = HashSet::new();
     objects.iter().all(|object| {
-        let metadata = object.metadata();
+        let metadata = metadata(object);
         seen.insert((metadata.namespace.clone(), metadata.name.clone()))
     })
 }
@@ -75,6 +86,8 @@ fuzz_target!(|data: &[u8]| {
         endpoint_slices: shared(objects.endpoint_slices),
         nodes: shared(objects.nodes),
         authorization_policies: shared(objects.authorization_policies),
+        gateways: shared(objects.gateways),
+        gateway_classes: shared(objects.gateway_classes),
     };
     let settings = ConvertSettings::default();
     let conversion = convert(&objects, &settings);
@@ -97,6 +110,8 @@ fuzz_target!(|data: &[u8]| {
         && unique(&objects.endpoint_slices)
         && unique(&objects.nodes)
         && unique(&objects.authorization_policies)
+        && unique_by(&objects.gateways, |gateway| &gateway.metadata)
+        && unique_by(&objects.gateway_classes, |class| &class.metadata)
     {
         let backwards = KubeObjects {
             pods: reversed(&objects.pods),
@@ -105,6 +120,8 @@ fuzz_target!(|data: &[u8]| {
             endpoint_slices: reversed(&objects.endpoint_slices),
             nodes: reversed(&objects.nodes),
             authorization_policies: reversed(&objects.authorization_policies),
+            gateways: reversed(&objects.gateways),
+            gateway_classes: reversed(&objects.gateway_classes),
         };
         assert_eq!(convert(&backwards, &settings), conversion);
     }

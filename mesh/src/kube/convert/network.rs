@@ -23,9 +23,21 @@ const EAST_WEST_CLASS: &str = "istio-east-west";
 /// The gateways into other networks (§3.2): `istio-remote` Gateways with
 /// a network label, status addresses and an HBONE listener, one per
 /// address; `istio-east-west` ones whose HBONE listener terminates TLS,
-/// with port 0 (not known from here).
+/// with port 0 (not known from here). In namespace/name order, whatever
+/// order the watch delivered them in: a network's first gateway is the
+/// one its workloads name.
 pub(super) fn network_gateways(gateways: &[Arc<Gateway>]) -> Vec<NetworkGateway> {
     let mut found = Vec::new();
+    let mut gateways: Vec<&Arc<Gateway>> = gateways.iter().collect();
+    gateways.sort_by(|a, b| {
+        let key = |gateway: &Gateway| {
+            (
+                gateway.metadata.namespace.clone(),
+                gateway.metadata.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
     for gateway in gateways {
         let metadata = &gateway.metadata;
         let (Some(name), Some(namespace), Some(network)) = (
