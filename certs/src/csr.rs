@@ -3,15 +3,16 @@
 //! only content is the requested identity as a URI SAN.
 //!
 //! Sending the CSR to the CA is the proxy's business; checking the CA's answer
-//! is `cert.rs`'s.
+//! is `cert.rs`'s; how the key is kept in memory, `private_key.rs`'s.
 
 use std::fmt;
 
 use rcgen::string::Ia5String;
-use rcgen::{CertificateParams, DistinguishedName, KeyPair, SanType};
-use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use rcgen::{CertificateParams, DistinguishedName, SanType};
+use rustls_pki_types::PrivateKeyDer;
 
 use crate::identity::Identity;
+use crate::private_key::PrivateKey;
 
 /// A certificate signing request together with the private key it was made
 /// for. The key never leaves the node: only [`CertRequest::csr_pem`] is sent.
@@ -19,8 +20,8 @@ pub struct CertRequest {
     /// The PEM `CERTIFICATE REQUEST`, ready for `IstioCertificateRequest.csr`.
     csr_pem: String,
     /// The PKCS#8 private key, needed again when the CA's certificate comes
-    /// back and is paired with it for TLS.
-    private_key: PrivatePkcs8KeyDer<'static>,
+    /// back and is paired with it for TLS; wiped when the request is dropped.
+    private_key: PrivateKey,
 }
 
 /// Why a CSR could not be made.
@@ -43,8 +44,7 @@ impl CertRequest {
     /// identity's URI and nothing else, as istiod expects (it ignores both and
     /// uses only the public key, but other CAs may not).
     pub fn generate(identity: &Identity) -> Result<CertRequest, CsrBuildError> {
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(CsrBuildError::KeyGeneration)?;
+        let (private_key, key) = PrivateKey::generate().map_err(CsrBuildError::KeyGeneration)?;
         let uri = Ia5String::try_from(identity.as_str()).map_err(CsrBuildError::SanEncoding)?;
 
         let mut params = CertificateParams::default();
@@ -58,7 +58,7 @@ impl CertRequest {
         let csr_pem = csr.pem().map_err(CsrBuildError::Encoding)?;
         Ok(CertRequest {
             csr_pem,
-            private_key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+            private_key,
         })
     }
 
@@ -67,9 +67,10 @@ impl CertRequest {
         &self.csr_pem
     }
 
-    /// A copy of the PKCS#8 private key the CSR was signed with.
+    /// A copy of the PKCS#8 private key the CSR was signed with, for
+    /// rustls, which wipes it (`private_key.rs`).
     pub fn private_key(&self) -> PrivateKeyDer<'static> {
-        PrivateKeyDer::Pkcs8(self.private_key.clone_key())
+        self.private_key.to_rustls()
     }
 }
 
@@ -84,7 +85,7 @@ impl fmt::Debug for CertRequest {
 
 #[cfg(test)]
 mod tests {
-    use rcgen::CertificateSigningRequestParams;
+    use rcgen::{CertificateSigningRequestParams, KeyPair};
     use rustls_pki_types::CertificateSigningRequestDer;
     use rustls_pki_types::pem::PemObject;
     use x509_parser::certification_request::X509CertificationRequest;
@@ -153,8 +154,13 @@ mod tests {
     fn debug_output_leaves_the_key_out() {
         let identity: Identity = "spiffe://td/ns/a/sa/b".parse().unwrap();
         let request = CertRequest::generate(&identity).unwrap();
-        let shown = format!("{request:?}");
+        let shown = format!("{request:?} {request:#?}");
         assert!(shown.contains("CERTIFICATE REQUEST"));
         assert!(!shown.contains("private_key"));
+        let PrivateKeyDer::Pkcs8(key) = request.private_key() else {
+            panic!("key is not PKCS#8");
+        };
+        let key_bytes = format!("{:?}", key.secret_pkcs8_der());
+        assert!(!shown.contains(&key_bytes[1..key_bytes.len() - 1]));
     }
 }

@@ -15,4 +15,5 @@ pub mod csr;
 pub mod error_chain;
 pub mod identity;
 pub mod issuer;
+pub mod private_key;
 pub mod tls;

@@ -18,7 +18,8 @@
 //! | `netns` | entering a netns and running tools there |
 //! | `pods` | the pod set and `pods.json` |
 //! | `zds` | the ZDS socket and the snapshot/ack sequence |
-//! | `socket_file` | the sockets' paths: made ready to bind, removed on exit |
+//! | `socket_file` | the sockets' paths: bound owner-only (0600) whatever the umask, removed on exit |
+//! | `peer` | who may connect to the two sockets (`SO_PEERCRED` uid) |
 //! | `install` | the plugin binary and its chained entry in the node's CNI configuration (copy, choose, insert, watch, uninstall) |
 //! | `upgrade` | whether a stopping agent leaves that installation and the host probe rules for the next one (Istio's safe upgrade) |
 //! | `reconcile` | following the API without CNI events: running pods enrolled, opted-out and deleted pods taken out, the start-up repairs (A5, A6) |
@@ -43,6 +44,7 @@ use host_rules::HostRules;
 use install::{InstallConfig, InstallError, Installer};
 use kube::PodWatch;
 use mesh::Mesh;
+use peer::PeerPolicy;
 use pods::{PodSet, PodStore, PodStoreError};
 use reconcile::Reconciler;
 use rules::RuleSettings;
@@ -57,6 +59,7 @@ pub mod install;
 pub mod kube;
 pub mod mesh;
 pub mod netns;
+pub mod peer;
 pub mod pods;
 pub mod procfs;
 pub mod reconcile;
@@ -90,6 +93,9 @@ pub struct AgentConfig {
     pub zds_socket: PathBuf,
     /// Holds `pods.json`, so a restarted agent can re-snapshot.
     pub state_dir: PathBuf,
+    /// Who may connect to either socket (`peer`): root and the agent's own
+    /// uid by default.
+    pub peers: PeerPolicy,
     /// Where the uid and service account of an added pod come from.
     pub pods: PodSourceConfig,
     /// This node; pods placed on another node are refused. Required with
@@ -155,6 +161,7 @@ impl AgentConfig {
             plugin_socket: PathBuf::from(DEFAULT_SOCKET),
             zds_socket: PathBuf::from(DEFAULT_ZDS_SOCKET),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            peers: PeerPolicy::default(),
             pods,
             node_name,
             rules: RuleSettings {
@@ -298,10 +305,10 @@ pub async fn run(
         let path = path.clone();
         move |source| AgentError::Bind { path, source }
     };
-    let plugin_listener =
-        server::bind(&config.plugin_socket).map_err(bind_error(&config.plugin_socket))?;
-    let zds_listener =
-        SeqPacketListener::bind(&config.zds_socket).map_err(bind_error(&config.zds_socket))?;
+    let plugin_listener = server::bind(&config.plugin_socket, config.peers.clone())
+        .map_err(bind_error(&config.plugin_socket))?;
+    let zds_listener = SeqPacketListener::bind(&config.zds_socket, config.peers.clone())
+        .map_err(bind_error(&config.zds_socket))?;
     tracing::info!(
         plugin_socket = %config.plugin_socket.display(),
         zds_socket = %config.zds_socket.display(),

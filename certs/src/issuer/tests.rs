@@ -243,3 +243,25 @@ fn serving_certificate_names_the_ca_hosts() {
             .contains(&GeneralName::DNSName("istiod.istio-system.svc"))
     );
 }
+
+#[test]
+fn debug_output_of_the_signing_material_leaves_every_key_out() {
+    let root = generate_root("cluster.local", now()).unwrap();
+    let intermediate = intermediate(&root, now() + HOUR);
+    let material = SigningMaterial {
+        root_cert_pem: root.cert_pem.clone(),
+        root_key_pem: Some(root.key_pem.clone()),
+        intermediate: Some(intermediate.clone()),
+        extra_roots_pem: None,
+    };
+    let shown = format!("{material:?} {material:#?} {root:?} {intermediate:?}");
+    assert!(
+        shown.contains("BEGIN CERTIFICATE"),
+        "certificates are shown"
+    );
+    for key in [&root.key_pem, &intermediate.key_pem] {
+        let body = key.lines().nth(1).unwrap();
+        assert!(!shown.contains(body), "a key line leaked: {shown}");
+    }
+    assert!(!shown.contains("PRIVATE KEY"));
+}

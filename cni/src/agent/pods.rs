@@ -22,9 +22,11 @@ const FILE_NAME: &str = "pods.json";
 /// Largest pod set read back: a node holds a few hundred pods of a few
 /// hundred bytes each; the bound keeps a damaged file from costing memory.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// Mode of `pods.json`: pod names and netns paths are no secret, and
-/// operators may read the file to see what the agent holds.
-const FILE_MODE: u32 = 0o644;
+/// Mode of `pods.json`: it names every meshed pod of the node with its
+/// uid, service account, addresses and netns path, which no other local
+/// user needs; the temporary file is created with it, so no copy is ever
+/// readable by others.
+const FILE_MODE: u32 = 0o600;
 
 /// One pod in the mesh: what ZDS needs (uid, name, namespace, service
 /// account, netns) and its addresses.
@@ -156,7 +158,6 @@ impl PodStore {
     }
 
     /// The file.
-    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -9,7 +9,8 @@
 //! Routing is the pure `route`; what a failure means on the wire is
 //! decided here and only here. The decisions themselves are the mesh's.
 //! Adds and deletes run on tasks of their own, so a plugin that hangs up
-//! (or a server that stops) never cuts one off half-way.
+//! (or a server that stops) never cuts one off half-way. A connection from
+//! a process the peer policy does not admit is closed unanswered.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -32,6 +33,7 @@ use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 use crate::plugin::client::AGENT_TIMEOUT;
 
 use super::mesh::{Mesh, MeshError};
+use super::peer::PeerPolicy;
 use super::socket_file::SocketFile;
 use super::{ACCEPT_ERROR_PAUSE, stopped};
 
@@ -51,6 +53,8 @@ const ADD_ANSWER_WITHIN: Duration = AGENT_TIMEOUT.saturating_sub(ANSWER_MARGIN);
 #[derive(Debug)]
 pub struct PluginListener {
     listener: UnixListener,
+    /// Who may post events.
+    peers: PeerPolicy,
     /// Removes the path on drop, unless another agent has bound it since.
     _file: SocketFile,
 }
@@ -105,15 +109,36 @@ pub fn route(method: &Method, path: &str) -> Route {
     }
 }
 
-/// Binds the socket at `path`, removing a stale one and creating the
-/// directory first. Must be called inside a tokio runtime.
-pub fn bind(path: &Path) -> std::io::Result<PluginListener> {
-    SocketFile::prepare(path)?;
-    let listener = UnixListener::bind(path)?;
+/// Binds the socket at `path` (mode 0600, replacing a stale one, creating
+/// the directory first), to serve the peers `peers` admits. Must be called
+/// inside a tokio runtime.
+pub fn bind(path: &Path, peers: PeerPolicy) -> std::io::Result<PluginListener> {
+    let (listener, file) = SocketFile::bind(path, |staged| {
+        let listener = std::os::unix::net::UnixListener::bind(staged)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })?;
     Ok(PluginListener {
-        listener,
-        _file: SocketFile::bound(path)?,
+        listener: UnixListener::from_std(listener)?,
+        peers,
+        _file: file,
     })
+}
+
+impl PluginListener {
+    /// The next connection from an admitted peer; others are closed as
+    /// they come. Cancel safe: between accepts no connection is held.
+    async fn accept(&self) -> std::io::Result<tokio::net::UnixStream> {
+        loop {
+            let (stream, _) = self.listener.accept().await?;
+            match self.peers.check(&stream) {
+                Ok(_) => return Ok(stream),
+                Err(refused) => {
+                    tracing::warn!(error = %ErrorChain(&refused), "closed a plugin-event connection")
+                }
+            }
+        }
+    }
 }
 
 /// Serves plugin events until `shutdown`; open connections are then
@@ -127,10 +152,10 @@ pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, mut shutdown: watc
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             () = stopped(&mut shutdown) => break,
-            accepted = listener.listener.accept() => accepted,
+            accepted = listener.accept() => accepted,
         };
         let stream = match accepted {
-            Ok((stream, _)) => stream,
+            Ok(stream) => stream,
             Err(error) => {
                 tracing::warn!(error = %ErrorChain(&error), "accepting a plugin connection");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;

@@ -15,6 +15,7 @@ use ztunnel_cni::agent::enablement::{
 };
 use ztunnel_cni::agent::health;
 use ztunnel_cni::agent::install::{self, InstallConfig};
+use ztunnel_cni::agent::peer::PeerPolicy;
 use ztunnel_cni::agent::rules::RuleSettings;
 use ztunnel_cni::agent::upgrade::{AgentPod, ExitPolicy};
 use ztunnel_cni::agent::{self, AgentConfig, KubeCredentials, PodSourceConfig};
@@ -35,6 +36,15 @@ struct Cli {
     /// Directory of the agent's pod set (pods.json), kept across restarts.
     #[arg(long, env = "ZTUNNEL_AGENT_STATE_DIR", default_value = agent::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// A uid whose processes may connect to either socket, besides root and
+    /// the agent's own uid (repeatable). The plugin and ztunnel run as root
+    /// in Istio's charts and ours; add their uid when they do not.
+    #[arg(long = "peer-uid", value_name = "UID")]
+    peer_uids: Vec<u32>,
+    /// Serve any process the sockets' mode (0600, the agent's user) lets
+    /// connect, whatever its uid.
+    #[arg(long, default_value_t = false, conflicts_with = "peer_uids")]
+    any_peer: bool,
     /// Pod registry: the CA's YAML list of pods (name, namespace, uid,
     /// serviceAccount, nodeName, phase, ips); re-read when an add names a
     /// pod it does not know.
@@ -263,10 +273,12 @@ fn run() -> anyhow::Result<()> {
     let pods = pod_source(&cli)?;
     let install = install_config(&cli)?;
     let on_exit = exit_policy(&cli)?;
+    let peers = peer_policy(&cli);
     let config = AgentConfig {
         plugin_socket: cli.plugin_socket,
         zds_socket: cli.zds_socket,
         state_dir: cli.state_dir,
+        peers,
         pods,
         node_name: cli.node_name,
         rules: RuleSettings {
@@ -293,6 +305,16 @@ fn run() -> anyhow::Result<()> {
         .context("starting the runtime")?
         .block_on(async { agent::run(config, shutdown_signal()).await })?;
     Ok(())
+}
+
+/// Who may connect to the sockets: root and the agent's own uid, plus any
+/// `--peer-uid`, or anyone with `--any-peer`.
+fn peer_policy(cli: &Cli) -> PeerPolicy {
+    if cli.any_peer {
+        PeerPolicy::Any
+    } else {
+        PeerPolicy::root_and_own_uid(cli.peer_uids.iter().copied())
+    }
 }
 
 /// The pod source the flags choose (clap makes them exclusive).
@@ -434,6 +456,32 @@ mod tests {
         assert_eq!(super::istio_log_level("none").as_deref(), Some("off"));
         assert_eq!(super::istio_log_level("cni:debug"), None);
         assert_eq!(super::istio_log_level("loud"), None);
+    }
+
+    #[test]
+    fn only_root_and_the_agents_own_uid_connect_unless_flags_admit_more() {
+        use clap::Parser;
+        use ztunnel_cni::agent::peer::PeerPolicy;
+        let policy = |args: &[&str]| {
+            let base = ["ztunnel-agent", "--pods", "pods.yaml"];
+            super::Cli::try_parse_from(base.iter().chain(args)).map(|cli| super::peer_policy(&cli))
+        };
+        let own = nix::unistd::geteuid().as_raw();
+        let default = policy(&[]).unwrap();
+        assert_eq!(default, PeerPolicy::root_and_own_uid([]));
+        assert!(default.admits(0) && default.admits(own));
+        assert_eq!(default.admits(1337), own == 1337);
+        let widened = policy(&["--peer-uid", "1337", "--peer-uid=1338"]).unwrap();
+        assert!(widened.admits(0) && widened.admits(1337) && widened.admits(1338));
+        assert_eq!(policy(&["--any-peer"]).unwrap(), PeerPolicy::Any);
+        assert!(
+            policy(&["--any-peer", "--peer-uid", "1"]).is_err(),
+            "the two flags contradict each other"
+        );
+        assert!(
+            policy(&["--peer-uid", "root"]).is_err(),
+            "a uid is a number"
+        );
     }
 
     #[test]

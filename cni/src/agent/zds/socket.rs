@@ -3,6 +3,9 @@
 //! connection; readiness comes from the runtime's epoll). One message per
 //! datagram; the netns travels as one SCM_RIGHTS fd.
 //!
+//! A connection from a process the peer policy does not admit is closed
+//! at accept, before anything is sent on it.
+//!
 //! Datagrams are received without room for control messages, so an fd a
 //! peer sends by mistake is discarded by the kernel instead of leaking
 //! into the agent. `MSG_NOSIGNAL` keeps a closed peer from raising SIGPIPE.
@@ -18,6 +21,9 @@ use nix::sys::socket::{
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
+use ztunnel_certs::error_chain::ErrorChain;
+
+use crate::agent::peer::PeerPolicy;
 use crate::agent::socket_file::SocketFile;
 
 /// Pending connections the kernel queues; ztunnel instances per node are
@@ -29,6 +35,8 @@ const BACKLOG: i32 = 16;
 #[derive(Debug)]
 pub struct SeqPacketListener {
     fd: AsyncFd<OwnedFd>,
+    /// Who is served.
+    peers: PeerPolicy,
     /// Removes the path on drop, unless another agent has bound it since.
     _file: SocketFile,
 }
@@ -49,38 +57,48 @@ pub struct Datagram {
 }
 
 impl SeqPacketListener {
-    /// Removes a stale socket at `path` (creating its directory if needed),
-    /// then binds and listens. Must be called inside a tokio runtime.
-    pub fn bind(path: &Path) -> io::Result<SeqPacketListener> {
-        SocketFile::prepare(path)?;
+    /// Binds and listens at `path` (mode 0600, replacing a stale socket,
+    /// creating the directory if needed), to serve the peers `peers`
+    /// admits. Must be called inside a tokio runtime.
+    pub fn bind(path: &Path, peers: PeerPolicy) -> io::Result<SeqPacketListener> {
         let fd = socket(
             AddressFamily::Unix,
             SockType::SeqPacket,
             SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
             None,
         )?;
-        bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
-        let file = SocketFile::bound(path)?;
+        let ((), file) = SocketFile::bind(path, |staged| {
+            Ok(bind(fd.as_raw_fd(), &UnixAddr::new(staged)?)?)
+        })?;
         listen(&fd, Backlog::new(BACKLOG)?)?;
         Ok(SeqPacketListener {
             fd: register(fd)?,
+            peers,
             _file: file,
         })
     }
 
-    /// Waits for the next connection. Cancel safe: a connection not yet
-    /// accepted stays queued in the kernel.
+    /// Waits for the next connection from an admitted peer; others are
+    /// closed as they come. Cancel safe: a connection not yet accepted
+    /// stays queued in the kernel, and none is held between accepts.
     pub async fn accept(&self) -> io::Result<SeqPacket> {
-        let fd = self
-            .fd
-            .async_io(Interest::READABLE, |listener| {
-                Ok(accept4(
-                    listener,
-                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-                )?)
-            })
-            .await?;
-        Ok(SeqPacket { fd: register(fd)? })
+        loop {
+            let fd = self
+                .fd
+                .async_io(Interest::READABLE, |listener| {
+                    Ok(accept4(
+                        listener,
+                        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                    )?)
+                })
+                .await?;
+            match self.peers.check(&fd) {
+                Ok(_) => return Ok(SeqPacket { fd: register(fd)? }),
+                Err(refused) => {
+                    tracing::warn!(error = %ErrorChain(&refused), "closed a ZDS connection")
+                }
+            }
+        }
     }
 }
 

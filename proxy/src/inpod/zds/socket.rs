@@ -2,6 +2,14 @@
 //! send one datagram, receive one datagram with its SCM_RIGHTS fds. What
 //! the bytes mean lives in `message.rs`; whether an fd is a network
 //! namespace, in `inpod/netns.rs`.
+//!
+//! The agent tells ztunnel which pods to serve, with which identities, in
+//! which network namespaces, so a socket at the agent's path served by any
+//! other process would have ztunnel ask the CA for identities on its word.
+//! A connection is therefore used only when the listening process (its
+//! `SO_PEERCRED`) runs as root, as istio-cni and our agent do in every
+//! chart, or as ztunnel's own uid, as in tests and on a developer's
+//! machine. istio's ztunnel does not check.
 
 use std::io;
 use std::io::IoSliceMut;
@@ -47,6 +55,13 @@ impl ZdsSocket {
         let socket = Socket::new(Domain::UNIX, Type::SEQPACKET, None)?;
         socket.set_nonblocking(true)?;
         socket.connect(&SockAddr::unix(path)?)?;
+        let agent = socket::getsockopt(&socket, socket::sockopt::PeerCredentials)?.uid();
+        if !trusted_agent(agent, nix::unistd::geteuid().as_raw()) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("the socket is served by uid {agent}, neither root nor ztunnel's"),
+            ));
+        }
         Self::from_connected(socket)
     }
 
@@ -98,6 +113,12 @@ impl ZdsSocket {
     }
 }
 
+/// Whether a node agent running as `agent` is believed, by a ztunnel
+/// running as `own`.
+fn trusted_agent(agent: u32, own: u32) -> bool {
+    agent == 0 || agent == own
+}
+
 /// One non-blocking `recvmsg`.
 fn receive_now(fd: RawFd) -> io::Result<Received> {
     let mut bytes = vec![0; RECEIVE_BUFFER];
@@ -136,4 +157,25 @@ fn receive_now(fd: RawFd) -> io::Result<Received> {
         fds,
         truncated,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_agent_running_as_root_or_as_ztunnel_is_believed() {
+        // (reason, agent uid, ztunnel uid, believed)
+        #[rustfmt::skip]
+        let cases = [
+            ("both root, as every chart runs them", 0, 0, true),
+            ("a root agent and an unprivileged ztunnel", 0, 1337, true),
+            ("one user runs both, as tests do", 1000, 1000, true),
+            ("another user's socket at the agent's path", 65534, 0, false),
+            ("another unprivileged user", 65534, 1000, false),
+        ];
+        for (reason, agent, own, believed) in cases {
+            assert_eq!(trusted_agent(agent, own), believed, "{reason}");
+        }
+    }
 }
