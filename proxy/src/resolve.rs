@@ -27,9 +27,10 @@ use ztunnel_certs::error_chain::ErrorChain;
 /// Where the system's resolver configuration is.
 pub const RESOLV_CONF: &str = "/etc/resolv.conf";
 
-/// Answers the cache keeps, as istio/ztunnel keeps for the same lookups:
-/// half of hickory's default, since only the few hosts of ServiceEntries
-/// are looked up here, never a pod's arbitrary names.
+/// Answers the cache keeps (one per name and record type), as
+/// istio/ztunnel sets it for these lookups: only the hosts of
+/// DNS-resolution ServiceEntries are looked up here, never a pod's
+/// arbitrary names, so half of hickory's default is ample.
 pub const CACHE_SIZE: u64 = 4096;
 
 /// Why a hostname gave no address to dial, or why the resolver could not
@@ -107,9 +108,9 @@ impl Resolver {
         }
     }
 
-    /// A resolver that asks only `nameservers` (UDP, then TCP for a
-    /// truncated answer), with no search list and no hosts file, for a
-    /// caller that knows its DNS servers rather than the system's.
+    /// A resolver that asks only `nameservers` (over UDP and TCP), with
+    /// no search list and no hosts file, for a caller that knows its DNS
+    /// servers rather than the system's.
     pub fn with_nameservers(
         nameservers: &[SocketAddr],
         ipv6_enabled: bool,

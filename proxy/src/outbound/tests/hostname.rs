@@ -34,6 +34,9 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// The client as the proxy sees it.
 const PEER: &str = "127.0.0.1:40000";
 
+/// The most connections the echo server takes before it stops by itself.
+const MOST_CONNECTIONS: usize = 8;
+
 /// The VIPs of the two ServiceEntries; never dialled, only routed.
 const APP_VIP: &str = "240.240.0.1:80";
 const GONE_VIP: &str = "240.240.0.2:80";
@@ -135,9 +138,10 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
     (proxy, registry, trigger)
 }
 
-/// Accepts connections and echoes each until it closes.
+/// Accepts up to [`MOST_CONNECTIONS`] connections and echoes each until it
+/// closes.
 async fn echo(listener: TcpListener) {
-    loop {
+    for _ in 0..MOST_CONNECTIONS {
         let (mut stream, _) = listener.accept().await.unwrap();
         tokio::spawn(async move {
             let (mut read, mut write) = stream.split();
