@@ -139,7 +139,8 @@ pub struct InpodSettings {
     /// without it, `Some(true)` makes a failure fatal, `Some(false)` skips it.
     pub original_source: Option<bool>,
     /// Whether the wildcard address is the dual-stack `[::]` rather than
-    /// `0.0.0.0`.
+    /// `0.0.0.0`; in both modes, whether a hostname endpoint's AAAA
+    /// records are looked up besides its A records.
     pub ipv6_enabled: bool,
     /// Whether a connection between two pods this proxy serves is handed
     /// from the client's outbound side to the server's inbound side in the
@@ -406,7 +407,9 @@ struct Args {
     /// the client's IP [default: best effort; true: required; false: off].
     #[arg(long, env = "ENABLE_ORIG_SRC", action = clap::ArgAction::Set)]
     enable_orig_src: Option<bool>,
-    /// Listen on the dual-stack `[::]` (true) or on `0.0.0.0` (false) in pods.
+    /// Listen on the dual-stack `[::]` (true) or on `0.0.0.0` (false) in
+    /// pods; look up AAAA records of hostname endpoints besides A (true) or
+    /// A only (false).
     #[arg(long, env = "IPV6_ENABLED", default_value_t = true, action = clap::ArgAction::Set)]
     ipv6_enabled: bool,
     /// Shared mode: connections between two pods of this node skip the

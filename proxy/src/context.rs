@@ -18,6 +18,7 @@ use crate::identity::manager::IdentityManager;
 use crate::inbound::tracker::Tracker;
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::Pool;
+use crate::resolve::Resolver;
 use crate::socket::SocketFactory;
 use crate::state::{SharedState, State, Workload};
 
@@ -44,6 +45,9 @@ pub struct Proxy {
     pub h2: H2Settings,
     /// Outbound HBONE connections.
     pub pool: Pool,
+    /// Looks up the addresses of endpoints known by hostname; one for the
+    /// process, shared by every pod's proxy.
+    pub resolver: Resolver,
     /// Open inbound connections, for policy re-checks.
     pub tracker: Tracker,
     /// The workload this proxy serves.

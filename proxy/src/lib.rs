@@ -33,6 +33,7 @@ pub mod pool;
 pub mod rbac;
 pub mod readiness;
 pub mod report;
+pub mod resolve;
 pub mod socket;
 pub mod splice;
 pub mod state;

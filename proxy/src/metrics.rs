@@ -23,7 +23,8 @@ use crate::interner::Interner;
 mod labels;
 
 pub use labels::{
-    LabelValue, LocalityLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels, TrafficLabels,
+    LabelValue, LocalityLabels, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy,
+    ServiceLabels, TrafficLabels,
 };
 
 /// Why a connection failed, as the `response_flags` label shows it. The one
@@ -149,6 +150,7 @@ pub struct Metrics {
     handshakes_refused: Family<HandshakeLabels, Counter>,
     accept_errors: Family<AcceptLabels, Counter>,
     joins: Family<JoinLabels, Counter>,
+    on_demand_dns: Family<OnDemandDnsLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -180,6 +182,7 @@ impl Metrics {
             handshakes_refused: Family::default(),
             accept_errors: Family::default(),
             joins: Family::default(),
+            on_demand_dns: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -228,6 +231,11 @@ impl Metrics {
             metrics.sockets_open.clone(),
         );
         istio.register("build", "Proxy build", build);
+        istio.register(
+            "on_demand_dns",
+            "Lookups of the hostname of an endpoint that has no IP, one per connection",
+            metrics.on_demand_dns.clone(),
+        );
         registry.register(
             "ztunnel_policy_closed_connections",
             "Open connections closed because a policy change no longer allows them",
@@ -269,6 +277,12 @@ impl Metrics {
             metrics.joins.clone(),
         );
         metrics
+    }
+
+    /// Counts a DNS lookup of a hostname endpoint's address, made for a
+    /// connection whether the answer came from the cache or not.
+    pub fn record_on_demand_dns(&self, labels: &OnDemandDnsLabels) {
+        self.on_demand_dns.get_or_create(labels).inc();
     }
 
     /// Counts a same-node connection handed to the kernel, by `outcome`.

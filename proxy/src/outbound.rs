@@ -2,8 +2,10 @@
 //! (`outbound/route.rs`) and then tunnelled over HBONE, through the pool, to
 //! the destination's ztunnel or a waypoint; tunnelled twice, through another
 //! network's gateway (`hbone/double.rs`); handed to another pod this proxy
-//! serves (`outbound/same_node.rs`); or passed through as plain TCP. One
-//! function (`flags`) decides what a failure means for metrics.
+//! serves (`outbound/same_node.rs`); or passed through as plain TCP. An
+//! endpoint known by hostname is first looked up (`resolve.rs`), then
+//! reached as one known by IP. One function (`flags`) decides what a
+//! failure means for metrics.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,9 +24,10 @@ use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
 use crate::inbound::listeners::{self, AppConnection};
-use crate::metrics::{Reporter, ResponseFlags};
+use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
-use crate::report::{End, Opening, Report};
+use crate::report::{self, End, Opening, Report};
+use crate::resolve::ResolveError;
 use crate::socket::{canonical, original_destination};
 use crate::state::{Service, Workload};
 
@@ -32,7 +35,7 @@ pub mod route;
 mod same_node;
 mod tunnel;
 
-use route::{HboneRoute, Route};
+use route::{Direct, DoubleHboneRoute, HboneRoute, ResolveRoute, Route};
 use tunnel::{double_tunnel, tunnel};
 
 /// Why an outbound connection failed before its bytes flowed: every step
@@ -62,6 +65,9 @@ pub enum OutboundError {
     /// a stream.
     #[error("no pooled HBONE connection had room")]
     PoolContended,
+    /// The destination endpoint, known by hostname, gave no address.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     /// The CONNECT headers could not be built.
     #[error("CONNECT headers")]
     Headers(#[from] hbone::HeaderError),
@@ -100,6 +106,7 @@ fn flags(error: &OutboundError) -> ResponseFlags {
         },
         OutboundError::Connect { .. }
         | OutboundError::PoolContended
+        | OutboundError::Resolve(_)
         | OutboundError::Headers(_) => ResponseFlags::Connect,
     }
 }
@@ -176,6 +183,16 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             return None;
         }
     };
+    open_to(proxy, peer, target).await
+}
+
+/// Routes a connection from `peer` to the original destination `target`
+/// and connects its upstream; [`open`] once the destination is known.
+async fn open_to(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    target: SocketAddr,
+) -> Option<(Report, Connected)> {
     // The route depends on the source workload (its network and locality
     // rank a service's endpoints). A new pod may send before the control
     // plane's push describing it arrives: its first connections wait for
@@ -198,7 +215,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
         }
     };
     log_route(&route, peer, target);
-    let source = Some(source);
+    let source = Some(&*source);
     let (report, connected) = match route {
         Route::Refuse(refusal) => {
             access_log::failed(peer, target, Direction::Outbound, &refusal);
@@ -209,77 +226,48 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             workload,
             service,
         } => {
-            let destination = End {
-                addr: target,
-                workload: workload.as_deref(),
-                identity: None,
-            };
-            let report = open_report(
+            open_tcp(
                 proxy,
                 peer,
-                source.as_deref(),
-                destination,
+                source,
+                target,
+                workload.as_deref(),
                 service.as_deref(),
-                None,
-                false,
-            );
-            let connected = dial(proxy, target)
-                .await
-                .map_err(|source| OutboundError::Connect {
-                    addr: target,
+            )
+            .await
+        }
+        Route::Hbone(route) => open_hbone(proxy, peer, source, &route).await,
+        Route::DoubleHbone(route) => open_double_hbone(proxy, peer, source, target, &route).await,
+        Route::Resolve(pending) => match resolve(proxy, peer, source, &pending).await {
+            Ok(Direct::Hbone(route)) => open_hbone(proxy, peer, source, &route).await,
+            Ok(Direct::Tcp {
+                target,
+                workload,
+                service,
+            }) => {
+                open_tcp(
+                    proxy,
+                    peer,
                     source,
-                });
-            (report, connected.map(|tcp| Either::Left(Either::Left(tcp))))
-        }
-        Route::Hbone(route) => {
-            let destination_identity = route.expected.first();
-            let same_node = same_node::destination(proxy, &route);
-            let destination = End {
-                addr: route.authority,
-                workload: Some(&route.workload),
-                identity: destination_identity,
-            };
-            let report = open_report(
-                proxy,
-                peer,
-                source.as_deref(),
-                destination,
-                route.service.as_deref(),
-                Some(route.dial),
-                same_node.is_some(),
-            );
-            let connected = match same_node {
-                Some(destination) => {
-                    same_node::open(proxy, &destination, source.as_deref(), peer, &route)
-                        .await
-                        .map(Either::Right)
-                }
-                None => tunnel(proxy, source.as_deref(), peer, &route)
-                    .await
-                    .map(|stream| Either::Left(Either::Right(stream))),
-            };
-            (report, connected)
-        }
-        Route::DoubleHbone(route) => {
-            let destination = End {
-                addr: target,
-                workload: Some(&route.workload),
-                identity: route.expected.first(),
-            };
-            let report = open_report(
-                proxy,
-                peer,
-                source.as_deref(),
-                destination,
-                Some(&route.service),
-                Some(route.dial),
-                false,
-            );
-            let connected = double_tunnel(proxy, source.as_deref(), peer, &route)
+                    target,
+                    Some(&workload),
+                    service.as_deref(),
+                )
                 .await
-                .map(|stream| Either::Left(Either::Right(stream)));
-            (report, connected)
-        }
+            }
+            Err(error) => {
+                // Reported as a connection to the original destination
+                // that failed before any dial.
+                let destination = End {
+                    addr: target,
+                    workload: Some(&pending.endpoint.workload),
+                    identity: None,
+                };
+                let service = pending.endpoint.service.as_deref();
+                let report = open_report(proxy, peer, source, destination, service, None, false);
+                (report, Err(error))
+            }
+        },
     };
     match connected {
         Ok(upstream) => Some((report, upstream)),
@@ -288,6 +276,118 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
             None
         }
     }
+}
+
+/// A plain TCP connection to `target`, reported as a connection to
+/// `workload` (when known) through `service`.
+async fn open_tcp(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    target: SocketAddr,
+    workload: Option<&Workload>,
+    service: Option<&Service>,
+) -> (Report, Result<Connected, OutboundError>) {
+    let destination = End {
+        addr: target,
+        workload,
+        identity: None,
+    };
+    let report = open_report(proxy, peer, source, destination, service, None, false);
+    let connected = dial(proxy, target)
+        .await
+        .map(|tcp| Either::Left(Either::Left(tcp)))
+        .map_err(|source| OutboundError::Connect {
+            addr: target,
+            source,
+        });
+    (report, connected)
+}
+
+/// The HBONE stream of `route`, or the same-node path when the
+/// destination is a pod this proxy serves.
+async fn open_hbone(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    route: &HboneRoute,
+) -> (Report, Result<Connected, OutboundError>) {
+    let same_node = same_node::destination(proxy, route);
+    let destination = End {
+        addr: route.authority,
+        workload: Some(&route.workload),
+        identity: route.expected.first(),
+    };
+    let report = open_report(
+        proxy,
+        peer,
+        source,
+        destination,
+        route.service.as_deref(),
+        Some(route.dial),
+        same_node.is_some(),
+    );
+    let connected = match same_node {
+        Some(destination) => same_node::open(proxy, &destination, source, peer, route)
+            .await
+            .map(Either::Right),
+        None => tunnel(proxy, source, peer, route)
+            .await
+            .map(|stream| Either::Left(Either::Right(stream))),
+    };
+    (report, connected)
+}
+
+/// The double tunnel of `route`, through another network's gateway, for
+/// a connection to `target`.
+async fn open_double_hbone(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    target: SocketAddr,
+    route: &DoubleHboneRoute,
+) -> (Report, Result<Connected, OutboundError>) {
+    let destination = End {
+        addr: target,
+        workload: Some(&route.workload),
+        identity: route.expected.first(),
+    };
+    let report = open_report(
+        proxy,
+        peer,
+        source,
+        destination,
+        Some(&route.service),
+        Some(route.dial),
+        false,
+    );
+    let connected = double_tunnel(proxy, source, peer, route)
+        .await
+        .map(|stream| Either::Left(Either::Right(stream)));
+    (report, connected)
+}
+
+/// Looks up the address of the endpoint of `pending`, known by hostname,
+/// for one connection from `peer` (AMBIENT.md §4.6), and says how to reach
+/// it there. Every lookup is counted, answered from the cache or not.
+async fn resolve(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    pending: &ResolveRoute,
+) -> Result<Direct, OutboundError> {
+    let client = End {
+        addr: peer,
+        workload: source,
+        identity: source.map(|workload| &workload.identity),
+    };
+    proxy.metrics.record_on_demand_dns(&OnDemandDnsLabels {
+        source: report::peer_labels(&client),
+        hostname: pending.hostname.clone().into(),
+    });
+    let addresses = proxy.resolver.lookup(&pending.hostname).await?;
+    let resolved = pending.resolved(&addresses, proxy.pick());
+    resolved.ok_or_else(|| ResolveError::NoAddress(pending.hostname.clone()).into())
 }
 
 /// Opens the report of a connection from `peer`, of the workload `source`,
@@ -352,6 +452,12 @@ fn log_route(route: &Route, peer: SocketAddr, target: SocketAddr) {
             dial = %double.dial,
             authority = %double.authority,
             "outbound through a network gateway (double HBONE)"
+        ),
+        Route::Resolve(pending) => tracing::debug!(
+            %peer,
+            %target,
+            hostname = %pending.hostname,
+            "outbound to an endpoint known by hostname: looking up its address"
         ),
         Route::Hbone(_) | Route::Passthrough { .. } | Route::Refuse(_) => {}
     }

@@ -140,7 +140,9 @@ impl Report {
     }
 }
 
-fn peer_labels(end: &End<'_>) -> PeerLabels {
+/// The metric labels of one end: its workload's, and its identity when
+/// verified.
+pub(crate) fn peer_labels(end: &End<'_>) -> PeerLabels {
     let mut labels = PeerLabels::default();
     if let Some(workload) = end.workload {
         let group = &workload.group;

@@ -39,6 +39,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         sockets: Arc::new(sockets),
         h2: app::h2_settings(config),
         pool: Pool::new(app::pool_config(config)),
+        resolver: node.resolver.clone(),
         tracker: Tracker::default(),
         workload,
         drain: node.drain.clone(),

@@ -22,6 +22,7 @@ pub fn start(node: &Node) -> anyhow::Result<Started> {
         state: node.state.clone(),
         identities: node.identities.clone(),
         metrics: Arc::clone(&node.metrics),
+        resolver: node.resolver.clone(),
         home,
         data: node.data.handle().clone(),
         drain: node.trigger.clone(),

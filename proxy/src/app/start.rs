@@ -5,6 +5,7 @@
 //! bytes. What both modes share is here; `dedicated.rs` and `shared.rs`
 //! start their listeners.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -26,6 +27,7 @@ use crate::inpod::zds::ProtocolError;
 use crate::memory;
 use crate::metrics::Metrics;
 use crate::readiness::{self, Ready};
+use crate::resolve::{self, Resolver};
 use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
@@ -45,6 +47,8 @@ pub struct Node {
     pub identities: IdentityManager,
     /// Traffic metrics.
     pub metrics: Arc<Metrics>,
+    /// The resolver of hostname endpoints, on ztunnel's own resolv.conf.
+    pub resolver: Resolver,
     /// Start-up tasks the readiness endpoint waits for.
     pub ready: Ready,
     /// The node's drain, held by every task.
@@ -125,6 +129,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         state,
         identities,
         metrics: Arc::new(metrics),
+        resolver: Resolver::from_resolv_conf(
+            Path::new(resolve::RESOLV_CONF),
+            config.inpod.ipv6_enabled,
+        ),
         ready: Ready::new(),
         drain: watcher,
         trigger,

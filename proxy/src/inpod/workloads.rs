@@ -31,6 +31,7 @@ use crate::inpod::{PodInfo, PodProxies, StartError};
 use crate::metrics::Metrics;
 use crate::outbound;
 use crate::pool::Pool;
+use crate::resolve::Resolver;
 use crate::state::SharedState;
 use crate::state::{InboundProtocol, State, Workload};
 
@@ -46,6 +47,9 @@ pub struct NodeParts {
     pub identities: IdentityManager,
     /// Traffic metrics.
     pub metrics: Arc<Metrics>,
+    /// The resolver of hostname endpoints, shared by every pod: lookups
+    /// run in ztunnel's own network namespace.
+    pub resolver: Resolver,
     /// Where runtime threads return after creating a pod's socket.
     pub home: HostNetns,
     /// The data-plane runtime the pods' tasks run on.
@@ -155,6 +159,7 @@ impl Workloads {
             sockets: Arc::new(sockets),
             h2: self.h2.clone(),
             pool: Pool::new(app::pool_config(config)),
+            resolver: self.node.resolver.clone(),
             tracker: Tracker::default(),
             workload: pod.workload.clone(),
             drain: watcher.clone(),

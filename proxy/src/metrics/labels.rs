@@ -186,25 +186,11 @@ impl EncodeLabelSet for TrafficLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let (source, service, destination) =
             (&self.source, &self.destination_service, &self.destination);
-        let labels: [(&str, &str); 23] = [
-            ("reporter", self.reporter.as_str()),
-            ("source_workload", source.workload.as_str()),
-            (
-                "source_canonical_service",
-                source.canonical_service.as_str(),
-            ),
-            (
-                "source_canonical_revision",
-                source.canonical_revision.as_str(),
-            ),
-            (
-                "source_workload_namespace",
-                source.workload_namespace.as_str(),
-            ),
-            ("source_principal", source.principal.as_str()),
-            ("source_app", source.app.as_str()),
-            ("source_version", source.version.as_str()),
-            ("source_cluster", source.cluster.as_str()),
+        [("reporter", self.reporter.as_str())]
+            .as_slice()
+            .encode(encoder)?;
+        source_labels(source).as_slice().encode(encoder)?;
+        let labels: [(&str, &str); 14] = [
             ("destination_service", service.service.as_str()),
             ("destination_service_namespace", service.namespace.as_str()),
             ("destination_service_name", service.name.as_str()),
@@ -240,5 +226,47 @@ impl EncodeLabelSet for TrafficLabels {
             labels.as_slice().encode(encoder)?;
         }
         Ok(())
+    }
+}
+
+/// The `source_*` labels of a client workload, in WIRE.md §10's order.
+fn source_labels(source: &PeerLabels) -> [(&'static str, &str); 8] {
+    [
+        ("source_workload", source.workload.as_str()),
+        (
+            "source_canonical_service",
+            source.canonical_service.as_str(),
+        ),
+        (
+            "source_canonical_revision",
+            source.canonical_revision.as_str(),
+        ),
+        (
+            "source_workload_namespace",
+            source.workload_namespace.as_str(),
+        ),
+        ("source_principal", source.principal.as_str()),
+        ("source_app", source.app.as_str()),
+        ("source_version", source.version.as_str()),
+        ("source_cluster", source.cluster.as_str()),
+    ]
+}
+
+/// Labels of `istio_on_demand_dns_total` (WIRE.md §10): the client
+/// workload whose connection needed the lookup, and the hostname looked up.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OnDemandDnsLabels {
+    /// The client workload.
+    pub source: PeerLabels,
+    /// The endpoint's hostname.
+    pub hostname: LabelValue,
+}
+
+impl EncodeLabelSet for OnDemandDnsLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        source_labels(&self.source).as_slice().encode(encoder)?;
+        [("hostname", self.hostname.as_str())]
+            .as_slice()
+            .encode(encoder)
     }
 }

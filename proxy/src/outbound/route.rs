@@ -2,9 +2,12 @@
 //! of a captured connection, tunnel it over HBONE (to the destination's
 //! ztunnel or to a waypoint: to whom, with what `:authority`, expecting which
 //! identities), tunnel it twice through another network's gateway, pass it
-//! through as plain TCP, or refuse it. The rows of AMBIENT.md §2.1 in their
-//! order are [`route`]'s body. Moving the bytes is `outbound.rs`'s business;
-//! what a gateway address names in the store is `state/gateway.rs`'s.
+//! through as plain TCP, look up the address of an endpoint known by
+//! hostname first, or refuse it. The rows of AMBIENT.md §2.1 in their
+//! order are [`route`]'s body; which of a hostname's addresses to dial is
+//! [`ResolveRoute::resolved`]. Moving the bytes and asking DNS are
+//! `outbound.rs`'s business; what a gateway address names in the store is
+//! `state/gateway.rs`'s.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -39,8 +42,71 @@ pub enum Route {
         /// The service whose VIP was dialled, if any.
         service: Option<Arc<Service>>,
     },
+    /// To an endpoint known by hostname only: its addresses are looked up
+    /// first (AMBIENT.md §4.6), then it is dialled as its IP would be.
+    Resolve(ResolveRoute),
     /// Not at all.
     Refuse(RouteRefusal),
+}
+
+/// A connection to an endpoint addressed by hostname, waiting for the
+/// hostname's addresses. Route and resolution are apart so that the route
+/// stays a synchronous decision over the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveRoute {
+    /// The name to look up: the endpoint workload's `hostname`.
+    pub hostname: Arc<str>,
+    /// The connection's original destination, whose IP family the
+    /// address dialled should have.
+    pub original: IpAddr,
+    /// The endpoint chosen, its port the one to deliver to.
+    pub endpoint: Endpoint,
+}
+
+/// A workload reached at a known address: through an HBONE tunnel to its
+/// ztunnel, or as plain TCP when it takes no tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Direct {
+    /// Through an HBONE tunnel to the workload's ztunnel.
+    Hbone(HboneRoute),
+    /// As plain TCP to `target`.
+    Tcp {
+        /// The address to dial.
+        target: SocketAddr,
+        /// The destination workload.
+        workload: Arc<Workload>,
+        /// The service whose VIP was dialled, if any.
+        service: Option<Arc<Service>>,
+    },
+}
+
+impl From<Direct> for Route {
+    fn from(direct: Direct) -> Route {
+        match direct {
+            Direct::Hbone(hbone) => Route::Hbone(hbone),
+            Direct::Tcp {
+                target,
+                workload,
+                service,
+            } => Route::Passthrough {
+                target,
+                workload: Some(workload),
+                service,
+            },
+        }
+    }
+}
+
+impl ResolveRoute {
+    /// Where the connection goes once the hostname resolved to
+    /// `addresses` (AMBIENT.md §4.6): to one of them of the original
+    /// destination's family, else one of the other family, drawn with
+    /// `pick`; tunnelled or not as the workload takes traffic. `None` when
+    /// `addresses` is empty.
+    pub fn resolved(&self, addresses: &[IpAddr], pick: u64) -> Option<Direct> {
+        let ip = pick_address(addresses, self.original, pick)?;
+        Some(at_address(ip, self.endpoint.clone()))
+    }
 }
 
 /// An HBONE tunnel to open.
@@ -107,10 +173,6 @@ pub enum RouteRefusal {
     /// has no gateway.
     #[error("no valid routing destination for workload {0}")]
     NoValidDestination(Arc<str>),
-    /// The chosen endpoint is addressed by hostname, which this proxy does
-    /// not resolve.
-    #[error("workload {0} is addressed by hostname; resolving it is not supported")]
-    Hostname(Arc<str>),
     /// The waypoint of the service or workload names nothing in the store,
     /// or nothing of it can be dialled.
     #[error("unknown waypoint: {0} not found")]
@@ -215,7 +277,7 @@ fn decide(
         return to_waypoint(state, source, waypoint, dst, None, pick);
     }
     // Row 6.
-    direct(upstream)
+    direct(upstream, dst.ip())
 }
 
 /// The service `ip` addresses, when it is a VIP and no workload's IP.
@@ -346,31 +408,45 @@ fn through_gateway(
 }
 
 /// The tunnel to the destination's own ztunnel, or plain TCP to a
-/// workload that takes no tunnel.
-fn direct(upstream: Endpoint) -> Result<Route, RouteRefusal> {
-    let uid = || upstream.workload.uid.clone();
-    let addr = match upstream.address {
-        EndpointAddress::Ip(ip) => SocketAddr::new(ip, upstream.port),
-        EndpointAddress::Hostname => return Err(RouteRefusal::Hostname(uid())),
+/// workload that takes no tunnel; for an endpoint known by hostname, the
+/// lookup of its address first, whose family should be `original`'s.
+fn direct(upstream: Endpoint, original: IpAddr) -> Result<Route, RouteRefusal> {
+    let ip = match upstream.address {
+        EndpointAddress::Ip(ip) => ip,
+        EndpointAddress::Hostname => {
+            return Ok(Route::Resolve(ResolveRoute {
+                hostname: upstream.workload.hostname.clone(),
+                original,
+                endpoint: upstream,
+            }));
+        }
         EndpointAddress::NetworkGateway | EndpointAddress::Unreachable => {
-            return Err(RouteRefusal::NoValidDestination(uid()));
+            return Err(RouteRefusal::NoValidDestination(
+                upstream.workload.uid.clone(),
+            ));
         }
     };
-    Ok(match upstream.protocol() {
-        InboundProtocol::Hbone => Route::Hbone(HboneRoute {
-            dial: SocketAddr::new(addr.ip(), HBONE_PORT),
+    Ok(at_address(ip, upstream).into())
+}
+
+/// The workload of `upstream` reached at `ip` and the endpoint's port.
+fn at_address(ip: IpAddr, upstream: Endpoint) -> Direct {
+    let addr = SocketAddr::new(ip, upstream.port);
+    match upstream.protocol() {
+        InboundProtocol::Hbone => Direct::Hbone(HboneRoute {
+            dial: SocketAddr::new(ip, HBONE_PORT),
             authority: addr,
             expected: upstream.expected_identities(),
             workload: upstream.workload,
             service: upstream.service,
             waypoint: None,
         }),
-        InboundProtocol::Tcp => Route::Passthrough {
+        InboundProtocol::Tcp => Direct::Tcp {
             target: addr,
-            workload: Some(upstream.workload),
+            workload: upstream.workload,
             service: upstream.service,
         },
-    })
+    }
 }
 
 /// What a gateway address is resolved for: the two differ in how a
@@ -446,6 +522,21 @@ fn resolve_hop(
             })
         }
     }
+}
+
+/// One of `addresses` of `original`'s family, else of the other, drawn
+/// with `pick`.
+fn pick_address(addresses: &[IpAddr], original: IpAddr, pick: u64) -> Option<IpAddr> {
+    let of_family = |ipv6: bool| addresses.iter().filter(move |ip| ip.is_ipv6() == ipv6);
+    let wanted = original.is_ipv6();
+    let family = if of_family(wanted).next().is_some() {
+        wanted
+    } else {
+        !wanted
+    };
+    let count = u64::try_from(of_family(family).count()).ok()?;
+    let index = usize::try_from(pick.checked_rem(count)?).ok()?;
+    of_family(family).nth(index).copied()
 }
 
 /// The first of the workload's IPs in `original`'s family, else its first.

@@ -1,4 +1,6 @@
-//! The one mapping of outbound failures to metrics' response flags.
+//! The one mapping of outbound failures to metrics' response flags; a
+//! connection to an endpoint known by hostname, end to end, in
+//! `tests/hostname.rs`.
 
 use std::io;
 use std::sync::Arc;
@@ -6,6 +8,8 @@ use std::sync::Arc;
 use http::StatusCode;
 
 use super::*;
+
+mod hostname;
 
 fn io_error() -> io::Error {
     io::ErrorKind::ConnectionRefused.into()
@@ -53,6 +57,10 @@ fn every_outbound_failure_maps_to_one_flag() {
             ResponseFlags::Connect,
         ),
         (OutboundError::PoolContended, ResponseFlags::Connect),
+        (
+            OutboundError::Resolve(ResolveError::NoAddress("app.test".into())),
+            ResponseFlags::Connect,
+        ),
         (
             OutboundError::Headers(invalid_header.into()),
             ResponseFlags::Connect,

@@ -13,6 +13,7 @@ use super::*;
 use crate::config::local;
 use crate::state::{NetworkAddress, WeightedWaypoint};
 
+mod hostnames;
 mod networks;
 
 /// One network (the default one) with the client, plain destinations,
@@ -111,6 +112,14 @@ workloads:
   protocol: HBONE
   services:
     default/named.default.svc.cluster.local: {80: 8080}
+- uid: named-tcp
+  name: named-tcp
+  namespace: default
+  hostname: legacy.example
+  workloadIps: []
+  protocol: TCP
+  services:
+    default/named-tcp.default.svc.cluster.local: {80: 8080}
 services:
 - name: shadow
   namespace: default
@@ -122,6 +131,11 @@ services:
   namespace: default
   hostname: named.default.svc.cluster.local
   vips: [/10.96.0.11]
+  ports: {80: 8080}
+- name: named-tcp
+  namespace: default
+  hostname: named-tcp.default.svc.cluster.local
+  vips: [/10.96.0.14, "/fd00:96::14"]
   ports: {80: 8080}
 - name: waypoint
   namespace: default
@@ -242,6 +256,13 @@ fn describe(route: &Route) -> String {
             Some(workload) => format!("tcp {target} to={}", workload.uid),
             None => format!("tcp {target}"),
         },
+        Route::Resolve(pending) => format!(
+            "resolve {} port={} family-of={} to={}",
+            pending.hostname,
+            pending.endpoint.port,
+            pending.original,
+            pending.endpoint.workload.uid,
+        ),
         Route::Refuse(refusal) => format!("refuse: {refusal}"),
     }
 }
@@ -437,10 +458,16 @@ fn each_row_of_the_decision_order_routes_as_istio_does() {
             "tcp 10.0.0.6:9000 to=legacy",
         ),
         (
-            "row 6: an endpoint known by hostname only is not resolved here",
+            "row 6: an endpoint known by hostname only is looked up first, at its target port",
             "client",
             "10.96.0.11:80",
-            "refuse: workload named is addressed by hostname; resolving it is not supported",
+            "resolve db.example port=8080 family-of=10.96.0.11 to=named",
+        ),
+        (
+            "row 6: so is one that takes plain TCP, the family the original's",
+            "client",
+            "[fd00:96::14]:80",
+            "resolve legacy.example port=8080 family-of=fd00:96::14 to=named-tcp",
         ),
         (
             "row 6: a non-loopback address on a ztunnel port is tunnelled; the peer refuses it",

@@ -42,6 +42,7 @@ use crate::inbound::tracker::Tracker;
 use crate::metrics::Metrics;
 use crate::outbound::route::{Route, route};
 use crate::pool::{Pool, PoolConfig};
+use crate::resolve::Resolver;
 use crate::socket::LocalSockets;
 use crate::state::{SharedState, State};
 
@@ -348,6 +349,7 @@ async fn topology() -> Topology {
             max_connections_per_key: 1,
             ..PoolConfig::default()
         }),
+        resolver: Resolver::with_nameservers(&[], true).unwrap(),
         tracker: Tracker::default(),
         workload: WorkloadInfo {
             namespace: "default".into(),
