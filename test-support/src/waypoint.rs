@@ -94,8 +94,14 @@ impl std::str::FromStr for RouteSpec {
         let shape = || RouteSpecError::Shape(spec.to_owned());
         let (authority, route) = spec.split_once('=').ok_or_else(shape)?;
         let mut parts = route.split(',');
-        let dial = parts.next().filter(|part| !part.is_empty()).ok_or_else(shape)?;
-        let upstream = parts.next().filter(|part| !part.is_empty()).ok_or_else(shape)?;
+        let dial = parts
+            .next()
+            .filter(|part| !part.is_empty())
+            .ok_or_else(shape)?;
+        let upstream = parts
+            .next()
+            .filter(|part| !part.is_empty())
+            .ok_or_else(shape)?;
         let identities = parts
             .map(|identity| {
                 identity
@@ -474,11 +480,23 @@ mod tests {
         // (argument, why it is refused)
         let refused = [
             ("10.0.0.1:80", "no route"),
-            ("=10.1.0.5:15008,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b", "no authority"),
+            (
+                "=10.1.0.5:15008,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "no authority",
+            ),
             ("10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080", "no identity"),
-            ("10.0.0.1:80=10.1.0.5,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b", "no port to dial"),
-            ("10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080,echo", "not an identity"),
-            ("10.0.0.1:80=,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b", "nothing to dial"),
+            (
+                "10.0.0.1:80=10.1.0.5,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "no port to dial",
+            ),
+            (
+                "10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080,echo",
+                "not an identity",
+            ),
+            (
+                "10.0.0.1:80=,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "nothing to dial",
+            ),
         ];
         for (argument, why) in refused {
             assert!(argument.parse::<RouteSpec>().is_err(), "{why}: {argument}");
@@ -504,7 +522,10 @@ mod tests {
         records.push(record("c"));
         let (new, seen) = records.since(seen);
         assert_eq!(seen, 3);
-        assert_eq!(new.iter().map(|r| r.authority.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert_eq!(
+            new.iter().map(|r| r.authority.as_str()).collect::<Vec<_>>(),
+            ["c"]
+        );
         assert_eq!(records.since(seen), (vec![], 3));
     }
 
