@@ -30,6 +30,8 @@ const WAYPOINT_PORT: u16 = 15008;
 const CLIENT_NODE: &str = "node-a";
 const WAYPOINT_NODE: &str = "node-b";
 const SERVER_NODE: &str = "node-a";
+/// The bound on an access log line appearing once its connection closed.
+const LOG_WITHIN: Duration = Duration::from_secs(10);
 /// Connections per client pod.
 const CONNECTIONS: u32 = 5;
 
@@ -116,9 +118,13 @@ pub(super) fn a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_thr
         assert_eq!(authority, &vip, "the waypoint was asked for the VIP:port");
         assert_eq!(outcome, "Forwarded");
     }
-    let from_waypoint = delivered_from_waypoint(cluster, server, &waypoint_ip, &identity);
+    let mut from_waypoint = 0;
+    let delivered = wait::until(LOG_WITHIN, || {
+        from_waypoint = delivered_from_waypoint(cluster, server, &waypoint_ip, &identity);
+        from_waypoint >= CONNECTIONS as usize
+    });
     assert!(
-        from_waypoint >= CONNECTIONS as usize,
+        delivered,
         "{server}'s ztunnel delivered {from_waypoint} connections from the waypoint as {identity}"
     );
     println!(
@@ -182,11 +188,12 @@ pub(super) fn a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_thr
         "another identity passes the waypoint"
     );
     assert!(
-        other
-            .at_waypoint
-            .iter()
-            .all(|(client, _, outcome)| client.ends_with("/sa/echo") && outcome == "Forwarded"),
-        "{:?}",
+        other.at_waypoint.len() == CONNECTIONS as usize
+            && other
+                .at_waypoint
+                .iter()
+                .all(|(client, _, outcome)| client.ends_with("/sa/echo") && outcome == "Forwarded"),
+        "the waypoint forwards another identity's connections: {:?}",
         other.at_waypoint
     );
 
