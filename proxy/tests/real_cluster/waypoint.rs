@@ -36,6 +36,7 @@ const LOG_WITHIN: Duration = Duration::from_secs(10);
 const CONNECTIONS: u32 = 5;
 
 /// What a client pod's run looked like from the waypoint and the servers.
+#[derive(Debug)]
 struct Seen {
     /// Connections it made and errors it had.
     report: (u64, u64),
@@ -84,29 +85,19 @@ pub(super) fn a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_thr
     // Labelled: every connection to the Service goes through the waypoint.
     use_waypoint(cluster, true);
     let started = Instant::now();
-    let mut attempt = 0;
-    let mut seen = None;
-    let through = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let run = run(
-            cluster,
-            &format!("via-waypoint-{attempt}"),
-            "client",
-            &app.cluster_ip,
-        );
-        let done = run.report == (u64::from(CONNECTIONS), 0)
+    let mut clients = Clients {
+        cluster,
+        host: &app.cluster_ip,
+        attempt: 0,
+    };
+    let (through, seen) = clients.until("via-waypoint", |run| {
+        run.report == (u64::from(CONNECTIONS), 0)
             && run.at_waypoint.len() == CONNECTIONS as usize
-            && run.direct == 0;
-        seen = Some(run);
-        done
+            && run.direct == 0
     });
-    let seen = seen.unwrap();
     assert!(
         through,
-        "the client's connections to {vip} did not all go through the waypoint: made/errors {:?}, at the waypoint {:?}, direct {}\n{}",
-        seen.report,
-        seen.at_waypoint,
-        seen.direct,
+        "the client's connections to {vip} did not all go through the waypoint: {seen:?}\n{}",
         waypoint_log(cluster).join("\n")
     );
     println!(
@@ -145,82 +136,46 @@ pub(super) fn a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_thr
         ])
         .unwrap();
     start_waypoint(cluster, &route, Some(&client_identity()));
-    let mut seen = None;
-    let denied = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let run = run(
-            cluster,
-            &format!("denied-by-waypoint-{attempt}"),
-            "client",
-            &app.cluster_ip,
-        );
-        let done = run.report == (0, u64::from(CONNECTIONS))
+    let (denied, seen) = clients.until("denied-by-waypoint", |run| {
+        run.report == (0, u64::from(CONNECTIONS))
             && run.at_waypoint.len() == CONNECTIONS as usize
             && run
                 .at_waypoint
                 .iter()
-                .all(|(_, _, outcome)| outcome == "Denied");
-        seen = Some(run);
-        done
+                .all(|(_, _, outcome)| outcome == "Denied")
     });
-    let seen = seen.unwrap();
     assert!(
         denied,
-        "the waypoint's deny rule did not refuse the client: made/errors {:?}, at the waypoint {:?}\n{}",
-        seen.report,
-        seen.at_waypoint,
+        "the waypoint's deny rule did not refuse the client: {seen:?}\n{}",
         waypoint_log(cluster).join("\n")
     );
     println!(
         "figure: waypoint pod recreated with a deny rule to the client refused there: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    attempt += 1;
-    let other = run(
-        cluster,
-        &format!("other-via-waypoint-{attempt}"),
-        "echo",
-        &app.cluster_ip,
-    );
-    assert_eq!(
-        other.report,
-        (u64::from(CONNECTIONS), 0),
-        "another identity passes the waypoint"
-    );
+    let other = clients.run("other-via-waypoint", "echo");
     assert!(
-        other.at_waypoint.len() == CONNECTIONS as usize
+        other.report == (u64::from(CONNECTIONS), 0)
+            && other.at_waypoint.len() == CONNECTIONS as usize
             && other
                 .at_waypoint
                 .iter()
                 .all(|(client, _, outcome)| client.ends_with("/sa/echo") && outcome == "Forwarded"),
-        "the waypoint forwards another identity's connections: {:?}",
-        other.at_waypoint
+        "the waypoint forwards another identity's connections: {other:?}"
     );
 
     // The label removed, traffic goes direct: the client, still denied by
     // the waypoint, is served, and the servers see its own identity.
     use_waypoint(cluster, false);
     let started = Instant::now();
-    let mut seen = None;
-    let direct = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let run = run(
-            cluster,
-            &format!("direct-again-{attempt}"),
-            "client",
-            &app.cluster_ip,
-        );
-        let done = run.report == (u64::from(CONNECTIONS), 0)
+    let (direct, seen) = clients.until("direct-again", |run| {
+        run.report == (u64::from(CONNECTIONS), 0)
             && run.at_waypoint.is_empty()
-            && run.direct == CONNECTIONS as usize;
-        seen = Some(run);
-        done
+            && run.direct == CONNECTIONS as usize
     });
-    let seen = seen.unwrap();
     assert!(
         direct,
-        "the client's connections did not go direct once the label was removed: made/errors {:?}, at the waypoint {:?}, direct {}",
-        seen.report, seen.at_waypoint, seen.direct
+        "the client's connections did not go direct once the label was removed: {seen:?}"
     );
     println!(
         "figure: label removed to the Service's traffic direct again: {:.1} s",
@@ -348,42 +303,68 @@ spec:
     pod.ip.unwrap()
 }
 
-/// Runs a client pod under `service_account` on [`CLIENT_NODE`] that
-/// opens [`CONNECTIONS`] connections to `host`'s [`APP_PORT`], and
-/// gathers what the waypoint and the servers saw of it.
-fn run(cluster: &RealCluster, name: &str, service_account: &str, host: &str) -> Seen {
-    let (pod, report) = run_client_as(
-        cluster,
-        name,
-        CLIENT_NODE,
-        service_account,
-        &as_str(&connect_args(host, CONNECTIONS)),
-    );
-    let source = format!("{}:", pod.ip.as_deref().unwrap_or("none"));
-    let at_waypoint = waypoint_log(cluster)
-        .iter()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|record| {
-            record["peer"]
-                .as_str()
-                .is_some_and(|peer| peer.starts_with(&source))
-        })
-        .map(|record| {
-            let text = |key: &str| record[key].as_str().unwrap_or_default().to_owned();
-            (text("identity"), text("authority"), text("outcome"))
-        })
-        .collect();
-    let direct = ["node-a", "node-b"]
-        .iter()
-        .map(|node| delivered_as_client(cluster, node, &echo_pod_on(cluster, node), &pod))
-        .sum();
-    Seen {
-        report: (
-            report["connections_made"].as_u64().unwrap_or(0),
-            report["errors"].as_u64().unwrap_or(0),
-        ),
-        at_waypoint,
-        direct,
+/// The client pods of the phase, on [`CLIENT_NODE`], each opening
+/// [`CONNECTIONS`] connections to `host`'s [`APP_PORT`].
+struct Clients<'a> {
+    cluster: &'a RealCluster,
+    host: &'a str,
+    /// Numbers the pods: each has a name of its own.
+    attempt: u32,
+}
+
+impl Clients<'_> {
+    /// Runs client pods named after `prefix` under the service account
+    /// `client` until one's run is `done`, within [`POD_WITHIN`]: whether
+    /// one was, and the last run.
+    fn until(&mut self, prefix: &str, done: impl Fn(&Seen) -> bool) -> (bool, Seen) {
+        let mut last = None;
+        let reached = wait::until(POD_WITHIN, || {
+            let run = self.run(prefix, "client");
+            let reached = done(&run);
+            last = Some(run);
+            reached
+        });
+        (reached, last.unwrap())
+    }
+
+    /// Runs one client pod named after `prefix` under `service_account`,
+    /// and gathers what the waypoint and the servers saw of it.
+    fn run(&mut self, prefix: &str, service_account: &str) -> Seen {
+        self.attempt += 1;
+        let cluster = self.cluster;
+        let (pod, report) = run_client_as(
+            cluster,
+            &format!("{prefix}-{}", self.attempt),
+            CLIENT_NODE,
+            service_account,
+            &as_str(&connect_args(self.host, CONNECTIONS)),
+        );
+        let source = format!("{}:", pod.ip.as_deref().unwrap_or("none"));
+        let at_waypoint = waypoint_log(cluster)
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|record| {
+                record["peer"]
+                    .as_str()
+                    .is_some_and(|peer| peer.starts_with(&source))
+            })
+            .map(|record| {
+                let text = |key: &str| record[key].as_str().unwrap_or_default().to_owned();
+                (text("identity"), text("authority"), text("outcome"))
+            })
+            .collect();
+        let direct = ["node-a", "node-b"]
+            .iter()
+            .map(|node| delivered_as_client(cluster, node, &echo_pod_on(cluster, node), &pod))
+            .sum();
+        Seen {
+            report: (
+                report["connections_made"].as_u64().unwrap_or(0),
+                report["errors"].as_u64().unwrap_or(0),
+            ),
+            at_waypoint,
+            direct,
+        }
     }
 }
 
