@@ -14,7 +14,9 @@
 #                                     CRI sandbox image (test-support/pause)
 #   <out>/ztunnel-test-app.oci.tar    ztunnel-loadgen (entrypoint), from
 #                                     scratch with an /etc/nsswitch.conf: the
-#                                     echo server and load generator of pods
+#                                     echo server and load generator of pods;
+#                                     and ztunnel-test-waypoint, the waypoint
+#                                     of a waypoint pod (test-support)
 #
 # Each archive holds one image tagged <tag> (org.opencontainers.image.ref.name).
 # The binaries are static (glibc, -C target-feature=+crt-static), so the
@@ -66,11 +68,12 @@ RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --profile image \
   -p ztunnel-control-plane --bin ztunnel-ca
 if [ "$test_images" = 1 ]; then
   images+=(ztunnel-test-pause ztunnel-test-app)
-  static+=(pause ztunnel-loadgen)
+  static+=(pause ztunnel-loadgen ztunnel-test-waypoint)
   RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --profile image \
     --target "$target" \
     -p ztunnel-test-pause --bin pause \
-    -p ztunnel-benches --bin ztunnel-loadgen
+    -p ztunnel-benches --bin ztunnel-loadgen \
+    -p ztunnel-test-support --bin ztunnel-test-waypoint
 fi
 bins="${CARGO_TARGET_DIR:-target}/$target/image"
 for bin in "${static[@]}"; do
@@ -127,7 +130,7 @@ ln -s ztunnel-agent "$agent_stage/usr/local/bin/install-cni"
 build ztunnel-agent /usr/local/bin/ztunnel-agent "$tools_root=/" "$agent_stage=/"
 if [ "$test_images" = 1 ]; then
   build ztunnel-test-pause /usr/local/bin/pause "$(stage pause "$bins/pause")=/"
-  app_stage="$(stage app "$bins/ztunnel-loadgen")"
+  app_stage="$(stage app "$bins/ztunnel-loadgen" "$bins/ztunnel-test-waypoint")"
   # The static glibc resolver reads this: the kubelet's /etc/hosts first,
   # then the cluster DNS of its /etc/resolv.conf, as in a Debian image
   # (without it glibc would ask DNS first).

@@ -15,7 +15,8 @@
 #   - when the test cluster's images are there (build-images.sh
 #     --test-images): pause, as PID 1 of a PID namespace, exiting 0 on
 #     SIGTERM; ztunnel-loadgen's server and a soak run against it through a
-#     name in /etc/hosts (the image's static resolver), with no failure.
+#     name in /etc/hosts (the image's static resolver), with no failure;
+#     ztunnel-test-waypoint --help.
 # Needs root (chroot, unshare). Prints each image's size.
 #
 #   scripts/check-images.sh [DIR]      default target/images
@@ -144,6 +145,8 @@ if [ -f "$dir/ztunnel-test-app.oci.tar" ]; then
   unpack ztunnel-test-app
   entrypoint ztunnel-test-app /usr/local/bin/ztunnel-loadgen
   expect ztunnel-test-app "help" "soak" 'img /usr/local/bin/ztunnel-loadgen --help'
+  expect ztunnel-test-app "the waypoint's help" "--route" \
+    'img /usr/local/bin/ztunnel-test-waypoint --help'
   # The kubelet mounts a pod's /etc/hosts; a name in it must resolve through
   # the image's static glibc and its nsswitch.conf.
   printf '127.0.0.1 localhost\n127.0.0.1 echo.check.svc.cluster.local\n' \

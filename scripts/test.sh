@@ -3,7 +3,7 @@
 # use when they are missing and we are root, builds the Kubernetes parts
 # once per machine (scripts/k8s-test-env.sh: the API server, and kubelet,
 # containerd, runc and the rest of a real cluster; a no-op after the first
-# time) and, as root, the container images the real cluster runs
+# time; with the Gateway API CRDs written into the chart's crds/) and, as root, the container images the real cluster runs
 # (scripts/build-images.sh --test-images), then runs every test in the
 # workspace (arguments go to `cargo test --workspace`). Tests that need
 # root, these tools or the API server skip with a printed reason where they
@@ -20,7 +20,9 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null;
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
 fi
 if command -v go >/dev/null; then
-  scripts/k8s-test-env.sh >/dev/null
+  # --chart-crds: the Gateway API CRDs go into the chart's crds/, so the
+  # real cluster's helm install serves Gateways (its waypoint phase).
+  scripts/k8s-test-env.sh --chart-crds >/dev/null
   # The real cluster's tests (root only) run the images as a cluster
   # would: the project's three and the test pause and application images.
   if [ "$(id -u)" = 0 ]; then

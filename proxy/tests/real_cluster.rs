@@ -2,8 +2,11 @@
 //! The mesh installed as users install it, on a real two-node cluster
 //! (`ztunnel_test_support::real_cluster`: kubelet, containerd and runc on
 //! each node, kube-proxy, the controller-manager and scheduler, CoreDNS):
-//! `helm install` of `deploy/charts/ztunnel-mesh` on nodes that start with
-//! the `cni.istio.io/not-ready` taint, then what a user does next.
+//! `helm install` of `deploy/charts/ztunnel-mesh` (with the operator's CA
+//! plugged in as `cacerts`, and the Gateway API CRDs in the chart's
+//! `crds/` when `scripts/k8s-test-env.sh --chart-crds` wrote them) on
+//! nodes that start with the `cni.istio.io/not-ready` taint, then what a
+//! user does next, a waypoint pod among it.
 //!
 //! One test runs the phases in order on one cluster, since a cluster takes
 //! a minute to build; each phase is a function, and the figures (helm
@@ -16,6 +19,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use ztunnel_test_support::ca::TestRoot;
 use ztunnel_test_support::cluster::AccessEntry;
 use ztunnel_test_support::helm::{self, Helm};
 use ztunnel_test_support::real_cluster::{
@@ -27,6 +31,8 @@ use ztunnel_test_support::wait;
 mod clients;
 #[path = "real_cluster/rollouts.rs"]
 mod rollouts;
+#[path = "real_cluster/waypoint.rs"]
+mod waypoint;
 
 use clients::*;
 use rollouts::*;
@@ -76,7 +82,10 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         cluster.started_in().as_secs_f64()
     );
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        install(&cluster, &helm);
+        // The operator's CA: the waypoint pod's certificate is issued from
+        // it by the test.
+        let root = TestRoot::generate(TRUST_DOMAIN).unwrap();
+        install(&cluster, &helm, &root);
         let app = App::deploy(&cluster);
         traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
         a_service_name_resolved_by_the_cluster_dns_goes_through_ztunnel(&cluster, &app);
@@ -85,6 +94,9 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         a_pod_scaled_up_later_is_meshed_before_its_first_connection(&cluster, &app);
         a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(&cluster, &app);
         running_pods_join_when_their_namespace_is_labelled(&cluster);
+        waypoint::a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_through_it(
+            &cluster, &app, &root,
+        );
         let soaks = Soaks::start(&cluster, &app);
         rollouts_drop_nothing(&cluster, &helm, &soaks);
     }));
@@ -96,10 +108,13 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
     }
 }
 
-/// `helm install` with the taint controller on: both DaemonSets Ready on
-/// both nodes, the control plane available, the taint gone from every
-/// node, and no component refused by the API server's authorization.
-fn install(cluster: &RealCluster, helm: &Helm) {
+/// `helm install` with the taint controller on, `root` plugged in as the
+/// operator's CA (`cacerts`): both DaemonSets Ready on both nodes, the
+/// control plane available and publishing `root`, the taint gone from
+/// every node, and no component refused by the API server's
+/// authorization.
+fn install(cluster: &RealCluster, helm: &Helm, root: &TestRoot) {
+    cluster.plug_in_ca(root).unwrap();
     let started = Instant::now();
     let first_line = cluster
         .helm_install(
@@ -128,6 +143,25 @@ fn install(cluster: &RealCluster, helm: &Helm) {
     println!(
         "figure: helm install to all Ready (DaemonSets on both nodes, control plane available, taints gone): {:.1} s",
         started.elapsed().as_secs_f64()
+    );
+
+    let published = get_json(
+        cluster,
+        &[
+            "get",
+            "configmap",
+            "-n",
+            MESH_NAMESPACE,
+            "istio-ca-root-cert",
+        ],
+    )
+    .unwrap();
+    let published = published["data"]["root-cert.pem"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        published.contains(root.cert_pem().trim()),
+        "the control plane publishes the root of cacerts, not:\n{published}"
     );
 
     for (pod, container) in cluster.mesh_containers().unwrap() {

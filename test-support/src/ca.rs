@@ -20,7 +20,9 @@ use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
-use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root};
+use ztunnel_certs::issuer::{
+    GeneratedRoot, Issuer, SigningMaterial, SigningRequest, TtlPolicy, generate_root,
+};
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
 use ztunnel_control_plane::ca::authz::NodeAgentAccount;
@@ -280,16 +282,33 @@ pub fn foreign_certificate(identity: &Identity) -> anyhow::Result<WorkloadCertif
 
 /// A generated root that signs workload certificates directly, with no CA
 /// service, namespace or authorization: for tests of TLS peers on loopback
-/// (`crate::waypoint`), whose certificates need only share a root.
+/// (`crate::waypoint`), whose certificates need only share a root; and, as
+/// the `cacerts` of a real cluster's mesh, for a peer running in a pod
+/// whose certificate the mesh must trust ([`TestRoot::issue_pem`]).
 pub struct TestRoot {
     issuer: Issuer,
+    /// The root as PEM, kept to hand it to a control plane.
+    root: GeneratedRoot,
+}
+
+/// A workload certificate as files: what a pod mounts from a Secret.
+#[derive(Clone)]
+pub struct IssuedPem {
+    /// The leaf, then any intermediates, PEM.
+    pub cert_chain_pem: String,
+    /// The leaf's PKCS#8 private key, PEM.
+    pub key_pem: String,
+    /// The roots peers are verified against, PEM.
+    pub root_cert_pem: String,
 }
 
 impl TestRoot {
     /// Generates a root named after `trust_domain`.
     pub fn generate(trust_domain: &str) -> anyhow::Result<TestRoot> {
+        let root = generate_root(trust_domain, SystemTime::now())?;
         Ok(TestRoot {
-            issuer: root_issuer(trust_domain)?,
+            issuer: issuer_of(&root)?,
+            root,
         })
     }
 
@@ -299,14 +318,49 @@ impl TestRoot {
     pub fn issue(&self, identity: &Identity) -> anyhow::Result<WorkloadCertificate> {
         issue_with(&self.issuer, identity)
     }
+
+    /// As [`TestRoot::issue`], as PEM files; valid for an hour.
+    pub fn issue_pem(&self, identity: &Identity) -> anyhow::Result<IssuedPem> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let csr = rcgen::CertificateParams::default().serialize_request(&key)?;
+        let signing = SigningRequest::from_pem(&csr.pem()?)?;
+        let chain = self.issuer.sign_workload(
+            &signing,
+            identity,
+            Duration::from_secs(3600),
+            SystemTime::now(),
+        )?;
+        let [certs @ .., roots] = chain.as_slice() else {
+            anyhow::bail!("the issuer returned an empty chain");
+        };
+        Ok(IssuedPem {
+            cert_chain_pem: certs.concat(),
+            key_pem: key.serialize_pem(),
+            root_cert_pem: roots.clone(),
+        })
+    }
+
+    /// The self-signed root certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.root.cert_pem
+    }
+
+    /// The root's PKCS#8 private key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.root.key_pem
+    }
 }
 
 /// An issuer signing with a newly generated root.
 fn root_issuer(trust_domain: &str) -> anyhow::Result<Issuer> {
-    let root = generate_root(trust_domain, SystemTime::now())?;
+    issuer_of(&generate_root(trust_domain, SystemTime::now())?)
+}
+
+/// An issuer signing with `root`.
+fn issuer_of(root: &GeneratedRoot) -> anyhow::Result<Issuer> {
     Ok(Issuer::new(&SigningMaterial {
-        root_cert_pem: root.cert_pem,
-        root_key_pem: Some(root.key_pem),
+        root_cert_pem: root.cert_pem.clone(),
+        root_key_pem: Some(root.key_pem.clone()),
         ..SigningMaterial::default()
     })?)
 }

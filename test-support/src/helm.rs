@@ -18,6 +18,21 @@ pub fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/charts/ztunnel-mesh")
 }
 
+/// The Gateway API CRDs in the chart's `crds/` (which `helm install`
+/// installs), or why not: `scripts/k8s-test-env.sh --chart-crds` writes
+/// them there; they are not kept in the repository.
+pub fn chart_gateway_api_crds() -> Result<(), String> {
+    let gateways = chart_dir().join("crds/gateway.networking.k8s.io_gateways.yaml");
+    if gateways.is_file() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} missing: run scripts/k8s-test-env.sh --chart-crds (scripts/test.sh does)",
+            gateways.display()
+        ))
+    }
+}
+
 /// The pinned helm.
 pub struct Helm {
     bin: PathBuf,

@@ -12,7 +12,8 @@
 //! proxy's; what they share (identity, records, the thread each one serves
 //! on), `waypoint/peer.rs`. Each peer
 //! runs on a thread and runtime of its own, on loopback or inside a test
-//! namespace (`start_in`), and stops when dropped.
+//! namespace (`start_in`), and stops when dropped. `waypoint/pod.rs` runs
+//! a waypoint as a process of its own (`ztunnel-test-waypoint`), for a pod.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -32,6 +33,7 @@ mod echo;
 mod gateway;
 pub mod hbone;
 mod peer;
+pub mod pod;
 
 pub use echo::EchoServer;
 pub use gateway::EastWestGateway;
@@ -56,6 +58,71 @@ pub struct Route {
     /// The identities the upstream's certificate may carry: the
     /// destination workload's, plus its services' SANs.
     pub identities: Vec<Identity>,
+}
+
+/// A route as one command-line argument,
+/// `AUTHORITY=DIAL,UPSTREAM_AUTHORITY,IDENTITY[,IDENTITY...]`: e.g.
+/// `198.19.128.20:8080=198.18.64.5:15008,198.18.64.5:8080,spiffe://cluster.local/ns/demo/sa/echo`
+/// (the service's VIP:port, the endpoint's HBONE address and its own
+/// address, its identity). What a waypoint in a pod is started with.
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    /// The `:authority` clients ask for.
+    pub authority: String,
+    /// Where it goes.
+    pub route: Route,
+}
+
+/// Why a route argument was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteSpecError {
+    /// No `=` between the authority and the route.
+    #[error("{0:?}: expected AUTHORITY=DIAL,UPSTREAM_AUTHORITY,IDENTITY[,IDENTITY...]")]
+    Shape(String),
+    /// The address to dial is not `ip:port`.
+    #[error("{0:?}: the address to dial is not ip:port")]
+    Dial(String),
+    /// An identity is not a SPIFFE identity.
+    #[error("{0:?}: not a SPIFFE identity")]
+    Identity(String),
+}
+
+impl std::str::FromStr for RouteSpec {
+    type Err = RouteSpecError;
+
+    fn from_str(spec: &str) -> Result<RouteSpec, RouteSpecError> {
+        let shape = || RouteSpecError::Shape(spec.to_owned());
+        let (authority, route) = spec.split_once('=').ok_or_else(shape)?;
+        let mut parts = route.split(',');
+        let dial = parts
+            .next()
+            .filter(|part| !part.is_empty())
+            .ok_or_else(shape)?;
+        let upstream = parts
+            .next()
+            .filter(|part| !part.is_empty())
+            .ok_or_else(shape)?;
+        let identities = parts
+            .map(|identity| {
+                identity
+                    .parse()
+                    .map_err(|_| RouteSpecError::Identity(identity.to_owned()))
+            })
+            .collect::<Result<Vec<Identity>, _>>()?;
+        if authority.is_empty() || identities.is_empty() {
+            return Err(shape());
+        }
+        Ok(RouteSpec {
+            authority: authority.to_owned(),
+            route: Route {
+                dial: dial
+                    .parse()
+                    .map_err(|_| RouteSpecError::Dial(dial.to_owned()))?,
+                authority: upstream.to_owned(),
+                identities,
+            },
+        })
+    }
 }
 
 /// What a peer did with one CONNECT; [`Outcome::status`] is what it
@@ -120,19 +187,37 @@ impl Record {
 
 /// The records of one peer, shared by its connections and the test.
 #[derive(Debug, Default)]
-struct Records(Mutex<VecDeque<Record>>);
+struct Records(Mutex<RecordLog>);
+
+/// The latest records, and how many were ever pushed: a reader that
+/// remembers the count finds what came after it.
+#[derive(Debug, Default)]
+struct RecordLog {
+    kept: VecDeque<Record>,
+    pushed: u64,
+}
 
 impl Records {
     fn push(&self, record: Record) {
-        let mut records = lock(&self.0);
-        if records.len() == MAX_RECORDS {
-            records.pop_front();
+        let mut log = lock(&self.0);
+        if log.kept.len() == MAX_RECORDS {
+            log.kept.pop_front();
         }
-        records.push_back(record);
+        log.kept.push_back(record);
+        log.pushed += 1;
     }
 
     fn all(&self) -> Vec<Record> {
-        lock(&self.0).iter().cloned().collect()
+        lock(&self.0).kept.iter().cloned().collect()
+    }
+
+    /// The records pushed after the first `seen` (those still kept), and
+    /// how many were pushed in all.
+    fn since(&self, seen: u64) -> (Vec<Record>, u64) {
+        let log = lock(&self.0);
+        let new = usize::try_from(log.pushed.saturating_sub(seen)).unwrap_or(usize::MAX);
+        let skip = log.kept.len().saturating_sub(new);
+        (log.kept.iter().skip(skip).cloned().collect(), log.pushed)
     }
 }
 
@@ -283,6 +368,12 @@ impl Waypoint {
     pub fn records(&self) -> Vec<Record> {
         self.peer.records.all()
     }
+
+    /// The CONNECTs it saw after the first `seen`, oldest first, and how
+    /// many it saw in all: the `seen` of the next call.
+    pub fn records_since(&self, seen: u64) -> (Vec<Record>, u64) {
+        self.peer.records.since(seen)
+    }
 }
 
 /// One CONNECT at the waypoint: decide, dial the upstream (from `source`,
@@ -370,6 +461,72 @@ mod tests {
             let decision = decision.map(|upstream| upstream.route.authority.as_str());
             assert_eq!(decision, expected, "{why}");
         }
+    }
+
+    #[test]
+    fn a_route_argument_names_the_authority_the_endpoint_and_its_identities() {
+        let echo = "spiffe://cluster.local/ns/demo/sa/echo";
+        let other = "spiffe://cluster.local/ns/demo/sa/other";
+        let spec: RouteSpec = format!("10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080,{echo},{other}")
+            .parse()
+            .unwrap();
+        assert_eq!(spec.authority, "10.0.0.1:80");
+        assert_eq!(spec.route.dial, "10.1.0.5:15008".parse().unwrap());
+        assert_eq!(spec.route.authority, "10.1.0.5:8080");
+        assert_eq!(
+            spec.route.identities,
+            vec![echo.parse().unwrap(), other.parse::<Identity>().unwrap()]
+        );
+        // (argument, why it is refused)
+        let refused = [
+            ("10.0.0.1:80", "no route"),
+            (
+                "=10.1.0.5:15008,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "no authority",
+            ),
+            ("10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080", "no identity"),
+            (
+                "10.0.0.1:80=10.1.0.5,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "no port to dial",
+            ),
+            (
+                "10.0.0.1:80=10.1.0.5:15008,10.1.0.5:8080,echo",
+                "not an identity",
+            ),
+            (
+                "10.0.0.1:80=,10.1.0.5:8080,spiffe://cluster.local/ns/a/sa/b",
+                "nothing to dial",
+            ),
+        ];
+        for (argument, why) in refused {
+            assert!(argument.parse::<RouteSpec>().is_err(), "{why}: {argument}");
+        }
+    }
+
+    #[test]
+    fn records_since_a_count_are_those_pushed_after_it() {
+        let records = Records::default();
+        let record = |authority: &str| Record {
+            identity: identity("client"),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            authority: authority.to_owned(),
+            baggage: None,
+            forwarded: None,
+            outcome: Outcome::Forwarded,
+        };
+        assert_eq!(records.since(0), (vec![], 0));
+        records.push(record("a"));
+        records.push(record("b"));
+        let (new, seen) = records.since(0);
+        assert_eq!((new.len(), seen), (2, 2));
+        records.push(record("c"));
+        let (new, seen) = records.since(seen);
+        assert_eq!(seen, 3);
+        assert_eq!(
+            new.iter().map(|r| r.authority.as_str()).collect::<Vec<_>>(),
+            ["c"]
+        );
+        assert_eq!(records.since(seen), (vec![], 3));
     }
 
     #[test]

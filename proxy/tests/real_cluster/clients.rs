@@ -1,5 +1,5 @@
 //! The client pods of the test: short-lived `ztunnel-loadgen` pods under
-//! the `client` service account, what they report, and what the server's
+//! the `client` service account (or another one of the namespace), what they report, and what the server's
 //! ztunnel logged of their connections.
 
 use super::*;
@@ -18,8 +18,19 @@ pub(super) fn run_client(
     node: &str,
     args: &[&str],
 ) -> (PodStatus, Value) {
+    run_client_as(cluster, name, node, "client", args)
+}
+
+/// As [`run_client`], under `service_account`.
+pub(super) fn run_client_as(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    service_account: &str,
+    args: &[&str],
+) -> (PodStatus, Value) {
     let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
-    create_client(cluster, name, node, &args);
+    create_client_as(cluster, name, node, service_account, &args);
     let pod = wait_client_done(cluster, name);
     let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
     let report = output
@@ -33,10 +44,21 @@ pub(super) fn run_client(
 /// Creates a client pod named `name` on `node` under the service account
 /// `client`, running `ztunnel-loadgen` with `args`.
 pub(super) fn create_client(cluster: &RealCluster, name: &str, node: &str, args: &[String]) {
+    create_client_as(cluster, name, node, "client", args);
+}
+
+/// As [`create_client`], under `service_account`.
+fn create_client_as(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    service_account: &str,
+    args: &[String],
+) {
     let pod = LoadgenPod {
         name,
         namespace: APP_NAMESPACE,
-        service_account: "client",
+        service_account,
         node,
         label: ("app", "client"),
         container: "client",

@@ -1,12 +1,18 @@
 //! The mesh on a real cluster, installed as users install it: `helm
 //! install` of `deploy/charts/ztunnel-mesh` with the images the cluster
 //! loaded, and what "installed" means: both DaemonSets Ready on every
-//! node, the control plane available, and the not-ready taint gone.
+//! node, the control plane available, and the not-ready taint gone; and,
+//! before the install, the operator's CA (`cacerts`) when a test needs
+//! certificates of its own that the mesh trusts.
 //! The tests and `demo/run.sh --cluster` share it.
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use ztunnel_control_plane::ca::signing_secret::{
+    CA_CERT_KEY, CA_KEY_KEY, CERT_CHAIN_KEY, PLUGGED_SECRET, ROOT_CERT_KEY,
+};
 
 use super::RealCluster;
+use crate::ca::TestRoot;
 use crate::helm::{self, Helm};
 
 /// The namespace the chart is installed in, as Istio's is.
@@ -33,6 +39,35 @@ impl RealCluster {
         ];
         sets.extend_from_slice(values);
         self.helm(helm, "install", &["--create-namespace"], &sets)
+    }
+
+    /// Creates [`MESH_NAMESPACE`] and in it the Secret `cacerts` with
+    /// `root` as signer, root and chain, as an operator plugs a CA in
+    /// before installing Istio. The control plane reads `cacerts` first, so
+    /// every replica and rollout signs with `root`, and a certificate the
+    /// test issues from it ([`TestRoot::issue_pem`]) is one the mesh trusts.
+    pub fn plug_in_ca(&self, root: &TestRoot) -> anyhow::Result<()> {
+        let namespace = json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": MESH_NAMESPACE},
+        });
+        let secret = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": PLUGGED_SECRET, "namespace": MESH_NAMESPACE},
+            "stringData": {
+                (CA_CERT_KEY): root.cert_pem(),
+                (CA_KEY_KEY): root.key_pem(),
+                (ROOT_CERT_KEY): root.cert_pem(),
+                (CERT_CHAIN_KEY): root.cert_pem(),
+            },
+        });
+        // JSON is YAML: the PEM texts need no quoting of our own.
+        for object in [namespace, secret] {
+            self.api()?.apply_server_side(&object.to_string())?;
+        }
+        Ok(())
     }
 
     /// `helm upgrade --reuse-values` of the release with `values`.
