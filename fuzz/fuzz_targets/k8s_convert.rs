@@ -75,6 +75,9 @@ fuzz_target!(|data: &[u8]| {
         endpoint_slices: shared(objects.endpoint_slices),
         nodes: shared(objects.nodes),
         authorization_policies: shared(objects.authorization_policies),
+        // Gateways are not decoded from the input yet.
+        gateways: Vec::new(),
+        gateway_classes: Vec::new(),
     };
     let settings = ConvertSettings::default();
     let conversion = convert(&objects, &settings);
@@ -105,6 +108,8 @@ fuzz_target!(|data: &[u8]| {
             endpoint_slices: reversed(&objects.endpoint_slices),
             nodes: reversed(&objects.nodes),
             authorization_policies: reversed(&objects.authorization_policies),
+            gateways: Vec::new(),
+            gateway_classes: Vec::new(),
         };
         assert_eq!(convert(&backwards, &settings), conversion);
     }
