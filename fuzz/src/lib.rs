@@ -1,4 +1,5 @@
-//! What more than one fuzz target checks. The targets themselves are in
+//! What more than one fuzz target checks, and the recorded TLS session the
+//! record-layer targets share (`record`). The targets themselves are in
 //! `fuzz_targets/`.
 
 #![warn(missing_docs)]
@@ -12,6 +13,8 @@ use ztunnel_proto::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resou
 use ztunnel_proto::xds_types::ResourceKind;
 use ztunnel_proxy::state::{Interner, State};
 use ztunnel_proxy::xds::{KnownVersions, apply_changes, decide};
+
+pub mod record;
 
 /// Serves `snapshot` as the control plane does (every resource of both
 /// types, as encoded for the wire) to the proxy's xDS core, and checks that

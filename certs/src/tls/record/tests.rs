@@ -3,7 +3,10 @@
 //! under back-pressure, key updates asked for by the peer and forced by a
 //! lowered limit, close_notify, session tickets, the memory an idle stream
 //! holds. A raw peer that sends what no TLS stack would is `tests/raw.rs`;
-//! the handshake's handover and refusals are `tests/handshake.rs`.
+//! the handshake's handover and refusals are `tests/handshake.rs`; a stock
+//! peer on ring's suites is `tests/ring.rs`; transports that cut reads and
+//! writes anywhere are `tests/transport.rs`. OpenSSL as a peer is the
+//! integration test `certs/tests/openssl.rs`.
 
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,6 +29,8 @@ use crate::tls::{ALPN_H2, client_config, dummy_server_name, peer_identity, serve
 
 mod handshake;
 mod raw;
+mod ring;
+mod transport;
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";

@@ -5,11 +5,13 @@ use super::*;
 
 /// Runs a stock rustls connection's handshake over `io` by hand, with
 /// `data` written before it starts: rustls sends it as soon as it may, in
-/// the same write as its last flight.
+/// the same write as its last flight. The last `held_back` bytes of that
+/// write are sent a moment later, in a write of their own.
 async fn stock_handshake_with_data(
     mut session: rustls::Connection,
     mut io: DuplexStream,
     data: &[u8],
+    held_back: usize,
 ) -> (rustls::Connection, DuplexStream) {
     use std::io::Write;
     session.writer().write_all(data).unwrap();
@@ -18,10 +20,18 @@ async fn stock_handshake_with_data(
         while session.wants_write() {
             session.write_tls(&mut out).unwrap();
         }
-        io.write_all(&out).await.unwrap();
         if !session.is_handshaking() {
+            let (now, later) = out.split_at(out.len() - held_back);
+            io.write_all(now).await.unwrap();
+            if !later.is_empty() {
+                // Our side reads the first part alone, and ends its
+                // handshake on it.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                io.write_all(later).await.unwrap();
+            }
             return (session, io);
         }
+        io.write_all(&out).await.unwrap();
         let mut buf = vec![0; 64 * 1024];
         let read = io.read(&mut buf).await.unwrap();
         assert!(read > 0, "the end of the stream during the handshake");
@@ -44,6 +54,29 @@ async fn reads_what_came_with_the_handshake(mut ours: RecordStream<DuplexStream>
 
 #[tokio::test]
 async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
+    records_with_the_handshakes_end(0).await;
+}
+
+/// The first data record on the wire: "right away", sealed.
+const FIRST_RECORD: usize = 10 + SEALING;
+
+#[tokio::test]
+async fn a_record_cut_by_the_read_that_ends_the_handshake_is_read_once_the_rest_comes() {
+    // Held back: all but its first byte, all but its header, half of it,
+    // its last byte.
+    for held_back in [
+        FIRST_RECORD - 1,
+        FIRST_RECORD - HEADER_LEN,
+        FIRST_RECORD / 2,
+        1,
+    ] {
+        records_with_the_handshakes_end(held_back).await;
+    }
+}
+
+/// Both sides read the stock side's first data, sent with the end of its
+/// handshake less `held_back` bytes that follow a moment later.
+async fn records_with_the_handshakes_end(held_back: usize) {
     // Our client: the stock server's first data follows its Finished. A
     // server sends data before the client's Finished only if it asks for
     // no client certificate (rustls's `send_half_rtt_data`).
@@ -59,7 +92,7 @@ async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
     let server = rustls::ServerConnection::new(Arc::new(config)).unwrap();
     let (ours, _theirs) = tokio::join!(
         connect(client_tls(), dummy_server_name(), ours),
-        stock_handshake_with_data(server.into(), theirs, b"right away"),
+        stock_handshake_with_data(server.into(), theirs, b"right away", held_back),
     );
     reads_what_came_with_the_handshake(ours.unwrap().0).await;
 
@@ -68,7 +101,7 @@ async fn records_that_come_in_the_same_read_as_the_handshakes_end_are_read() {
     let client = rustls::ClientConnection::new(client_tls(), dummy_server_name()).unwrap();
     let (ours, _theirs) = tokio::join!(
         accept(server_tls(), ours),
-        stock_handshake_with_data(client.into(), theirs, b"right away"),
+        stock_handshake_with_data(client.into(), theirs, b"right away", held_back),
     );
     reads_what_came_with_the_handshake(ours.unwrap().0).await;
 }

@@ -13,8 +13,8 @@ use super::*;
 
 /// A peer holding the keys of a real session, which seals whatever it is
 /// told to and writes it raw, and opens what we send.
-struct RawPeer {
-    io: DuplexStream,
+pub(super) struct RawPeer {
+    pub(super) io: DuplexStream,
     sending: RawKey,
     receiving: RawKey,
 }
@@ -41,7 +41,7 @@ impl RawKey {
 }
 
 impl RawPeer {
-    fn new(io: DuplexStream, secrets: ExtractedSecrets) -> RawPeer {
+    pub(super) fn new(io: DuplexStream, secrets: ExtractedSecrets) -> RawPeer {
         RawPeer {
             io,
             sending: RawKey::new(secrets.tx),
@@ -50,7 +50,7 @@ impl RawPeer {
     }
 
     /// The next record, sealed around `inner` (content, type, padding).
-    fn seal(&mut self, inner: &[u8]) -> Vec<u8> {
+    pub(super) fn seal(&mut self, inner: &[u8]) -> Vec<u8> {
         let mut sealed = inner.to_vec();
         let len = (inner.len() + 16) as u16;
         let [high, low] = len.to_be_bytes();
@@ -63,7 +63,7 @@ impl RawPeer {
     }
 
     /// The next record, carrying `content` of `content_type`.
-    fn record(&mut self, content_type: u8, content: &[u8]) -> Vec<u8> {
+    pub(super) fn record(&mut self, content_type: u8, content: &[u8]) -> Vec<u8> {
         self.seal(&[content, &[content_type]].concat())
     }
 
@@ -85,9 +85,17 @@ impl RawPeer {
 
 /// Our client after a real handshake, and the server as a raw peer.
 async fn ours_to_raw() -> (RecordStream<DuplexStream>, RawPeer) {
+    ours_over_to_raw(|io| io).await
+}
+
+/// Our client over the transport `over` makes of its end of the pipe,
+/// after a real handshake, and the server as a raw peer.
+pub(super) async fn ours_over_to_raw<IO: AsyncRead + AsyncWrite + Unpin>(
+    over: impl FnOnce(DuplexStream) -> IO,
+) -> (RecordStream<IO>, RawPeer) {
     let (ours, theirs) = tokio::io::duplex(1 << 20);
     let (ours, theirs) = tokio::join!(
-        connect(client_tls(), dummy_server_name(), ours),
+        connect(client_tls(), dummy_server_name(), over(ours)),
         TlsAcceptor::from(server_tls()).accept(theirs),
     );
     let (io, session) = theirs.unwrap().into_inner();
