@@ -622,20 +622,6 @@ spec:
     // with its sandbox. The connections it made are the proof.
 }
 
-/// The sum of every sample of a metric family in Prometheus text.
-fn metric_sum(text: &str, family: &str) -> f64 {
-    text.lines()
-        .filter(|line| line.starts_with(family))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// The second tag every project image is loaded under: the same image, for
-/// upgrades that change nothing but the tag.
-fn second_tag() -> String {
-    format!("{}-b", env!("CARGO_PKG_VERSION"))
-}
-
 /// A client that dials the Service by its name (the pod's resolver asks
 /// the cluster DNS for every connection): every connection it made reached
 /// an echo pod through ztunnel under its identity.

@@ -421,3 +421,17 @@ pub(super) fn certificates_are_renewed_by_the_new_control_plane(cluster: &RealCl
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The sum of every sample of a metric family in Prometheus text.
+pub(super) fn metric_sum(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(family))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The second tag every project image is loaded under: the same image, for
+/// upgrades that change nothing but the tag.
+pub(super) fn second_tag() -> String {
+    format!("{}-b", env!("CARGO_PKG_VERSION"))
+}
