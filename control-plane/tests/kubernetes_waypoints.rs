@@ -138,6 +138,34 @@ impl AddressView {
     }
 }
 
+/// Namespace `ns1`, and node-a's ztunnel pod running (the caller whose
+/// xDS stream the tests read); its uid.
+async fn node_a_ztunnel(client: &kube::Client) -> String {
+    ensure_namespace(client, "ns1", &[]).await.unwrap();
+    let ztunnel_a = create_pod(
+        client,
+        &PodSpecForTest {
+            namespace: "istio-system".into(),
+            name: "ztunnel-a".into(),
+            service_account: "ztunnel".into(),
+            node: "node-a".into(),
+            ..PodSpecForTest::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_pod_running(
+        client,
+        "istio-system",
+        "ztunnel-a",
+        &["198.18.0.11".parse().unwrap()],
+        true,
+    )
+    .await
+    .unwrap();
+    ztunnel_a
+}
+
 fn service<'a>(resources: &'a HashMap<String, Address>, name: &str) -> Option<&'a Service> {
     match &resources.get(name)?.r#type {
         Some(address::Type::Service(service)) => Some(service),
@@ -178,28 +206,7 @@ async fn a_namespace_label_binds_its_services_not_its_pods_to_the_addressed_wayp
         return;
     };
     let client = api.admin_client().await.unwrap();
-    ensure_namespace(&client, "ns1", &[]).await.unwrap();
-    let ztunnel_a = create_pod(
-        &client,
-        &PodSpecForTest {
-            namespace: "istio-system".into(),
-            name: "ztunnel-a".into(),
-            service_account: "ztunnel".into(),
-            node: "node-a".into(),
-            ..PodSpecForTest::default()
-        },
-    )
-    .await
-    .unwrap();
-    set_pod_running(
-        &client,
-        "istio-system",
-        "ztunnel-a",
-        &["198.18.0.11".parse().unwrap()],
-        true,
-    )
-    .await
-    .unwrap();
+    let ztunnel_a = node_a_ztunnel(&client).await;
     create_pod(
         &client,
         &PodSpecForTest {
@@ -359,28 +366,7 @@ async fn workloads_and_vips_take_the_system_namespaces_network_and_pods_their_no
         None,
     )
     .unwrap();
-    ensure_namespace(&client, "ns1", &[]).await.unwrap();
-    let ztunnel_a = create_pod(
-        &client,
-        &PodSpecForTest {
-            namespace: "istio-system".into(),
-            name: "ztunnel-a".into(),
-            service_account: "ztunnel".into(),
-            node: "node-a".into(),
-            ..PodSpecForTest::default()
-        },
-    )
-    .await
-    .unwrap();
-    set_pod_running(
-        &client,
-        "istio-system",
-        "ztunnel-a",
-        &["198.18.0.11".parse().unwrap()],
-        true,
-    )
-    .await
-    .unwrap();
+    let ztunnel_a = node_a_ztunnel(&client).await;
     api.kubectl(&["apply", "-f", "-"], Some(SERVICES)).unwrap();
     api.kubectl(
         &[
