@@ -305,10 +305,13 @@ pub async fn run(
         let path = path.clone();
         move |source| AgentError::Bind { path, source }
     };
-    let plugin_listener = server::bind(&config.plugin_socket, config.peers.clone())
-        .map_err(bind_error(&config.plugin_socket))?;
+    // ZDS first: the plugin socket's appearance is what says the agent is
+    // up (to the plugin, and to whoever waits for the agent), so by then
+    // ztunnel's socket is there too.
     let zds_listener = SeqPacketListener::bind(&config.zds_socket, config.peers.clone())
         .map_err(bind_error(&config.zds_socket))?;
+    let plugin_listener = server::bind(&config.plugin_socket, config.peers.clone())
+        .map_err(bind_error(&config.plugin_socket))?;
     tracing::info!(
         plugin_socket = %config.plugin_socket.display(),
         zds_socket = %config.zds_socket.display(),
