@@ -12,6 +12,8 @@
 //! goes on at once. Every error is counted in `ztunnel_accept_errors_total`
 //! by listener and kind; the log has one warning when a run of errors
 //! starts and one line when accepting works again, with the run's count.
+//! A connection accepted while the process carries its most connections
+//! (`capacity.rs`) is closed at once.
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,6 +23,7 @@ use nix::errno::Errno;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::backoff::{Backoff, Jitter};
+use crate::capacity::{Capacity, Slot};
 use crate::drain::DrainWatcher;
 use crate::metrics::Metrics;
 
@@ -79,15 +82,17 @@ pub fn pause(repeated: u32) -> Duration {
 }
 
 /// Accepts on `listener`, named `name` in logs and metrics, and hands each
-/// connection to `handle` until `drain` is signalled.
+/// connection, with the slot it holds in `capacity`, to `handle` until
+/// `drain` is signalled. The handler keeps the slot as long as it carries
+/// the connection.
 pub async fn serve<H>(
     listener: TcpListener,
     name: &'static str,
     drain: DrainWatcher,
-    metrics: &Metrics,
+    (metrics, capacity): (&Metrics, &Capacity),
     mut handle: H,
 ) where
-    H: FnMut(TcpStream, SocketAddr),
+    H: FnMut(TcpStream, SocketAddr, Slot),
 {
     // Errors since the last accepted connection, and how many of them
     // would repeat.
@@ -103,7 +108,10 @@ pub async fn serve<H>(
                     tracing::info!(listener = name, errors, "accepting connections again");
                     (errors, repeated) = (0, 0);
                 }
-                handle(tcp, peer);
+                // Closed at once (dropped) when refused.
+                if let Some(slot) = capacity.admit(name) {
+                    handle(tcp, peer, slot);
+                }
                 continue;
             }
             Err(error) => error,

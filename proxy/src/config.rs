@@ -118,6 +118,9 @@ pub struct Config {
     /// The most HBONE connections one inbound listener holds between
     /// accept and the end of their TLS handshake; more are closed at once.
     pub max_pending_handshakes: usize,
+    /// The most connections and HBONE streams the process carries at once
+    /// (`capacity.rs`); more are refused.
+    pub max_connections: usize,
     /// Whether an application tunnel speaking PROXY is dialled on loopback
     /// (`LOCALHOST_APP_TUNNEL`), so that its listener need not be reachable
     /// from the pod network; the header carries the real addresses.
@@ -389,6 +392,14 @@ struct Args {
     /// closed at once and counted in `ztunnel_handshakes_refused_total`.
     #[arg(long, env = "MAX_PENDING_HANDSHAKES", default_value_t = 4096)]
     max_pending_handshakes: usize,
+    /// The most connections the process carries at once, over every pod
+    /// and listener, each HBONE stream counted as one. Beyond it new
+    /// connections are closed at once and HBONE streams answered 503, each
+    /// counted in `ztunnel_connections_refused_total`. The default keeps a
+    /// node's busiest hour well inside the chart's memory limit
+    /// (deploy/charts/ztunnel-mesh/values.yaml says how it was chosen).
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// Dial a workload's PROXY application tunnel on 127.0.0.1 or ::1
     /// rather than its pod IP.
     #[arg(long, env = "LOCALHOST_APP_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
@@ -428,6 +439,11 @@ struct Args {
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
 /// Data-plane workers without ZTUNNEL_WORKER_THREADS or ZTUNNEL_CPU_LIMIT.
 const DEFAULT_WORKER_THREADS: usize = 2;
+/// MAX_CONNECTIONS unset. A carried connection holds about 4 KiB when idle
+/// and about 40 KiB while it moves data (its two copy buffers of at most
+/// 16 KiB, benches/README.md), so 65,536 busy connections take about
+/// 2.5 GiB over the proxy's own state: the chart's memory limit of 3 GiB.
+const DEFAULT_MAX_CONNECTIONS: usize = 65_536;
 /// The drain deadline when neither it nor the grace period is set: Istio's.
 const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// A grace period longer than this leaves [`LONG_GRACE_MARGIN`] between
@@ -627,6 +643,15 @@ impl Args {
                 0 => {
                     return Err(ConfigError::Value {
                         name: "MAX_PENDING_HANDSHAKES",
+                        source: ValueError::Zero,
+                    });
+                }
+                limit => limit,
+            },
+            max_connections: match self.max_connections {
+                0 => {
+                    return Err(ConfigError::Value {
+                        name: "MAX_CONNECTIONS",
                         source: ValueError::Zero,
                     });
                 }

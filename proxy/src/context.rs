@@ -11,6 +11,7 @@ use std::time::Duration;
 use rand::Rng;
 use ztunnel_certs::identity::{Identity, IdentityError};
 
+use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
 use crate::drain::DrainWatcher;
 use crate::hbone::H2Settings;
@@ -50,6 +51,9 @@ pub struct Proxy {
     pub resolver: Resolver,
     /// Open inbound connections, for policy re-checks.
     pub tracker: Tracker,
+    /// The bound on connections the process carries, shared by every
+    /// pod's proxy.
+    pub capacity: Arc<Capacity>,
     /// The workload this proxy serves.
     pub workload: WorkloadInfo,
     /// Ends every task.

@@ -15,6 +15,7 @@ pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod backoff;
+pub mod capacity;
 pub mod config;
 pub mod context;
 pub mod control_plane;

@@ -114,9 +114,14 @@ fn flags(error: &OutboundError) -> ResponseFlags {
 /// Accepts captured connections until the drain.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
-    accept::serve(listener, "outbound", drain, &metrics, |tcp, peer| {
+    let capacity = Arc::clone(&proxy.capacity);
+    let limits = (&*metrics, &*capacity);
+    accept::serve(listener, "outbound", drain, limits, |tcp, peer, slot| {
         let proxy = Arc::clone(&proxy);
-        tokio::spawn(async move { handle(&proxy, tcp, canonical(peer)).await });
+        tokio::spawn(async move {
+            handle(&proxy, tcp, canonical(peer)).await;
+            drop(slot);
+        });
     })
     .await;
 }

@@ -17,6 +17,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
 use crate::app::{self, dedicated, shared};
+use crate::capacity::Capacity;
 use crate::config::{Config, ProxyMode};
 use crate::context;
 use crate::discovery;
@@ -49,6 +50,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// The resolver of hostname endpoints, on ztunnel's own resolv.conf.
     pub resolver: Resolver,
+    /// The bound on connections the process carries.
+    pub capacity: Arc<Capacity>,
     /// Start-up tasks the readiness endpoint waits for.
     pub ready: Ready,
     /// The node's drain, held by every task.
@@ -122,6 +125,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let (mut registry, metrics) = app::metrics_registry();
     let xds_metrics = XdsMetrics::register(&mut registry);
+    let capacity = Capacity::register(&mut registry, config.max_connections);
     let node = Node {
         config: Arc::clone(&config),
         control,
@@ -133,6 +137,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             Path::new(resolve::RESOLV_CONF),
             config.inpod.ipv6_enabled,
         ),
+        capacity,
         ready: Ready::new(),
         drain: watcher,
         trigger,

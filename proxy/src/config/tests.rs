@@ -70,6 +70,7 @@ fn defaults_follow_istio() {
     assert!(config.inpod.port_reuse && config.inpod.ipv6_enabled);
     assert_eq!(config.inpod.original_source, None);
     assert_eq!(config.max_pending_handshakes, 4096);
+    assert_eq!(config.max_connections, 65_536);
     let limited = parse(&["--max-pending-handshakes", "100"]).unwrap();
     assert_eq!(limited.max_pending_handshakes, 100);
     assert!(config.inpod.same_node_shortcut, "on by default");
@@ -150,6 +151,7 @@ fn bad_values_name_their_variable() {
         (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
         (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
+        (&["--max-connections", "0"], "MAX_CONNECTIONS"),
         (
             &["--connection-termination-deadline", "soon"],
             "CONNECTION_TERMINATION_DEADLINE",

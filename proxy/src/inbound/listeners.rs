@@ -20,6 +20,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
+use crate::capacity::Slot;
 use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
@@ -43,6 +44,9 @@ pub struct AppConnection {
     /// policy re-check no longer allows the connection.
     stop: CancellationToken,
     tracked: TrackedGuard,
+    /// An HBONE stream's slot in the process's connection bound; a
+    /// connection accepted on a listener holds its own there instead.
+    slot: Option<Slot>,
 }
 
 impl AsyncRead for AppConnection {
@@ -202,6 +206,7 @@ async fn open_upstream_for(
         report: Some(report),
         stop,
         tracked,
+        slot: None,
     })
 }
 
@@ -344,7 +349,13 @@ impl InboundHandler for HboneInbound {
             .get(X_FORWARDED_NETWORK)
             .and_then(|value| value.to_str().ok());
         let proxy = &self.proxy;
-        open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await
+        let Some(slot) = proxy.capacity.admit("hbone_stream") else {
+            return Err(InboundRefusal::Unavailable("connection limit reached"));
+        };
+        let mut upstream =
+            open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await?;
+        upstream.slot = Some(slot);
+        Ok(upstream)
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {
@@ -409,8 +420,8 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
     // Whether the limit was hit since the last connection it let in: one
     // warning per episode, not one per connection of a flood.
     let mut at_limit = false;
-    let metrics = Arc::clone(&proxy.metrics);
-    accept::serve(listener, "hbone", drain, &metrics, |tcp, peer| {
+    let (metrics, capacity) = (Arc::clone(&proxy.metrics), Arc::clone(&proxy.capacity));
+    accept::serve(listener, "hbone", drain, (&metrics, &capacity), |tcp, peer, slot| {
         let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
             proxy.metrics.record_handshake_refused("pending_limit");
             if !at_limit {
@@ -451,6 +462,7 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
                 }
             }
             Box::pin(handshake_and_serve(proxy, handler, tcp, peer, waiting)).await;
+            drop(slot);
         });
     })
     .await;
@@ -505,12 +517,13 @@ async fn handshake_and_serve(
 /// Accepts captured plaintext connections until the drain.
 pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
     let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
+    let capacity = Arc::clone(&proxy.capacity);
     accept::serve(
         listener,
         "inbound_plaintext",
         drain,
-        &metrics,
-        |mut tcp, peer| {
+        (&metrics, &capacity),
+        |mut tcp, peer, slot| {
             let proxy = Arc::clone(&proxy);
             tokio::spawn(async move {
                 let target = match original_destination(&tcp) {
@@ -538,6 +551,7 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
                 let result =
                     copy_bidirectional_until(&mut tcp, &mut upstream, stop.cancelled()).await;
                 close_report(&mut upstream, &result);
+                drop(slot);
             });
         },
     )

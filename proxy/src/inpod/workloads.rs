@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 use ztunnel_certs::identity::Identity;
 
 use crate::app;
+use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::context::{self, LocalPods, Proxy};
 use crate::drain::{DrainTrigger, DrainWatcher};
@@ -50,6 +51,8 @@ pub struct NodeParts {
     /// The resolver of hostname endpoints, shared by every pod: lookups
     /// run in ztunnel's own network namespace.
     pub resolver: Resolver,
+    /// The bound on connections the process carries, over every pod.
+    pub capacity: Arc<Capacity>,
     /// Where runtime threads return after creating a pod's socket.
     pub home: HostNetns,
     /// The data-plane runtime the pods' tasks run on.
@@ -161,6 +164,7 @@ impl Workloads {
             pool: Pool::new(app::pool_config(config)),
             resolver: self.node.resolver.clone(),
             tracker: Tracker::default(),
+            capacity: Arc::clone(&self.node.capacity),
             workload: pod.workload.clone(),
             drain: watcher.clone(),
             local_pods: self.local_pods.clone(),

@@ -127,6 +127,7 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
         pool: Pool::new(PoolConfig::default()),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
         tracker: Tracker::default(),
+        capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),
             name: "client-0".into(),
