@@ -22,7 +22,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use ztunnel_certs::error_chain::{self, ErrorChain};
-use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SigningMaterial, TtlPolicy};
+use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SecretPem, SigningMaterial, TtlPolicy};
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{
     DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_LEEWAY, TokenPolicy,
@@ -470,7 +470,12 @@ async fn issuer(
         (Some(cert), _) => (
             SigningMaterial {
                 root_cert_pem: read(cert)?,
-                root_key_pem: args.root_key.as_ref().map(read).transpose()?,
+                root_key_pem: args
+                    .root_key
+                    .as_ref()
+                    .map(read)
+                    .transpose()?
+                    .map(SecretPem::new),
                 ..SigningMaterial::default()
             },
             "the files of --root-cert and the flags beside it".to_owned(),
@@ -503,7 +508,7 @@ async fn issuer(
     if let (Some(cert), Some(key)) = (&args.intermediate_cert, &args.intermediate_key) {
         material.intermediate = Some(IntermediateMaterial {
             chain_pem: read(cert)?,
-            key_pem: read(key)?,
+            key_pem: SecretPem::new(read(key)?),
         });
     }
     if let Some(path) = &args.extra_roots {

@@ -177,7 +177,7 @@ fn intermediate(root: &GeneratedRoot) -> GeneratedRoot {
     let cert = params.signed_by(&key, &root_issuer).unwrap();
     GeneratedRoot {
         cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        key_pem: key.serialize_pem().into(),
     }
 }
 

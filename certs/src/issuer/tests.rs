@@ -46,7 +46,7 @@ fn intermediate(root: &GeneratedRoot, not_after: SystemTime) -> IntermediateMate
     let cert = params.signed_by(&key, &root_issuer).unwrap();
     IntermediateMaterial {
         chain_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        key_pem: key.serialize_pem().into(),
     }
 }
 
@@ -188,7 +188,7 @@ fn inconsistent_material_is_refused() {
         .unwrap();
     let not_ca = SigningMaterial {
         root_cert_pem: leaf.pem(),
-        root_key_pem: Some(leaf_key.serialize_pem()),
+        root_key_pem: Some(leaf_key.serialize_pem().into()),
         ..SigningMaterial::default()
     };
     assert!(matches!(
@@ -264,4 +264,21 @@ fn debug_output_of_the_signing_material_leaves_every_key_out() {
         assert!(!shown.contains(body), "a key line leaked: {shown}");
     }
     assert!(!shown.contains("PRIVATE KEY"));
+}
+
+/// Compiles only for types that wipe themselves on drop.
+fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>() {}
+
+#[test]
+fn the_signing_key_keeps_no_der_copy_and_its_pem_is_wiped_on_drop() {
+    wiped_on_drop::<SecretPem>();
+    let root = generate_root("cluster.local", now()).unwrap();
+    let key = parse_key(&root.key_pem, "root key").unwrap();
+    // rcgen's own DER copy is gone; signing uses the parsed key only.
+    assert!(key.serialized_der().is_empty());
+    let (issuer, _) = root_issuer(now());
+    let chain = issuer
+        .sign_workload(&request(), &identity(), HOUR, now())
+        .unwrap();
+    assert_eq!(chain.len(), 2);
 }

@@ -31,7 +31,7 @@ use kube::api::PostParams;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use ztunnel_certs::issuer::{
-    IntermediateMaterial, IssuerError, SigningMaterial, generate_root, pem_certificate,
+    IntermediateMaterial, IssuerError, SecretPem, SigningMaterial, generate_root, pem_certificate,
 };
 
 /// The operator's signing material (istiod's plugged-in CA).
@@ -93,7 +93,7 @@ pub fn choose(plugged: Option<Secret>, stored: Option<Secret>) -> Choice {
 pub fn plugged_material(data: &SecretData) -> Result<SigningMaterial, SigningSecretError> {
     let secret = PLUGGED_SECRET;
     let signing_certs = certificates(data, secret, CA_CERT_KEY)?;
-    let key_pem = text(data, secret, CA_KEY_KEY)?;
+    let key_pem = SecretPem::new(text(data, secret, CA_KEY_KEY)?);
     let roots = certificates(data, secret, ROOT_CERT_KEY)?;
     let chain = match data.get(CERT_CHAIN_KEY) {
         Some(bytes) if !bytes.0.is_empty() => certificates(data, secret, CERT_CHAIN_KEY)?,
@@ -143,7 +143,7 @@ pub fn self_signed_material(data: &SecretData) -> Result<SigningMaterial, Signin
     };
     Ok(SigningMaterial {
         root_cert_pem: pem_certificate(root),
-        root_key_pem: Some(text(data, secret, CA_KEY_KEY)?),
+        root_key_pem: Some(SecretPem::new(text(data, secret, CA_KEY_KEY)?)),
         intermediate: None,
         extra_roots_pem: bundle(roots.iter().filter(|cert| *cert != root).collect()),
     })

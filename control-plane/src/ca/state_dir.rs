@@ -13,7 +13,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use ztunnel_certs::issuer::{GeneratedRoot, IssuerError, generate_root};
+use ztunnel_certs::issuer::{GeneratedRoot, IssuerError, SecretPem, generate_root};
 
 use super::token::{TokenError, TokenSigner};
 
@@ -94,7 +94,7 @@ impl StateDir {
         }
         Ok(GeneratedRoot {
             cert_pem: read(&cert_path)?,
-            key_pem: read(&key_path)?,
+            key_pem: SecretPem::new(read(&key_path)?),
         })
     }
 
