@@ -1,6 +1,6 @@
 //! The load generator `ztunnel-loadgen`: a server that answers every mode on
 //! one port, and five client modes (stream, rr, connect, idle, soak) that
-//! print one JSON result each. The benchmark harness runs the server in one
+//! print one JSON result each, and `resolve`, which looks names up. The benchmark harness runs the server in one
 //! pod's network namespace and a client in another, and parses the result
 //! with the [`Report`] type; the cluster tests run soak, which prints its
 //! counts every second, through a rollout. What goes over the wire is
@@ -24,6 +24,7 @@ mod limits;
 mod progress;
 mod protocol;
 mod report;
+mod resolve;
 mod rr;
 mod server;
 mod shutdown;
@@ -99,6 +100,9 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Connect(args) => Report::Connect(connect::run(args, quiet, &counters).await?),
         Command::Idle(args) => Report::Idle(idle::run(args, quiet, &counters).await?),
         Command::Soak(args) => return finish_soak(soak::run(args, &counters).await?, &counters),
+        Command::Resolve(args) => {
+            return report::print(&resolve::run(args).await).map_err(Error::Output);
+        }
     };
     let outcome = report::Outcome {
         report,

@@ -128,6 +128,14 @@ pub enum Command {
     /// Nothing goes to stderr while it runs; the exit status is 0 whenever
     /// the final line was printed: judging the counts is the caller's part.
     Soak(SoakArgs),
+    /// Looks names up with the system resolver (getaddrinfo, so the pod's
+    /// resolv.conf and search list apply), each once, in order.
+    ///
+    /// Prints `{"mode":"resolve","results":[{"name":N,"addresses":[IP,...]}
+    /// | {"name":N,"error":TEXT},...]}`, the last line of all output. A
+    /// name that does not resolve is a result, not a failure of the
+    /// program: judging the results is the caller's part.
+    Resolve(ResolveArgs),
 }
 
 /// Arguments of `serve`.
@@ -269,6 +277,14 @@ pub enum Host {
     /// follows what the cluster's DNS answers now. Shared, not copied, by
     /// the errors that name it.
     Name(Arc<str>),
+}
+
+/// Arguments of `resolve`.
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// A name to look up; repeat for more.
+    #[arg(long = "name", required = true)]
+    pub names: Vec<String>,
 }
 
 /// Arguments of `soak`.
