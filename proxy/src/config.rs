@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::control_plane::ControlPlaneError;
+use crate::version::BuildInfo;
 
 mod keepalive;
 pub mod local;
@@ -83,6 +83,9 @@ pub struct Config {
     pub cluster_id: String,
     /// Trust domain of the proxy's own identity and of its peers.
     pub trust_domain: String,
+    /// The Istio release this proxy serves as ztunnel of
+    /// (`ISTIO_META_ISTIO_VERSION`, `unknown` when unset).
+    pub istio_version: String,
     /// The network this proxy's pods are on (`NETWORK`, default empty): it
     /// keys every address lookup and is the `x-forwarded-network` sent
     /// through a network gateway (AMBIENT.md §3.1). It must equal the
@@ -215,6 +218,10 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: ControlPlaneError,
     },
+    /// Not a failure: `version` or `help` was asked for; print this text on
+    /// standard output and exit 0.
+    #[error("{0}")]
+    Print(String),
     /// Two settings that exclude each other are both set.
     #[error("{0} and {1} are both set; set only one")]
     Conflict(&'static str, &'static str),
@@ -225,10 +232,13 @@ pub enum ConfigError {
 #[derive(Debug, Parser)]
 #[command(
     name = "ztunnel",
-    version,
+    disable_version_flag = true,
     about = "Node-level zero-trust tunnel proxy (HBONE)"
 )]
 struct Args {
+    /// Print the version, as `version` does, and exit.
+    #[arg(long = "version", short = 'V')]
+    print_version: bool,
     /// What to do, as istio/ztunnel reads its first argument: `proxy` (the
     /// default) runs the proxy, `version` prints the version, `help` this
     /// text. Istio's chart passes `proxy ztunnel`.
@@ -290,6 +300,11 @@ struct Args {
     /// (`ISTIO_META_CLUSTER_ID` wins over `CLUSTER_ID`).
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster_id: String,
+    /// The Istio release this proxy serves as ztunnel of, as Istio's
+    /// images set it: the `tag` of `istio_build` and `IstioVersion` of
+    /// `version`, which istioctl and dashboards compare with istiod's.
+    #[arg(long, env = "ISTIO_META_ISTIO_VERSION", default_value = "unknown")]
+    istio_version: String,
     /// Trust domain.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     trust_domain: String,
@@ -495,16 +510,10 @@ impl Config {
         let matches = command.try_get_matches_from_mut(args)?;
         let mut parsed = Args::from_arg_matches(&matches)?;
         match parsed.command {
+            _ if parsed.print_version => return Err(version(&parsed.istio_version)),
+            Command::Version => return Err(version(&parsed.istio_version)),
             Command::Proxy => {}
-            // clap prints these and exits 0 when the caller calls `exit`.
-            Command::Version => {
-                let version = command.render_version();
-                return Err(clap::Error::raw(ErrorKind::DisplayVersion, version).into());
-            }
-            Command::Help => {
-                let help = command.render_help().to_string();
-                return Err(clap::Error::raw(ErrorKind::DisplayHelp, help).into());
-            }
+            Command::Help => return Err(ConfigError::Print(command.render_help().to_string())),
         }
         let cluster_id_on_command_line =
             matches.value_source("cluster_id") == Some(ValueSource::CommandLine);
@@ -517,6 +526,11 @@ impl Config {
         }
         parsed.into_config(&env)
     }
+}
+
+/// What `version` and `--version` print.
+fn version(istio_version: &str) -> ConfigError {
+    ConfigError::Print(format!("{}\n", BuildInfo::new(istio_version)))
 }
 
 impl Args {
@@ -582,6 +596,7 @@ impl Args {
                 .map_or_else(|| PathBuf::from(DEFAULT_TOKEN_PATH), PathBuf::from),
             cluster_id: self.cluster_id,
             trust_domain: self.trust_domain,
+            istio_version: self.istio_version,
             network: self.network.into(),
             node_name: self.node_name.filter(|name| !name.is_empty()),
             packet_mark,

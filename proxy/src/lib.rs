@@ -38,4 +38,5 @@ pub mod socket;
 pub mod splice;
 pub mod state;
 pub mod telemetry;
+pub mod version;
 pub mod xds;

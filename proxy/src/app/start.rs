@@ -120,7 +120,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     drop(control_guard);
 
-    let (mut registry, metrics) = app::metrics_registry();
+    let (mut registry, metrics) = app::metrics_registry(&config.istio_version);
     let xds_metrics = XdsMetrics::register(&mut registry);
     let node = Node {
         config: Arc::clone(&config),
@@ -198,6 +198,7 @@ fn serve_operations(
             state: node.state.clone(),
             identities: node.identities.clone(),
             pods,
+            config: Arc::clone(&node.config),
         }),
         logs,
         quit: Arc::new(move || {

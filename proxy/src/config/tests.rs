@@ -180,11 +180,17 @@ fn istios_chart_arguments_run_the_proxy_and_its_words_are_understood() {
         Err(ConfigError::Args(error)) => Some(error.kind()),
         _ => None,
     };
-    assert_eq!(
-        kind(&["version"]),
-        Some(clap::error::ErrorKind::DisplayVersion)
-    );
-    assert_eq!(kind(&["help"]), Some(clap::error::ErrorKind::DisplayHelp));
+    let printed = |args: &[&str]| match parse(args) {
+        Err(ConfigError::Print(text)) => text,
+        other => panic!("{args:?}: {other:?}"),
+    };
+    for version in [&["version"][..], &["--version"], &["-V"]] {
+        assert!(
+            printed(version).starts_with("version.BuildInfo{Version:\""),
+            "{version:?}"
+        );
+    }
+    assert!(printed(&["help"]).contains("CA_ADDRESS"));
     assert_eq!(kind(&["serve"]), Some(clap::error::ErrorKind::InvalidValue));
 }
 

@@ -96,6 +96,17 @@ impl Workloads {
         }
     }
 
+    /// The pods served, sorted by uid, for `/config_dump`.
+    pub fn pods(&self) -> Vec<PodInfo> {
+        let mut pods: Vec<PodInfo> = self
+            .lock()
+            .values()
+            .map(|served| served.info.clone())
+            .collect();
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        pods
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Served>> {
         // Each change is one insert or remove: a panic elsewhere leaves the
         // map consistent.
