@@ -23,8 +23,8 @@ use crate::interner::Interner;
 mod labels;
 
 pub use labels::{
-    LabelValue, LocalityLabels, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy,
-    ServiceLabels, TrafficLabels,
+    LabelValue, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels,
+    TrafficLabels,
 };
 
 /// Why a connection failed, as the `response_flags` label shows it. The one

@@ -372,3 +372,125 @@ fn the_server_refuses_clients_from_an_unknown_ca_or_another_trust_domain() {
         "the server logs the refusals:\n{log}"
     );
 }
+
+/// WIRE.md §10's traffic labels, in order: what every `istio_tcp_*`
+/// counter family carries on both proxies.
+const TRAFFIC_LABELS: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
+
+/// The label names and values of one sample line, in order.
+fn labels_of(line: &str) -> Vec<(String, String)> {
+    let Some((_, rest)) = line.split_once('{') else {
+        return Vec::new();
+    };
+    let mut labels = Vec::new();
+    let mut rest = rest;
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                '"' => {
+                    end = at + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.push((name.trim_start_matches(',').to_owned(), value));
+        rest = &after[end..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    labels
+}
+
+#[test]
+fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_proxies() {
+    let Some(mesh) = Mesh::start("metric_labels", "") else {
+        return;
+    };
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    assert!(ping(&mesh, &format!("{SERVER_IP}:8080")));
+
+    let traffic: Vec<String> = TRAFFIC_LABELS.map(str::to_owned).to_vec();
+    let families: [(&str, Vec<String>); 6] = [
+        ("istio_tcp_connections_opened_total", traffic.clone()),
+        ("istio_tcp_connections_closed_total", traffic.clone()),
+        ("istio_tcp_sent_bytes_total", traffic.clone()),
+        ("istio_tcp_received_bytes_total", traffic.clone()),
+        ("istio_tcp_sockets_open", vec!["reporter".to_owned()]),
+        (
+            "istio_build",
+            vec!["component".to_owned(), "tag".to_owned()],
+        ),
+    ];
+    for (ns, ip, reporter) in [
+        (&mesh.a, CLIENT_IP, "source"),
+        (&mesh.b, SERVER_IP, "destination"),
+    ] {
+        let closed = |text: &str| {
+            text.lines()
+                .any(|line| line.starts_with("istio_tcp_connections_closed_total{"))
+        };
+        assert!(eventually(|| closed(&mesh.metrics(ns, ip))), "{reporter}");
+        let text = mesh.metrics(ns, ip);
+        for (family, expected) in &families {
+            let samples: Vec<_> = text
+                .lines()
+                .filter(|line| line.starts_with(&format!("{family}{{")))
+                .collect();
+            assert!(!samples.is_empty(), "{reporter}: no {family}:\n{text}");
+            for sample in samples {
+                let names: Vec<_> = labels_of(sample).into_iter().map(|(n, _)| n).collect();
+                assert_eq!(&names, expected, "{reporter}: {sample}");
+            }
+        }
+        let opened = text
+            .lines()
+            .find(|line| line.starts_with("istio_tcp_connections_opened_total{"))
+            .unwrap();
+        let labels = labels_of(opened);
+        let value = |name: &str| {
+            labels
+                .iter()
+                .find(|(label, _)| label == name)
+                .map(|(_, value)| value.as_str())
+        };
+        assert_eq!(value("reporter"), Some(reporter));
+        // Only the server's workload has a locality.
+        assert_eq!(value("source_region"), Some("unknown"), "{opened}");
+        assert_eq!(value("destination_region"), Some("eu"), "{opened}");
+        assert_eq!(value("destination_zone"), Some("eu-1"), "{opened}");
+    }
+}
