@@ -21,11 +21,13 @@ use prometheus_client::registry::Registry;
 use crate::interner::Interner;
 
 mod labels;
+mod process;
 
 pub use labels::{
     LabelValue, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels,
     TrafficLabels,
 };
+pub use process::register_process_and_runtime;
 
 /// Why a connection failed, as the `response_flags` label shows it. The one
 /// place an error is mapped to a flag is the data path's error type; this

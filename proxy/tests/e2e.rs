@@ -444,7 +444,8 @@ fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_
     assert!(ping(&mesh, &format!("{SERVER_IP}:8080")));
 
     let traffic: Vec<String> = TRAFFIC_LABELS.map(str::to_owned).to_vec();
-    let families: [(&str, Vec<String>); 6] = [
+    let worker = vec!["worker".to_owned()];
+    let families: [(&str, Vec<String>); 9] = [
         ("istio_tcp_connections_opened_total", traffic.clone()),
         ("istio_tcp_connections_closed_total", traffic.clone()),
         ("istio_tcp_sent_bytes_total", traffic.clone()),
@@ -454,6 +455,12 @@ fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_
             "istio_build",
             vec!["component".to_owned(), "tag".to_owned()],
         ),
+        (
+            "tokio_worker_total_busy_duration_seconds_total",
+            worker.clone(),
+        ),
+        ("tokio_worker_park_count_total", worker.clone()),
+        ("tokio_worker_park_unpark_count_total", worker),
     ];
     for (ns, ip, reporter) in [
         (&mesh.a, CLIENT_IP, "source"),
@@ -475,6 +482,16 @@ fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_
                 let names: Vec<_> = labels_of(sample).into_iter().map(|(n, _)| n).collect();
                 assert_eq!(&names, expected, "{reporter}: {sample}");
             }
+        }
+        for gauge in [
+            "process_open_fds ",
+            "process_max_fds ",
+            "tokio_num_workers ",
+        ] {
+            assert!(
+                text.lines().any(|line| line.starts_with(gauge)),
+                "{reporter}: no {gauge}:\n{text}"
+            );
         }
         let opened = text
             .lines()

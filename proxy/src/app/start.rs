@@ -25,7 +25,7 @@ use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
 use crate::inpod::zds::ProtocolError;
 use crate::memory;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::readiness::{self, Ready};
 use crate::resolve::{self, Resolver};
 use crate::socket::{Keepalive, LocalSockets};
@@ -122,6 +122,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let (mut registry, metrics) = app::metrics_registry(&config.istio_version);
     let xds_metrics = XdsMetrics::register(&mut registry);
+    metrics::register_process_and_runtime(&mut registry, data.handle().clone());
     let node = Node {
         config: Arc::clone(&config),
         control,
