@@ -1,5 +1,5 @@
 //! The proxy's own HTTP servers: admin (127.0.0.1:15000: `/config_dump`,
-//! `/logging`, `/quitquitquit`) and stats (15020: `/metrics`,
+//! `/logging` with Istio's query parameters, `/quitquitquit`) and stats (15020: `/metrics`,
 //! `/stats/prometheus`), and the small HTTP/1 accept loop they and the
 //! readiness server (readiness.rs) share. What the config dump contains is
 //! the caller's [`ConfigDump`]; how metrics are named is metrics.rs.
@@ -22,7 +22,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::drain::DrainWatcher;
 use crate::metrics;
-use crate::telemetry::LogHandle;
+use crate::telemetry::{LogHandle, TelemetryError};
 
 /// Response body of every admin-side server.
 pub type Body = Full<Bytes>;
@@ -41,6 +41,14 @@ const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// The Prometheus text format as prometheus-client writes it.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How to use `/logging`, sent with every refusal.
+const LOGGING_USAGE: &str = "usage: POST /logging[?level=<levels>][&reset]
+  level: a comma list of off, error, warn, info, debug or trace (the
+         default) and <target>=<level> (one module), laid over the
+         current filter; reset: start again from the filter ztunnel
+         started with (RUST_LOG). With neither, the filter in force.
+";
 
 /// Errors of admin requests, each answered as 400.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -76,15 +84,17 @@ impl Admin {
     fn respond(&self, request: &Request<Incoming>) -> Response<Body> {
         match (request.method(), request.uri().path()) {
             (&Method::GET, "/config_dump") => self.config_dump(),
-            (&Method::GET | &Method::POST, "/logging") => {
-                self.logging(request.uri().query().unwrap_or(""))
-            }
+            (&Method::POST, "/logging") => self.logging(request.uri().query().unwrap_or("")),
+            (_, "/logging") => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("/logging takes POST only\n{LOGGING_USAGE}"),
+            ),
             (&Method::POST, "/quitquitquit") => {
                 tracing::info!("shutdown requested through /quitquitquit");
                 (self.quit)();
-                text(StatusCode::OK, "OK\n".to_owned())
+                text(StatusCode::OK, "shutdown now\n".to_owned())
             }
-            (_, "/config_dump" | "/logging" | "/quitquitquit") => text(
+            (_, "/config_dump" | "/quitquitquit") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed\n".to_owned(),
             ),
@@ -103,23 +113,35 @@ impl Admin {
         response
     }
 
+    /// `/logging` as istio/ztunnel answers it: without `level` or `reset`
+    /// the filter in force; else `level` laid over the current filter, or
+    /// over the start-up one with `reset`.
     fn logging(&self, query: &str) -> Response<Body> {
-        let level = match query_value(query, "level") {
-            Ok(level) => level,
-            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        let (level, reset) = match (query_value(query, "level"), query_value(query, "reset")) {
+            (Ok(level), Ok(reset)) => (level, reset.is_some()),
+            (Err(error), _) | (_, Err(error)) => {
+                return text(StatusCode::BAD_REQUEST, format!("{error}\n{LOGGING_USAGE}"));
+            }
         };
-        let answer = match level {
-            Some(level) => self.logs.set_filter(&level),
-            None => self.logs.current(),
+        let answer = match (level, reset) {
+            (None, false) => self.logs.current(),
+            (level, reset) => {
+                let answer = self.logs.change(reset, level.as_deref().unwrap_or(""));
+                if let Ok(filter) = &answer {
+                    tracing::info!(%filter, "log filter changed through /logging");
+                }
+                answer
+            }
         };
         match answer {
-            Ok(filter) => {
-                tracing::info!(%filter, "log filter");
-                text(StatusCode::OK, format!("{filter}\n"))
-            }
-            Err(crate::telemetry::TelemetryError::InvalidFilter { filter, source }) => text(
+            Ok(filter) => text(StatusCode::OK, format!("current log level is {filter}\n")),
+            Err(TelemetryError::InvalidLevel(level)) => text(
                 StatusCode::BAD_REQUEST,
-                format!("invalid level {filter:?}: {}\n", ErrorChain(&source)),
+                format!("Invalid level provided: {level}\n{LOGGING_USAGE}"),
+            ),
+            Err(error @ TelemetryError::InvalidFilter { .. }) => text(
+                StatusCode::BAD_REQUEST,
+                format!("{}\n{LOGGING_USAGE}", ErrorChain(&error)),
             ),
             Err(error) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,

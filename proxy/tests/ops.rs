@@ -2,6 +2,7 @@
 //! the admin endpoints, and the drain they stop on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,6 +187,10 @@ async fn metrics_show_wire_names_and_labels_in_order() {
                 "request_protocol",
                 "response_flags",
                 "connection_security_policy",
+                "source_region",
+                "source_zone",
+                "destination_region",
+                "destination_zone",
             ]
         );
         assert!(opened.contains("source_principal=\"spiffe://cluster.local/ns/a/sa/client\""));
@@ -218,25 +223,82 @@ async fn config_dump_returns_the_providers_json() {
     assert_eq!(request(addr, "GET", "/nothing").await.status, 404);
 }
 
-#[tokio::test]
-async fn logging_changes_the_filter_and_refuses_a_bad_one() {
-    let (addr, logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+/// The clauses of a `/logging` answer's filter, in any order.
+fn level_clauses(answer: &str) -> BTreeSet<&str> {
+    answer
+        .strip_prefix("current log level is ")
+        .and_then(|filter| filter.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("not a /logging answer: {answer:?}"))
+        .split(',')
+        .collect()
+}
 
-    let answer = request(addr, "POST", "/logging?level=access%3Ddebug%2Cwarn").await;
+#[tokio::test]
+async fn logging_takes_istios_parameters_per_module_levels_and_reset() {
+    let (addr, logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+    let post = |query: &'static str| request(addr, "POST", query);
+
+    // As istioctl sends it: one module turned up, laid over the filter.
+    let answer = post("/logging?level=access%3Ddebug").await;
     assert_eq!(answer.status, 200);
-    assert_eq!(answer.body.trim(), "access=debug,warn");
-    assert_eq!(logs.current().unwrap(), "access=debug,warn");
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["info", "access=debug"])
+    );
+
+    let answer = post("/logging?level=warn").await;
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    let answer = post("/logging").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    // istioctl's `module:level` form and unknown levels are refused, and
+    // nothing changes.
+    for bad in [
+        "/logging?level=access:debug",
+        "/logging?level=access%3Dloud",
+        "/logging?level=loud",
+    ] {
+        let answer = post(bad).await;
+        assert_eq!(answer.status, 400, "{bad}");
+        assert!(
+            answer.body.starts_with("Invalid level provided: "),
+            "{}",
+            answer.body
+        );
+    }
+    assert_eq!(post("/logging?level=%zz").await.status, 400);
+    let unchanged = post("/logging").await;
+    assert_eq!(
+        level_clauses(&unchanged.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    let answer = post("/logging?reset").await;
+    assert_eq!(level_clauses(&answer.body), BTreeSet::from(["info"]));
+    let answer = post("/logging?level=xds%3Dtrace&reset").await;
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["info", "xds=trace"])
+    );
 
     let answer = request(addr, "GET", "/logging").await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.body.trim(), "access=debug,warn");
-
-    let answer = request(addr, "GET", "/logging?level=access%3Dloud").await;
-    assert_eq!(answer.status, 400);
-    assert!(answer.body.contains("access=loud"), "{}", answer.body);
-    assert_eq!(logs.current().unwrap(), "access=debug,warn");
-
-    assert_eq!(request(addr, "GET", "/logging?level=%zz").await.status, 400);
+    assert_eq!(answer.status, 405);
+    assert!(answer.body.contains("level="), "usage: {}", answer.body);
+    assert_eq!(
+        level_clauses(&format!(
+            "current log level is {}\n",
+            logs.current().unwrap()
+        )),
+        BTreeSet::from(["info", "xds=trace"])
+    );
 }
 
 #[tokio::test]
