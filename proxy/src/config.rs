@@ -22,6 +22,7 @@ use crate::version::BuildInfo;
 mod keepalive;
 pub mod local;
 mod value;
+mod workers;
 mod xds;
 
 pub use value::{ValueError, WorkloadInfo, parse_duration};
@@ -320,15 +321,25 @@ struct Args {
     packet_mark: Option<u32>,
     #[command(flatten)]
     keepalive: keepalive::KeepaliveArgs,
-    /// Data-plane worker threads [default: ZTUNNEL_CPU_LIMIT when set, else 2].
+    /// Data-plane worker threads: a count, `0` for one per core, or `N%` of
+    /// the cores [default: the resource CPU limit (raised to the request)
+    /// when set, else a quarter of the cores, at least the request and 2].
     #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
-    worker_threads: Option<usize>,
-    /// The container's CPU limit in whole cores, as Istio's ztunnel chart
-    /// sets it from the downward API (limits.cpu, divisor 1, rounded up; the
-    /// node's cores when no limit is set): the default number of worker
-    /// threads, so a proxy never runs more workers than it may use cores.
+    worker_threads: Option<String>,
+    /// The cores the proxy has, in whole cores, as Istio's ztunnel chart
+    /// sets it from the downward API (limits.cpu rounded up; the node's
+    /// cores when no limit is set) [default: the logical CPUs].
     #[arg(long, env = "ZTUNNEL_CPU_LIMIT")]
     cpu_limit: Option<usize>,
+    /// The container's CPU limit as a quantity (`2`, `1.5`, `500m`), which
+    /// Istio's chart sets only when a limit is set: the cores the proxy
+    /// has, and its default worker count.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_LIMIT")]
+    resource_cpu_limit: Option<String>,
+    /// The container's CPU request as a quantity: the default worker
+    /// count is never below it.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_REQUEST")]
+    resource_cpu_request: Option<String>,
     /// Most streams on one pooled HBONE connection.
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams_per_connection: u32,
@@ -441,8 +452,6 @@ struct Args {
 
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
-/// Data-plane workers without ZTUNNEL_WORKER_THREADS or ZTUNNEL_CPU_LIMIT.
-const DEFAULT_WORKER_THREADS: usize = 2;
 /// The drain deadline when neither it nor the grace period is set: Istio's.
 const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// A grace period longer than this leaves [`LONG_GRACE_MARGIN`] between
@@ -524,7 +533,9 @@ impl Config {
         {
             parsed.cluster_id.clone_from(id);
         }
-        parsed.into_config(&env)
+        // Where nothing says how many cores the proxy has, the machine's.
+        let logical_cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        parsed.into_config(&env, logical_cpus)
     }
 }
 
@@ -534,7 +545,12 @@ fn version(istio_version: &str) -> ConfigError {
 }
 
 impl Args {
-    fn into_config(self, env: &[(String, String)]) -> Result<Config, ConfigError> {
+    /// `logical_cpus` stands in for the core count when no setting gives it.
+    fn into_config(
+        self,
+        env: &[(String, String)],
+        logical_cpus: usize,
+    ) -> Result<Config, ConfigError> {
         let value = |name: &'static str| move |source| ConfigError::Value { name, source };
         let mode = match self.proxy_mode.as_str() {
             "shared" => ProxyMode::Shared,
@@ -559,17 +575,22 @@ impl Args {
             (ProxyMode::Shared, None) => Some(SHARED_MODE_PACKET_MARK),
             (ProxyMode::Dedicated(_), None) => None,
         };
-        let (worker_threads, worker_threads_from) = match (self.worker_threads, self.cpu_limit) {
-            (Some(threads), _) => (threads, "ZTUNNEL_WORKER_THREADS"),
-            (None, Some(cores)) => (cores, "ZTUNNEL_CPU_LIMIT"),
-            (None, None) => (DEFAULT_WORKER_THREADS, "ZTUNNEL_WORKER_THREADS"),
-        };
-        if worker_threads == 0 {
+        if self.cpu_limit == Some(0) {
             return Err(ConfigError::Value {
-                name: worker_threads_from,
+                name: "ZTUNNEL_CPU_LIMIT",
                 source: ValueError::Zero,
             });
         }
+        let worker_threads = workers::worker_threads(
+            workers::WorkerSettings {
+                worker_threads: self.worker_threads.as_deref(),
+                resource_cpu_limit: self.resource_cpu_limit.as_deref(),
+                resource_cpu_request: self.resource_cpu_request.as_deref(),
+                cpu_limit: self.cpu_limit,
+            },
+            logical_cpus,
+        )
+        .map_err(|(name, source)| ConfigError::Value { name, source })?;
         let xds = xds::parse(
             &xds::XdsArgs {
                 address: self.xds_address.as_deref(),

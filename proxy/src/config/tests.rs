@@ -82,11 +82,15 @@ fn defaults_follow_istio() {
 
 #[test]
 fn the_cpu_limit_sets_the_workers_unless_they_are_set() {
-    assert_eq!(parse(&[]).unwrap().worker_threads, 2);
-    assert_eq!(parse(&["--cpu-limit", "1"]).unwrap().worker_threads, 1);
-    assert_eq!(parse(&["--cpu-limit", "8"]).unwrap().worker_threads, 8);
+    // A quarter of the cores, at least 2 (the table is in config/workers.rs).
+    assert_eq!(parse(&["--cpu-limit", "1"]).unwrap().worker_threads, 2);
+    assert_eq!(parse(&["--cpu-limit", "32"]).unwrap().worker_threads, 8);
+    let limited = parse(&["--cpu-limit", "32", "--resource-cpu-limit", "1500m"]).unwrap();
+    assert_eq!(limited.worker_threads, 2);
     let both = parse(&["--cpu-limit", "8", "--worker-threads", "3"]).unwrap();
     assert_eq!(both.worker_threads, 3);
+    let share = parse(&["--cpu-limit", "8", "--worker-threads", "50%"]).unwrap();
+    assert_eq!(share.worker_threads, 4);
 }
 
 #[test]
@@ -147,7 +151,12 @@ fn bad_values_name_their_variable() {
             &["--pool-unused-release-timeout=-1s"],
             "POOL_UNUSED_RELEASE_TIMEOUT",
         ),
-        (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
+        (&["--worker-threads", "0%"], "ZTUNNEL_WORKER_THREADS"),
+        (&["--resource-cpu-limit", "0"], "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+        (
+            &["--resource-cpu-request", "x"],
+            "ZTUNNEL_RESOURCE_CPU_REQUEST",
+        ),
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
         (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
         (
