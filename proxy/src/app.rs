@@ -59,6 +59,8 @@ pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Res
         secret_ttl: config.secret_ttl,
         own_identity,
         server_name: None,
+        alt_hostname: config.ca_alt_hostname.clone(),
+        headers: config.ca_headers.clone(),
     };
     CaClient::new(&ca_config).context("CA client configuration")
 }

@@ -16,7 +16,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use ztunnel_proto::ports::HBONE_PORT;
 
-use crate::control_plane::ControlPlaneError;
+use crate::control_plane::{ControlPlaneError, ExtraHeaders};
 use crate::version::BuildInfo;
 
 mod keepalive;
@@ -75,8 +75,13 @@ pub struct Config {
     pub xds: Option<XdsSettings>,
     /// The CA, always over TLS.
     pub ca_address: String,
-    /// The only root the CA's serving certificate is trusted through.
+    /// The only root the CA's serving certificate is trusted through; read
+    /// again before each CA call, so a rotated root is used from then on.
     pub ca_root_ca: PathBuf,
+    /// A second name the CA's certificate may carry (`ALT_CA_HOSTNAME`).
+    pub ca_alt_hostname: Option<String>,
+    /// Headers sent on every CA call (`CA_HEADER_<NAME>`).
+    pub ca_headers: ExtraHeaders,
     /// Service-account token file, re-read on every CA request
     /// (`AUTH_TOKEN`, else [`DEFAULT_TOKEN_PATH`]).
     pub auth_token: PathBuf,
@@ -294,6 +299,10 @@ struct Args {
         default_value = xds::DEFAULT_ROOT_CA
     )]
     ca_root_ca: PathBuf,
+    /// A second name the CA's certificate may carry besides the host of
+    /// CA_ADDRESS. Headers for every CA call are set as CA_HEADER_<NAME>.
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    alt_ca_hostname: Option<String>,
     /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
     #[arg(long, env = "AUTH_TOKEN")]
     auth_token: Option<String>,
@@ -450,6 +459,8 @@ struct Args {
     same_node_splice: bool,
 }
 
+/// Variables named `CA_HEADER_<NAME>` add the header `<NAME>` to CA calls.
+const CA_HEADER_PREFIX: &str = "CA_HEADER_";
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
 /// The drain deadline when neither it nor the grace period is set: Istio's.
@@ -611,6 +622,12 @@ impl Args {
             xds,
             ca_address: self.ca_address,
             ca_root_ca: self.ca_root_ca,
+            ca_alt_hostname: self.alt_ca_hostname.filter(|name| !name.is_empty()),
+            ca_headers: ExtraHeaders::parse(xds::prefixed(env, CA_HEADER_PREFIX), CA_HEADER_PREFIX)
+                .map_err(|source| ConfigError::ControlPlane {
+                    name: "CA_HEADER_*",
+                    source,
+                })?,
             auth_token: self
                 .auth_token
                 .filter(|path| !path.is_empty())

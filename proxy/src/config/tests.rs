@@ -292,3 +292,24 @@ fn keepalive_values_the_kernel_refuses_fail_start_up() {
         assert!(error.to_string().starts_with(name), "{flag}: {error}");
     }
 }
+
+#[test]
+fn ca_headers_and_the_alternative_ca_name_are_read() {
+    let env = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        Config::from_args_and_env(["ztunnel", "--alt-ca-hostname", "istiod.example"], pairs)
+    };
+    let config = env(&[("CA_HEADER_X_TENANT", "blue"), ("XDS_HEADER_X_OTHER", "1")]).unwrap();
+    assert_eq!(config.ca_headers.names().collect::<Vec<_>>(), ["x_tenant"]);
+    assert_eq!(config.ca_alt_hostname.as_deref(), Some("istiod.example"));
+    let Err(error) = env(&[("CA_HEADER_BAD NAME", "x")]) else {
+        panic!("a header name with a space is refused")
+    };
+    assert!(
+        ErrorChain(&error).to_string().contains("CA_HEADER_"),
+        "{error}"
+    );
+}
