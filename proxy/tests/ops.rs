@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
@@ -350,4 +351,94 @@ async fn a_task_that_ignores_the_drain_is_forced_after_the_deadline() {
     let polite = tokio::spawn(async move { watcher.signaled().await });
     assert_eq!(trigger.drain(DRAIN_DEADLINE).await, DrainOutcome::Graceful);
     polite.await.unwrap();
+}
+
+/// Burns CPU until `stop` is set, so the profile has something to show.
+#[inline(never)]
+fn busy_spinning_for_the_profile(stop: &AtomicBool) -> u64 {
+    let mut sum = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..10_000u64 {
+            sum = sum.wrapping_add(std::hint::black_box(i * i));
+        }
+    }
+    sum
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_profile_reads_in_go_tool_pprof_and_bad_parameters_are_refused() {
+    let (addr, _logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+    for bad in ["seconds=0", "seconds=301", "frequency=5000", "seconds=x"] {
+        let answer = request(addr, "GET", &format!("/debug/pprof/profile?{bad}")).await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+    }
+    assert_eq!(request(addr, "GET", "/debug/pprof/heap").await.status, 501);
+
+    let Ok(go) = which("go") else {
+        eprintln!("SKIPPED reading the profile with go tool pprof: `go` is not installed");
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || busy_spinning_for_the_profile(&stop)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cpu.pb");
+    // On a machine shared with other work the spinner may get little CPU
+    // in one profile; a few profiles give it its samples.
+    let mut shown = String::new();
+    for _ in 0..5 {
+        let profile = raw_request(addr, "/debug/pprof/profile?seconds=2&frequency=1000").await;
+        std::fs::write(&file, &profile).unwrap();
+        let output = std::process::Command::new(&go)
+            .args(["tool", "pprof", "-top"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "go tool pprof: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        shown = String::from_utf8_lossy(&output.stdout).into_owned();
+        if shown.contains("busy_spinning_for_the_profile") {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    assert!(
+        shown.contains("busy_spinning_for_the_profile"),
+        "the spinning thread is in the profile:\n{shown}"
+    );
+}
+
+/// The body of a GET as bytes (a profile is not text).
+async fn raw_request(addr: SocketAddr, path: &str) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut response))
+        .await
+        .expect("the profile came within 30 s")
+        .unwrap();
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("a header end");
+    let head = String::from_utf8_lossy(&response[..split]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    response[split + 4..].to_vec()
+}
+
+/// Where `program` is on PATH, or the usual Go install path.
+fn which(program: &str) -> Result<std::path::PathBuf, ()> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([std::path::PathBuf::from("/usr/local/go/bin")])
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or(())
 }
