@@ -22,12 +22,14 @@ use crate::interner::Interner;
 
 mod labels;
 mod process;
+mod workload_manager;
 
 pub use labels::{
     LabelValue, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels,
     TrafficLabels,
 };
 pub use process::register_process_and_runtime;
+pub use workload_manager::WorkloadManagerMetrics;
 
 /// Why a connection failed, as the `response_flags` label shows it. The one
 /// place an error is mapped to a flag is the data path's error type; this

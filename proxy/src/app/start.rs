@@ -141,7 +141,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     start_xds(&node, xds_metrics)?;
     let started = match dedicated {
         Some((workload, identity)) => dedicated::start(&node, workload, identity)?,
-        None => shared::start(&node)?,
+        None => shared::start(&node, &mut registry)?,
     };
     let quit_requests = serve_operations(&node, registry, logs, started.pods.clone())?;
     tracing::info!(mode = ?config.mode, "ztunnel serving");
