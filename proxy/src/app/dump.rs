@@ -1,20 +1,23 @@
 //! `/config_dump` in istio/ztunnel's shape (AMBIENT.md §6.2), which
 //! `istioctl ztunnel-config` reads: workloads, services, policies,
-//! certificates (public certificates only, never keys), the build, part of
-//! the configuration and, in shared mode, the pods served. Keys are sorted
+//! certificates (public certificates only, never keys), the local file's
+//! content read again (`staticConfig`), the build, part of the
+//! configuration and, in shared mode, the pods served. Keys are sorted
 //! at every level, as the dump is rendered through `serde_json::Value`.
 //!
 //! How each resource is rendered is `dump/{mesh,policy,certificate}.rs`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::admin::ConfigDump;
-use crate::config::{Config, ProxyMode};
+use crate::config::{Config, ProxyMode, local};
 use crate::identity::manager::{CertificateSummary, IdentityManager};
 use crate::inpod::PodInfo;
 use crate::inpod::workloads::Workloads;
@@ -41,8 +44,14 @@ impl ConfigDump for Dump {
     fn config_dump(&self) -> Value {
         let certificates = self.identities.snapshot();
         let pods = self.pods.as_ref().map(|pods| pods.pods());
+        let file = self
+            .config
+            .local_xds_path
+            .as_deref()
+            .and_then(static_config);
         render(
             &self.state.read(),
+            file.as_ref(),
             &certificates,
             pods.as_deref(),
             &self.config,
@@ -50,14 +59,36 @@ impl ConfigDump for Dump {
     }
 }
 
-/// The whole dump from its parts; `pods` is `None` in dedicated mode, which
-/// has no `workloadState`.
+/// The local file (`LOCAL_XDS_PATH`) read again, as `staticConfig` shows
+/// it; `None`, with a warning, when it does not load now.
+fn static_config(path: &Path) -> Option<State> {
+    match local::load(path) {
+        Ok(file) => Some(file.into_state()),
+        Err(error) => {
+            tracing::warn!(error = %ErrorChain(&error), "config_dump: the local file does not load");
+            None
+        }
+    }
+}
+
+/// The whole dump from its parts: `file` is the local file's content
+/// (`staticConfig`, empty without one); `pods` is `None` in dedicated
+/// mode, which has no `workloadState`.
 fn render(
     state: &State,
+    file: Option<&State>,
     certificates: &[CertificateSummary],
     pods: Option<&[PodInfo]>,
     config: &Config,
 ) -> Value {
+    let static_config = match file {
+        Some(file) => json!({
+            "policies": policy::policies(file),
+            "services": mesh::services(file),
+            "workloads": mesh::workloads(file),
+        }),
+        None => json!({"policies": [], "services": [], "workloads": []}),
+    };
     let mut dump = json!({
         "certificates": certificate::certificates(certificates),
         "config": ConfigShown::of(config),
@@ -66,7 +97,7 @@ fn render(
         // Endpoints are kept whether or not their service has arrived, so
         // none waits for it here.
         "stagedServices": {},
-        "staticConfig": {"policies": [], "services": [], "workloads": []},
+        "staticConfig": static_config,
         "version": BuildInfo::new(&config.istio_version),
         "workloads": mesh::workloads(state),
     });

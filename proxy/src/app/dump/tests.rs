@@ -200,8 +200,13 @@ fn config() -> Config {
 
 /// The dump as the admin server sends it, read strictly.
 fn read(pods: Option<&[PodInfo]>) -> (Top, String) {
-    let text =
-        serde_json::to_string_pretty(&render(&state(), &summaries(), pods, &config())).unwrap();
+    read_with_file(pods, None)
+}
+
+/// [`read`], with `file` as the local file's content.
+fn read_with_file(pods: Option<&[PodInfo]>, file: Option<&State>) -> (Top, String) {
+    let rendered = render(&state(), file, &summaries(), pods, &config());
+    let text = serde_json::to_string_pretty(&rendered).unwrap();
     serde_json::from_str::<Sorted>(&text).unwrap_or_else(|error| panic!("unsorted: {error}"));
     let top = serde_json::from_str(&text).unwrap_or_else(|error| panic!("{error}\n{text}"));
     (top, text)
@@ -507,4 +512,21 @@ fn the_strict_reader_refuses_unknown_keys_and_missing_ones() {
         service.remove("vips");
     }
     assert!(serde_json::from_value::<Top>(value).is_err());
+}
+
+#[test]
+fn static_config_shows_the_local_file_in_the_same_shape() {
+    let file = state();
+    let (dump, _) = read_with_file(None, Some(&file));
+    let statics = &dump.static_config;
+    assert_eq!(statics.workloads.len(), 3);
+    assert_eq!(statics.services.len(), 1);
+    assert_eq!(statics.policies.len(), 2);
+    assert_eq!(
+        statics.workloads[0]
+            .waypoint
+            .as_ref()
+            .map(|w| w.destination.as_str()),
+        Some("default/waypoint.default.svc.cluster.local")
+    );
 }
