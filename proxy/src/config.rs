@@ -80,6 +80,9 @@ pub struct Config {
     pub ca_root_ca: PathBuf,
     /// A second name the CA's certificate may carry (`ALT_CA_HOSTNAME`).
     pub ca_alt_hostname: Option<String>,
+    /// Revocation lists (PEM or DER) peers are checked against, read again
+    /// when the file changes (`CRL_PATH`).
+    pub crl_path: Option<PathBuf>,
     /// Headers sent on every CA call (`CA_HEADER_<NAME>`).
     pub ca_headers: ExtraHeaders,
     /// Service-account token file, re-read on every CA request
@@ -303,6 +306,10 @@ struct Args {
     /// CA_ADDRESS. Headers for every CA call are set as CA_HEADER_<NAME>.
     #[arg(long, env = "ALT_CA_HOSTNAME")]
     alt_ca_hostname: Option<String>,
+    /// Certificate revocation lists (PEM or DER): a peer whose certificate
+    /// or intermediate they revoke is refused; read again when it changes.
+    #[arg(long, env = "CRL_PATH")]
+    crl_path: Option<PathBuf>,
     /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
     #[arg(long, env = "AUTH_TOKEN")]
     auth_token: Option<String>,
@@ -623,6 +630,7 @@ impl Args {
             ca_address: self.ca_address,
             ca_root_ca: self.ca_root_ca,
             ca_alt_hostname: self.alt_ca_hostname.filter(|name| !name.is_empty()),
+            crl_path: self.crl_path.filter(|path| !path.as_os_str().is_empty()),
             ca_headers: ExtraHeaders::parse(xds::prefixed(env, CA_HEADER_PREFIX), CA_HEADER_PREFIX)
                 .map_err(|source| ConfigError::ControlPlane {
                     name: "CA_HEADER_*",

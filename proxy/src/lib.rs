@@ -34,6 +34,7 @@ pub mod rbac;
 pub mod readiness;
 pub mod report;
 pub mod resolve;
+pub mod revocation;
 pub mod socket;
 pub mod splice;
 pub mod state;

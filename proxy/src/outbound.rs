@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::tls::record::HandshakeError;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
@@ -93,6 +94,9 @@ fn flags(error: &OutboundError) -> ResponseFlags {
             ResponseFlags::IdentityError
         }
         OutboundError::Tunnel(error) => match error.as_ref() {
+            HboneError::Tls(HandshakeError::Tls(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked,
+            ))) => ResponseFlags::CertRevoked,
             HboneError::Tls(_) => ResponseFlags::TlsFailure,
             HboneError::H2(_) => ResponseFlags::H2HandshakeFailure,
             HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,

@@ -28,6 +28,7 @@ use crate::memory;
 use crate::metrics::{self, Metrics};
 use crate::readiness::{self, Ready};
 use crate::resolve::{self, Resolver};
+use crate::revocation;
 use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
@@ -100,6 +101,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let state = SharedState::new(state);
     let (trigger, watcher) = drain::channel();
+    let crl = match &config.crl_path {
+        Some(path) => Some((path.clone(), revocation::load(path)?)),
+        None => None,
+    };
 
     let control_guard = control.enter();
     let own_identity = dedicated.as_ref().map(|(_, identity)| identity.clone());
@@ -108,6 +113,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
     control.spawn(manager_task);
+    if let Some((path, installed)) = crl {
+        control.spawn(revocation::watch(path, installed, watcher.clone()));
+    }
     if let (Some(path), Some(version)) = (config.local_xds_path.clone(), version) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(

@@ -313,3 +313,14 @@ fn ca_headers_and_the_alternative_ca_name_are_read() {
         "{error}"
     );
 }
+
+#[test]
+fn crl_path_is_read() {
+    assert_eq!(
+        parse(&["--crl-path", "/etc/istio/crl/ca-crl.pem"])
+            .unwrap()
+            .crl_path,
+        Some(PathBuf::from("/etc/istio/crl/ca-crl.pem"))
+    );
+    assert_eq!(parse(&[]).unwrap().crl_path, None);
+}
