@@ -16,7 +16,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
-use ztunnel_certs::tls::record::HandshakeError;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
@@ -29,6 +28,7 @@ use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
 use crate::resolve::ResolveError;
+use crate::revocation;
 use crate::socket::{canonical, original_destination};
 use crate::state::{Service, Workload};
 
@@ -94,9 +94,7 @@ fn flags(error: &OutboundError) -> ResponseFlags {
             ResponseFlags::IdentityError
         }
         OutboundError::Tunnel(error) => match error.as_ref() {
-            HboneError::Tls(HandshakeError::Tls(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::Revoked,
-            ))) => ResponseFlags::CertRevoked,
+            HboneError::Tls(error) if revocation::revoked(error) => ResponseFlags::CertRevoked,
             HboneError::Tls(_) => ResponseFlags::TlsFailure,
             HboneError::H2(_) => ResponseFlags::H2HandshakeFailure,
             HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,
@@ -276,7 +274,11 @@ async fn open_to(
     match connected {
         Ok(upstream) => Some((report, upstream)),
         Err(error) => {
-            report.refused(flags(&error), &error);
+            let flags = flags(&error);
+            if flags == ResponseFlags::CertRevoked {
+                proxy.metrics.record_crl_rejection(Reporter::Source);
+            }
+            report.refused(flags, &error);
             None
         }
     }

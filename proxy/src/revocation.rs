@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::tls::record::HandshakeError;
 use ztunnel_certs::tls::revocation::{self, RevocationError, RevocationLists};
 
 use crate::drain::DrainWatcher;
@@ -35,6 +36,17 @@ pub enum CrlError {
         /// What is wrong with it.
         source: RevocationError,
     },
+}
+
+/// Whether a handshake failed because the peer's chain is revoked: the
+/// `CERT_REVOKED` flag and `istio_crl_policy_rejections_total`.
+pub fn revoked(error: &HandshakeError) -> bool {
+    matches!(
+        error,
+        HandshakeError::Tls(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Revoked
+        ))
+    )
 }
 
 /// Reads and installs the lists at start-up; a missing file installs none

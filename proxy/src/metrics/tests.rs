@@ -121,7 +121,12 @@ fn sockets_open_follows_open_and_close_including_a_dropped_handle() {
 fn build_and_policy_close_have_their_exact_names() {
     let (registry, metrics) = registry_with_metrics();
     metrics.record_policy_close(Reporter::Destination);
+    metrics.record_crl_rejection(Reporter::Source);
     let text = encode(&registry).unwrap();
+    assert!(
+        text.contains("istio_crl_policy_rejections_total{reporter=\"source\"} 1"),
+        "{text}"
+    );
     assert!(
         text.contains("istio_build{component=\"ztunnel\",tag=\"1.2.3\"} 1"),
         "{text}"
