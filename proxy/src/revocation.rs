@@ -75,7 +75,7 @@ pub fn load(path: &Path) -> Result<Option<Vec<u8>>, CrlError> {
     Ok(Some(bytes))
 }
 
-/// Reads the file every [`POLL`] until `drain` signals, and installs its
+/// Reads the file every 5 s (`POLL`) until `drain` signals, and installs its
 /// lists when its content changed. A changed file that does not parse
 /// keeps the lists in force, with a warning.
 pub async fn watch(path: PathBuf, mut installed: Option<Vec<u8>>, drain: DrainWatcher) {
