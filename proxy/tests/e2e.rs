@@ -511,3 +511,107 @@ fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_
         assert_eq!(value("destination_zone"), Some("eu-1"), "{opened}");
     }
 }
+
+/// A decimal serial number as its big-endian bytes.
+fn serial_bytes(decimal: &str) -> Vec<u8> {
+    let mut bytes: Vec<u8> = vec![0];
+    for digit in decimal.bytes().map(|b| u32::from(b - b'0')) {
+        let mut carry = digit;
+        for byte in bytes.iter_mut().rev() {
+            let value = u32::from(*byte) * 10 + carry;
+            *byte = (value & 0xff) as u8;
+            carry = value >> 8;
+        }
+        while carry > 0 {
+            bytes.insert(0, (carry & 0xff) as u8);
+            carry >>= 8;
+        }
+    }
+    while bytes.len() > 1 && bytes[0] == 0 {
+        bytes.remove(0);
+    }
+    bytes
+}
+
+#[test]
+fn a_server_whose_certificate_is_revoked_is_refused_with_cert_revoked() {
+    let lists = tempfile::tempdir().unwrap();
+    let crl = lists.path().join("ca-crl.pem");
+    // An empty file is in force from the start: nothing revoked yet.
+    std::fs::write(&crl, "").unwrap();
+    let crl_env = crl.to_str().unwrap().to_owned();
+    let Some(mesh) = Mesh::start_with_env("crl", "", &[("CRL_PATH", crl_env.as_str())]) else {
+        return;
+    };
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+
+    // The server's certificate, as its /config_dump shows it.
+    let server = "spiffe://cluster.local/ns/default/sa/server";
+    let mut serial = String::new();
+    assert!(
+        eventually(|| {
+            let dump =
+                mesh::http_get(&mesh.b, "127.0.0.1:15000", "/config_dump").and_then(|answer| {
+                    let (_head, body) = answer.split_once("\r\n\r\n")?;
+                    serde_json::from_str::<serde_json::Value>(body).ok()
+                });
+            let found = dump.as_ref().and_then(|dump| {
+                dump["certificates"].as_array()?.iter().find_map(|entry| {
+                    (entry["identity"] == server)
+                        .then(|| entry["certChain"][0]["serialNumber"].as_str())
+                        .flatten()
+                        .map(str::to_owned)
+                })
+            });
+            found.map(|found| serial = found).is_some()
+        }),
+        "the server's certificate in its /config_dump"
+    );
+
+    // The CA revokes it; the client's ztunnel picks the list up.
+    let root_pem = std::fs::read_to_string(mesh.ca.root_cert_path()).unwrap();
+    let key_pem = std::fs::read_to_string(mesh.ca.root_key_path()).unwrap();
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&root_pem, rcgen::KeyPair::from_pem(&key_pem).unwrap())
+            .unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let list = rcgen::CertificateRevocationListParams {
+        this_update: now - time::Duration::minutes(5),
+        next_update: now + time::Duration::hours(1),
+        crl_number: rcgen::SerialNumber::from_slice(&[1]),
+        issuing_distribution_point: None,
+        revoked_certs: vec![rcgen::RevokedCertParams {
+            serial_number: rcgen::SerialNumber::from_slice(&serial_bytes(&serial)),
+            revocation_time: now - time::Duration::minutes(1),
+            reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+            invalidity_date: None,
+        }],
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&issuer)
+    .unwrap();
+    std::fs::write(&crl, list.pem().unwrap()).unwrap();
+    assert!(
+        eventually(|| mesh.log("client").contains("revocation lists changed")),
+        "the client's ztunnel reads the changed list:\n{}",
+        mesh.log("client")
+    );
+
+    // No connection to the server was made before, so this one shakes
+    // hands, and the server's revoked certificate is refused.
+    assert!(!ping(&mesh, &format!("{SERVER_IP}:8080")));
+    let metrics = mesh.metrics(&mesh.a, CLIENT_IP);
+    assert!(
+        metrics.lines().any(|line| {
+            line.starts_with("istio_tcp_connections_failed_total{reporter=\"source\"")
+                && line.contains("response_flags=\"CERT_REVOKED\"")
+        }),
+        "the client counts a CERT_REVOKED failure:\n{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("istio_crl_policy_rejections_total{reporter=\"source\"}")),
+        "{metrics}"
+    );
+}
