@@ -39,6 +39,8 @@ pub struct Certificate {
     uri_san_count: usize,
     not_before: SystemTime,
     not_after: SystemTime,
+    /// The serial number in decimal, as operators' tools print it.
+    serial: String,
     /// basicConstraints CA:true; a peer's leaf must not be a CA.
     is_ca: bool,
 }
@@ -117,6 +119,7 @@ impl Certificate {
         } = uri_sans(&x509)?;
         let not_before = system_time(x509.validity().not_before.timestamp())?;
         let not_after = system_time(x509.validity().not_after.timestamp())?;
+        let serial = x509.serial.to_string();
         let is_ca = x509
             .basic_constraints()
             .map_err(CertError::Extension)?
@@ -130,6 +133,7 @@ impl Certificate {
             uri_san_count,
             not_before,
             not_after,
+            serial,
             is_ca,
         })
     }
@@ -172,6 +176,11 @@ impl Certificate {
         self.not_after
     }
 
+    /// The serial number, in decimal.
+    pub fn serial(&self) -> &str {
+        &self.serial
+    }
+
     /// Whether basicConstraints says CA:true.
     pub fn is_ca(&self) -> bool {
         self.is_ca
@@ -186,6 +195,7 @@ impl fmt::Debug for Certificate {
             .field("uri_san_count", &self.uri_san_count)
             .field("not_before", &self.not_before)
             .field("not_after", &self.not_after)
+            .field("serial", &self.serial)
             .field("is_ca", &self.is_ca)
             .finish()
     }

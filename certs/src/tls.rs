@@ -3,6 +3,7 @@
 //!
 //! The dialing side is `tls/client.rs`, the accepting side `tls/server.rs`,
 //! the checks they share `tls/verify.rs`, the trust anchors `tls/roots.rs`,
+//! the revocation lists those checks apply `tls/revocation.rs`,
 //! and the record layer that takes over an established connection from
 //! rustls `tls/record.rs`.
 
@@ -12,6 +13,7 @@ use rustls::crypto::CryptoProvider;
 
 mod client;
 pub mod record;
+pub mod revocation;
 mod roots;
 mod server;
 mod verify;

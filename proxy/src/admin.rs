@@ -1,5 +1,6 @@
 //! The proxy's own HTTP servers: admin (127.0.0.1:15000: `/config_dump`,
-//! `/logging`, `/quitquitquit`) and stats (15020: `/metrics`,
+//! `/logging` with Istio's query parameters, `/quitquitquit`,
+//! `/debug/pprof/profile`, in `admin/profile.rs`) and stats (15020: `/metrics`,
 //! `/stats/prometheus`), and the small HTTP/1 accept loop they and the
 //! readiness server (readiness.rs) share. What the config dump contains is
 //! the caller's [`ConfigDump`]; how metrics are named is metrics.rs.
@@ -22,7 +23,9 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::drain::DrainWatcher;
 use crate::metrics;
-use crate::telemetry::LogHandle;
+use crate::telemetry::{LogHandle, TelemetryError};
+
+mod profile;
 
 /// Response body of every admin-side server.
 pub type Body = Full<Bytes>;
@@ -42,6 +45,14 @@ const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// The Prometheus text format as prometheus-client writes it.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// How to use `/logging`, sent with every refusal.
+const LOGGING_USAGE: &str = "usage: POST /logging[?level=<levels>][&reset]
+  level: a comma list of off, error, warn, info, debug or trace (the
+         default) and <target>=<level> (one module), laid over the
+         current filter; reset: start again from the filter ztunnel
+         started with (RUST_LOG). With neither, the filter in force.
+";
+
 /// Errors of admin requests, each answered as 400.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AdminError {
@@ -49,6 +60,14 @@ pub enum AdminError {
     /// decoded bytes are not UTF-8.
     #[error("malformed query string")]
     MalformedQuery,
+    /// A numeric parameter is not a whole number from 1 to its maximum.
+    #[error("{key} must be a whole number from 1 to {max}")]
+    OutOfRange {
+        /// The parameter.
+        key: &'static str,
+        /// Its largest value.
+        max: u64,
+    },
 }
 
 /// What `/config_dump` shows: workloads, services, policies and
@@ -73,18 +92,28 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn respond(&self, request: &Request<Incoming>) -> Response<Body> {
+    async fn respond(&self, request: Request<Incoming>) -> Response<Body> {
+        let query = request.uri().query().unwrap_or("");
         match (request.method(), request.uri().path()) {
             (&Method::GET, "/config_dump") => self.config_dump(),
-            (&Method::GET | &Method::POST, "/logging") => {
-                self.logging(request.uri().query().unwrap_or(""))
-            }
+            (&Method::POST, "/logging") => self.logging(query),
+            (_, "/logging") => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("/logging takes POST only\n{LOGGING_USAGE}"),
+            ),
             (&Method::POST, "/quitquitquit") => {
                 tracing::info!("shutdown requested through /quitquitquit");
                 (self.quit)();
-                text(StatusCode::OK, "OK\n".to_owned())
+                text(StatusCode::OK, "shutdown now\n".to_owned())
             }
-            (_, "/config_dump" | "/logging" | "/quitquitquit") => text(
+            (_, "/debug/pprof/profile") => cpu_profile(query).await,
+            (_, "/debug/pprof/heap" | "/debug/pprof/heap/profiling") => text(
+                StatusCode::NOT_IMPLEMENTED,
+                "heap profiles need an allocator that records them; this build's \
+                 (mimalloc) does not\n"
+                    .to_owned(),
+            ),
+            (_, "/config_dump" | "/quitquitquit") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed\n".to_owned(),
             ),
@@ -103,23 +132,35 @@ impl Admin {
         response
     }
 
+    /// `/logging` as istio/ztunnel answers it: without `level` or `reset`
+    /// the filter in force; else `level` laid over the current filter, or
+    /// over the start-up one with `reset`.
     fn logging(&self, query: &str) -> Response<Body> {
-        let level = match query_value(query, "level") {
-            Ok(level) => level,
-            Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+        let (level, reset) = match (query_value(query, "level"), query_value(query, "reset")) {
+            (Ok(level), Ok(reset)) => (level, reset.is_some()),
+            (Err(error), _) | (_, Err(error)) => {
+                return text(StatusCode::BAD_REQUEST, format!("{error}\n{LOGGING_USAGE}"));
+            }
         };
-        let answer = match level {
-            Some(level) => self.logs.set_filter(&level),
-            None => self.logs.current(),
+        let answer = match (level, reset) {
+            (None, false) => self.logs.current(),
+            (level, reset) => {
+                let answer = self.logs.change(reset, level.as_deref().unwrap_or(""));
+                if let Ok(filter) = &answer {
+                    tracing::info!(%filter, "log filter changed through /logging");
+                }
+                answer
+            }
         };
         match answer {
-            Ok(filter) => {
-                tracing::info!(%filter, "log filter");
-                text(StatusCode::OK, format!("{filter}\n"))
-            }
-            Err(crate::telemetry::TelemetryError::InvalidFilter { filter, source }) => text(
+            Ok(filter) => text(StatusCode::OK, format!("current log level is {filter}\n")),
+            Err(TelemetryError::InvalidLevel(level)) => text(
                 StatusCode::BAD_REQUEST,
-                format!("invalid level {filter:?}: {}\n", ErrorChain(&source)),
+                format!("Invalid level provided: {level}\n{LOGGING_USAGE}"),
+            ),
+            Err(error @ TelemetryError::InvalidFilter { .. }) => text(
+                StatusCode::BAD_REQUEST,
+                format!("{}\n{LOGGING_USAGE}", ErrorChain(&error)),
             ),
             Err(error) => text(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -129,22 +170,51 @@ impl Admin {
     }
 }
 
+/// `/debug/pprof/profile`: 200 with the profile, 400 for a bad query, 409
+/// while another profile runs.
+async fn cpu_profile(query: &str) -> Response<Body> {
+    let request = match profile::parse_request(query) {
+        Ok(request) => request,
+        Err(error) => return text(StatusCode::BAD_REQUEST, format!("{error}\n")),
+    };
+    tracing::info!(
+        seconds = request.duration.as_secs(),
+        frequency = request.frequency,
+        "CPU profile"
+    );
+    match profile::cpu_profile(request).await {
+        Ok(profile) => with_type(StatusCode::OK, profile, "application/octet-stream"),
+        Err(error @ profile::ProfileError::Busy) => {
+            text(StatusCode::CONFLICT, format!("{error}\n"))
+        }
+        Err(error) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", ErrorChain(&error)),
+        ),
+    }
+}
+
 /// Serves the admin endpoints on `listener` until `drain` signals.
 pub async fn serve_admin(listener: TcpListener, admin: Admin, drain: DrainWatcher) {
-    serve_http(listener, drain, move |request| admin.respond(request)).await;
+    let admin = Arc::new(admin);
+    serve_http(listener, drain, move |request| {
+        let admin = Arc::clone(&admin);
+        async move { admin.respond(request).await }
+    })
+    .await;
 }
 
 /// Serves `/metrics` and `/stats/prometheus` from `registry` on `listener`
 /// until `drain` signals.
 pub async fn serve_stats(listener: TcpListener, registry: Arc<Registry>, drain: DrainWatcher) {
     serve_http(listener, drain, move |request| {
-        match (request.method(), request.uri().path()) {
+        std::future::ready(match (request.method(), request.uri().path()) {
             (&Method::GET, "/metrics" | "/stats/prometheus") => match metrics::encode(&registry) {
                 Ok(encoded) => with_type(StatusCode::OK, encoded.into_bytes(), OPENMETRICS),
                 Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
             },
             _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
-        }
+        })
     })
     .await;
 }
@@ -204,9 +274,10 @@ fn with_type(status: StatusCode, body: Vec<u8>, content_type: &'static str) -> R
 /// `respond`, until `drain` signals: then it stops accepting, lets open
 /// connections finish their request, and cuts them when the drain is forced.
 /// At most [`MAX_CONNECTIONS`] are served at once; the next waits its turn.
-pub(crate) async fn serve_http<F>(listener: TcpListener, drain: DrainWatcher, respond: F)
+pub(crate) async fn serve_http<F, Answer>(listener: TcpListener, drain: DrainWatcher, respond: F)
 where
-    F: Fn(&Request<Incoming>) -> Response<Body> + Send + Sync + 'static,
+    F: Fn(Request<Incoming>) -> Answer + Send + Sync + 'static,
+    Answer: Future<Output = Response<Body>> + Send + 'static,
 {
     let respond = Arc::new(respond);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -234,8 +305,8 @@ where
         tokio::spawn(async move {
             let _permit = permit;
             let service = service_fn(move |request| {
-                let response = respond(&request);
-                async move { Ok::<_, Infallible>(response) }
+                let response = respond(request);
+                async move { Ok::<_, Infallible>(response.await) }
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -59,6 +59,8 @@ pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Res
         secret_ttl: config.secret_ttl,
         own_identity,
         server_name: None,
+        alt_hostname: config.ca_alt_hostname.clone(),
+        headers: config.ca_headers.clone(),
     };
     CaClient::new(&ca_config).context("CA client configuration")
 }
@@ -86,10 +88,11 @@ pub fn bind(
         .with_context(|| format!("binding the {what} listener on {addr}"))
 }
 
-/// The metrics registry with the proxy's metrics registered.
-pub fn metrics_registry() -> (Registry, Metrics) {
+/// The metrics registry with the proxy's metrics registered; `istio_build`
+/// is tagged with the Istio release the proxy serves as ztunnel of.
+pub fn metrics_registry(istio_version: &str) -> (Registry, Metrics) {
     let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry, env!("CARGO_PKG_VERSION"));
+    let metrics = Metrics::register(&mut registry, istio_version);
     (registry, metrics)
 }
 

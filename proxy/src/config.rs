@@ -12,16 +12,17 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use ztunnel_proto::ports::HBONE_PORT;
 
-use crate::control_plane::ControlPlaneError;
+use crate::control_plane::{ControlPlaneError, ExtraHeaders};
+use crate::version::BuildInfo;
 
 mod keepalive;
 pub mod local;
 mod value;
+mod workers;
 mod xds;
 
 pub use value::{ValueError, WorkloadInfo, parse_duration};
@@ -74,8 +75,16 @@ pub struct Config {
     pub xds: Option<XdsSettings>,
     /// The CA, always over TLS.
     pub ca_address: String,
-    /// The only root the CA's serving certificate is trusted through.
+    /// The only root the CA's serving certificate is trusted through; read
+    /// again before each CA call, so a rotated root is used from then on.
     pub ca_root_ca: PathBuf,
+    /// A second name the CA's certificate may carry (`ALT_CA_HOSTNAME`).
+    pub ca_alt_hostname: Option<String>,
+    /// Revocation lists (PEM or DER) peers are checked against, read again
+    /// when the file changes (`CRL_PATH`).
+    pub crl_path: Option<PathBuf>,
+    /// Headers sent on every CA call (`CA_HEADER_<NAME>`).
+    pub ca_headers: ExtraHeaders,
     /// Service-account token file, re-read on every CA request
     /// (`AUTH_TOKEN`, else [`DEFAULT_TOKEN_PATH`]).
     pub auth_token: PathBuf,
@@ -83,6 +92,9 @@ pub struct Config {
     pub cluster_id: String,
     /// Trust domain of the proxy's own identity and of its peers.
     pub trust_domain: String,
+    /// The Istio release this proxy serves as ztunnel of
+    /// (`ISTIO_META_ISTIO_VERSION`, `unknown` when unset).
+    pub istio_version: String,
     /// The network this proxy's pods are on (`NETWORK`, default empty): it
     /// keys every address lookup and is the `x-forwarded-network` sent
     /// through a network gateway (AMBIENT.md §3.1). It must equal the
@@ -218,6 +230,10 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: ControlPlaneError,
     },
+    /// Not a failure: `version` or `help` was asked for; print this text on
+    /// standard output and exit 0.
+    #[error("{0}")]
+    Print(String),
     /// Two settings that exclude each other are both set.
     #[error("{0} and {1} are both set; set only one")]
     Conflict(&'static str, &'static str),
@@ -228,10 +244,13 @@ pub enum ConfigError {
 #[derive(Debug, Parser)]
 #[command(
     name = "ztunnel",
-    version,
+    disable_version_flag = true,
     about = "Node-level zero-trust tunnel proxy (HBONE)"
 )]
 struct Args {
+    /// Print the version, as `version` does, and exit.
+    #[arg(long = "version", short = 'V')]
+    print_version: bool,
     /// What to do, as istio/ztunnel reads its first argument: `proxy` (the
     /// default) runs the proxy, `version` prints the version, `help` this
     /// text. Istio's chart passes `proxy ztunnel`.
@@ -286,6 +305,14 @@ struct Args {
         default_value = xds::DEFAULT_ROOT_CA
     )]
     ca_root_ca: PathBuf,
+    /// A second name the CA's certificate may carry besides the host of
+    /// CA_ADDRESS. Headers for every CA call are set as CA_HEADER_<NAME>.
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    alt_ca_hostname: Option<String>,
+    /// Certificate revocation lists (PEM or DER): a peer whose certificate
+    /// or intermediate they revoke is refused; read again when it changes.
+    #[arg(long, env = "CRL_PATH")]
+    crl_path: Option<PathBuf>,
     /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
     #[arg(long, env = "AUTH_TOKEN")]
     auth_token: Option<String>,
@@ -293,6 +320,11 @@ struct Args {
     /// (`ISTIO_META_CLUSTER_ID` wins over `CLUSTER_ID`).
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     cluster_id: String,
+    /// The Istio release this proxy serves as ztunnel of, as Istio's
+    /// images set it: the `tag` of `istio_build` and `IstioVersion` of
+    /// `version`, which istioctl and dashboards compare with istiod's.
+    #[arg(long, env = "ISTIO_META_ISTIO_VERSION", default_value = "unknown")]
+    istio_version: String,
     /// Trust domain.
     #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
     trust_domain: String,
@@ -308,15 +340,25 @@ struct Args {
     packet_mark: Option<u32>,
     #[command(flatten)]
     keepalive: keepalive::KeepaliveArgs,
-    /// Data-plane worker threads [default: ZTUNNEL_CPU_LIMIT when set, else 2].
+    /// Data-plane worker threads: a count, `0` for one per core, or `N%` of
+    /// the cores [default: the resource CPU limit (raised to the request)
+    /// when set, else a quarter of the cores, at least the request and 2].
     #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
-    worker_threads: Option<usize>,
-    /// The container's CPU limit in whole cores, as Istio's ztunnel chart
-    /// sets it from the downward API (limits.cpu, divisor 1, rounded up; the
-    /// node's cores when no limit is set): the default number of worker
-    /// threads, so a proxy never runs more workers than it may use cores.
+    worker_threads: Option<String>,
+    /// The cores the proxy has, in whole cores, as Istio's ztunnel chart
+    /// sets it from the downward API (limits.cpu rounded up; the node's
+    /// cores when no limit is set) [default: the logical CPUs].
     #[arg(long, env = "ZTUNNEL_CPU_LIMIT")]
     cpu_limit: Option<usize>,
+    /// The container's CPU limit as a quantity (`2`, `1.5`, `500m`), which
+    /// Istio's chart sets only when a limit is set: the cores the proxy
+    /// has, and its default worker count.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_LIMIT")]
+    resource_cpu_limit: Option<String>,
+    /// The container's CPU request as a quantity: the default worker
+    /// count is never below it.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_REQUEST")]
+    resource_cpu_request: Option<String>,
     /// Most streams on one pooled HBONE connection.
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams_per_connection: u32,
@@ -435,10 +477,10 @@ struct Args {
     same_node_splice: bool,
 }
 
+/// Variables named `CA_HEADER_<NAME>` add the header `<NAME>` to CA calls.
+const CA_HEADER_PREFIX: &str = "CA_HEADER_";
 /// The default SO_MARK in shared mode; istio-cni's rules hard-code 0x539.
 const SHARED_MODE_PACKET_MARK: u32 = 1337;
-/// Data-plane workers without ZTUNNEL_WORKER_THREADS or ZTUNNEL_CPU_LIMIT.
-const DEFAULT_WORKER_THREADS: usize = 2;
 /// MAX_CONNECTIONS unset. A carried connection holds about 4 KiB when idle
 /// and about 40 KiB while it moves data (its two copy buffers of at most
 /// 16 KiB, benches/README.md), so 65,536 busy connections take about
@@ -511,16 +553,10 @@ impl Config {
         let matches = command.try_get_matches_from_mut(args)?;
         let mut parsed = Args::from_arg_matches(&matches)?;
         match parsed.command {
+            _ if parsed.print_version => return Err(version(&parsed.istio_version)),
+            Command::Version => return Err(version(&parsed.istio_version)),
             Command::Proxy => {}
-            // clap prints these and exits 0 when the caller calls `exit`.
-            Command::Version => {
-                let version = command.render_version();
-                return Err(clap::Error::raw(ErrorKind::DisplayVersion, version).into());
-            }
-            Command::Help => {
-                let help = command.render_help().to_string();
-                return Err(clap::Error::raw(ErrorKind::DisplayHelp, help).into());
-            }
+            Command::Help => return Err(ConfigError::Print(command.render_help().to_string())),
         }
         let cluster_id_on_command_line =
             matches.value_source("cluster_id") == Some(ValueSource::CommandLine);
@@ -531,12 +567,24 @@ impl Config {
         {
             parsed.cluster_id.clone_from(id);
         }
-        parsed.into_config(&env)
+        // Where nothing says how many cores the proxy has, the machine's.
+        let logical_cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        parsed.into_config(&env, logical_cpus)
     }
 }
 
+/// What `version` and `--version` print.
+fn version(istio_version: &str) -> ConfigError {
+    ConfigError::Print(format!("{}\n", BuildInfo::new(istio_version)))
+}
+
 impl Args {
-    fn into_config(self, env: &[(String, String)]) -> Result<Config, ConfigError> {
+    /// `logical_cpus` stands in for the core count when no setting gives it.
+    fn into_config(
+        self,
+        env: &[(String, String)],
+        logical_cpus: usize,
+    ) -> Result<Config, ConfigError> {
         let value = |name: &'static str| move |source| ConfigError::Value { name, source };
         let mode = match self.proxy_mode.as_str() {
             "shared" => ProxyMode::Shared,
@@ -561,17 +609,22 @@ impl Args {
             (ProxyMode::Shared, None) => Some(SHARED_MODE_PACKET_MARK),
             (ProxyMode::Dedicated(_), None) => None,
         };
-        let (worker_threads, worker_threads_from) = match (self.worker_threads, self.cpu_limit) {
-            (Some(threads), _) => (threads, "ZTUNNEL_WORKER_THREADS"),
-            (None, Some(cores)) => (cores, "ZTUNNEL_CPU_LIMIT"),
-            (None, None) => (DEFAULT_WORKER_THREADS, "ZTUNNEL_WORKER_THREADS"),
-        };
-        if worker_threads == 0 {
+        if self.cpu_limit == Some(0) {
             return Err(ConfigError::Value {
-                name: worker_threads_from,
+                name: "ZTUNNEL_CPU_LIMIT",
                 source: ValueError::Zero,
             });
         }
+        let worker_threads = workers::worker_threads(
+            workers::WorkerSettings {
+                worker_threads: self.worker_threads.as_deref(),
+                resource_cpu_limit: self.resource_cpu_limit.as_deref(),
+                resource_cpu_request: self.resource_cpu_request.as_deref(),
+                cpu_limit: self.cpu_limit,
+            },
+            logical_cpus,
+        )
+        .map_err(|(name, source)| ConfigError::Value { name, source })?;
         let xds = xds::parse(
             &xds::XdsArgs {
                 address: self.xds_address.as_deref(),
@@ -592,12 +645,20 @@ impl Args {
             xds,
             ca_address: self.ca_address,
             ca_root_ca: self.ca_root_ca,
+            ca_alt_hostname: self.alt_ca_hostname.filter(|name| !name.is_empty()),
+            crl_path: self.crl_path.filter(|path| !path.as_os_str().is_empty()),
+            ca_headers: ExtraHeaders::parse(xds::prefixed(env, CA_HEADER_PREFIX), CA_HEADER_PREFIX)
+                .map_err(|source| ConfigError::ControlPlane {
+                    name: "CA_HEADER_*",
+                    source,
+                })?,
             auth_token: self
                 .auth_token
                 .filter(|path| !path.is_empty())
                 .map_or_else(|| PathBuf::from(DEFAULT_TOKEN_PATH), PathBuf::from),
             cluster_id: self.cluster_id,
             trust_domain: self.trust_domain,
+            istio_version: self.istio_version,
             network: self.network.into(),
             node_name: self.node_name.filter(|name| !name.is_empty()),
             packet_mark,

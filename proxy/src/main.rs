@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use ztunnel_certs::error_chain::ErrorChain;
-use ztunnel_proxy::config::Config;
+use ztunnel_proxy::config::{Config, ConfigError};
 
 /// mimalloc keeps freed memory for reuse, where glibc malloc unmaps large
 /// blocks (the h2 frames and copy buffers of bulk traffic) and faults them
@@ -18,7 +18,11 @@ fn main() -> ExitCode {
     ztunnel_certs::tls::install_provider();
     let config = match Config::from_env_and_args() {
         Ok(config) => config,
-        Err(ztunnel_proxy::config::ConfigError::Args(error)) => error.exit(),
+        Err(ConfigError::Args(error)) => error.exit(),
+        Err(ConfigError::Print(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
         Err(error) => {
             eprintln!("ztunnel: {}", ErrorChain(&error));
             return ExitCode::from(2);

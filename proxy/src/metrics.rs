@@ -21,11 +21,15 @@ use prometheus_client::registry::Registry;
 use crate::interner::Interner;
 
 mod labels;
+mod process;
+mod workload_manager;
 
 pub use labels::{
-    LabelValue, LocalityLabels, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy,
-    ServiceLabels, TrafficLabels,
+    LabelValue, OnDemandDnsLabels, PeerLabels, Reporter, SecurityPolicy, ServiceLabels,
+    TrafficLabels,
 };
+pub use process::register_process_and_runtime;
+pub use workload_manager::WorkloadManagerMetrics;
 
 /// Why a connection failed, as the `response_flags` label shows it. The one
 /// place an error is mapped to a flag is the data path's error type; this
@@ -151,6 +155,7 @@ pub struct Metrics {
     accept_errors: Family<AcceptLabels, Counter>,
     joins: Family<JoinLabels, Counter>,
     on_demand_dns: Family<OnDemandDnsLabels, Counter>,
+    crl_rejections: Family<ReporterLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -183,6 +188,7 @@ impl Metrics {
             accept_errors: Family::default(),
             joins: Family::default(),
             on_demand_dns: Family::default(),
+            crl_rejections: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -235,6 +241,11 @@ impl Metrics {
             "on_demand_dns",
             "Lookups of the hostname of an endpoint that has no IP, one per connection",
             metrics.on_demand_dns.clone(),
+        );
+        istio_registry(registry).register(
+            "crl_policy_rejections",
+            "Handshakes refused because a revocation list (CRL_PATH) revokes the peer",
+            metrics.crl_rejections.clone(),
         );
         registry.register(
             "ztunnel_policy_closed_connections",
@@ -337,6 +348,13 @@ impl Metrics {
             received_total: AtomicU64::new(0),
             closed: false,
         }
+    }
+
+    /// Counts a handshake refused because the peer's chain is revoked.
+    pub fn record_crl_rejection(&self, reporter: Reporter) {
+        self.crl_rejections
+            .get_or_create(&ReporterLabels { reporter })
+            .inc();
     }
 
     /// Counts a connection that a policy re-check closed.

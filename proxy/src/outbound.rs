@@ -28,6 +28,7 @@ use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
 use crate::resolve::ResolveError;
+use crate::revocation;
 use crate::socket::{canonical, original_destination};
 use crate::state::{Service, Workload};
 
@@ -93,6 +94,7 @@ fn flags(error: &OutboundError) -> ResponseFlags {
             ResponseFlags::IdentityError
         }
         OutboundError::Tunnel(error) => match error.as_ref() {
+            HboneError::Tls(error) if revocation::revoked(error) => ResponseFlags::CertRevoked,
             HboneError::Tls(_) => ResponseFlags::TlsFailure,
             HboneError::H2(_) => ResponseFlags::H2HandshakeFailure,
             HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,
@@ -277,7 +279,11 @@ async fn open_to(
     match connected {
         Ok(upstream) => Some((report, upstream)),
         Err(error) => {
-            report.refused(flags(&error), &error);
+            let flags = flags(&error);
+            if flags == ResponseFlags::CertRevoked {
+                proxy.metrics.record_crl_rejection(Reporter::Source);
+            }
+            report.refused(flags, &error);
             None
         }
     }

@@ -100,7 +100,10 @@ impl Drop for BlockReady {
 
 /// Serves `GET /healthz/ready` on `listener` until `drain` signals.
 pub async fn serve(listener: TcpListener, ready: Ready, drain: DrainWatcher) {
-    admin::serve_http(listener, drain, move |request| ready.respond(request)).await;
+    admin::serve_http(listener, drain, move |request| {
+        std::future::ready(ready.respond(&request))
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -158,6 +158,8 @@ pub(crate) fn peer_labels(end: &End<'_>) -> PeerLabels {
         labels.app = group.canonical_name.clone().into();
         labels.version = group.canonical_revision.clone().into();
         labels.cluster = group.cluster_id.clone().into();
+        labels.region = group.locality.region.clone().into();
+        labels.zone = group.locality.zone.clone().into();
     }
     if let Some(identity) = end.identity {
         labels.principal = identity.shared_str().into();

@@ -3,6 +3,8 @@
 //! `/logging`). The values come from the config module; this one never
 //! reads the environment. What is logged per connection is access_log.rs.
 
+use std::sync::Arc;
+
 use tracing::Dispatch;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -25,6 +27,10 @@ pub enum TelemetryError {
     /// A global subscriber was already installed (a second `init`).
     #[error("a log subscriber is already installed")]
     AlreadyInstalled(#[from] tracing_subscriber::util::TryInitError),
+    /// A `/logging` level clause that is neither a level nor
+    /// `<target>=<level>`.
+    #[error("invalid level {0:?}")]
+    InvalidLevel(String),
     /// The subscriber holding the filter is gone.
     #[error("the log filter can no longer be changed")]
     Reload(#[from] reload::Error),
@@ -39,13 +45,33 @@ pub struct LogOptions {
     pub format: LogFormat,
 }
 
+/// The levels a `/logging` clause may name, alone or after `<target>=`.
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
 /// Changes the running filter. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct LogHandle {
     reload: reload::Handle<EnvFilter, Registry>,
+    /// The filter the process started with (`RUST_LOG`), which a reset
+    /// goes back to.
+    initial: Arc<str>,
 }
 
 impl LogHandle {
+    /// `/logging`'s change, as istio/ztunnel makes it: `level` (a comma
+    /// list of levels and `<target>=<level>` clauses) is laid over the
+    /// current filter, or over the start-up filter when `reset`. Returns
+    /// the filter now in force; a bad clause changes nothing.
+    pub fn change(&self, reset: bool, level: &str) -> Result<String, TelemetryError> {
+        check_levels(level)?;
+        let base = if reset {
+            self.initial.to_string()
+        } else {
+            self.current()?
+        };
+        self.set_filter(&lay_over(&base, level))
+    }
+
     /// Replaces the filter; returns it as now in force.
     pub fn set_filter(&self, filter: &str) -> Result<String, TelemetryError> {
         let parsed = parse_filter(filter)?;
@@ -57,6 +83,47 @@ impl LogHandle {
     pub fn current(&self) -> Result<String, TelemetryError> {
         Ok(self.reload.with_current(ToString::to_string)?)
     }
+}
+
+/// Refuses any clause of `level` that is not one of [`LEVELS`] or
+/// `<target>=<level>`: a bare target (which a `RUST_LOG` filter reads as
+/// `trace`) is refused, as Istio refuses it.
+fn check_levels(level: &str) -> Result<(), TelemetryError> {
+    let valid = |clause: &str| match clause.split_once('=') {
+        None => LEVELS.contains(&clause),
+        Some((target, level)) => {
+            !target.is_empty() && !target.contains(char::is_whitespace) && LEVELS.contains(&level)
+        }
+    };
+    match level
+        .split(',')
+        .filter(|clause| !clause.is_empty())
+        .find(|clause| !valid(clause))
+    {
+        Some(_) => Err(TelemetryError::InvalidLevel(level.to_owned())),
+        None => Ok(()),
+    }
+}
+
+/// `base` with each clause of `added` replacing the clause of `base` for
+/// the same target (or the default level), and appended after the rest.
+fn lay_over(base: &str, added: &str) -> String {
+    let target = |clause: &str| {
+        clause
+            .split_once('=')
+            .map_or("", |(target, _)| target)
+            .to_owned()
+    };
+    let added: Vec<&str> = added
+        .split(',')
+        .filter(|clause| !clause.is_empty())
+        .collect();
+    let replaced: Vec<String> = added.iter().map(|clause| target(clause)).collect();
+    base.split(',')
+        .filter(|clause| !clause.is_empty() && !replaced.contains(&target(clause)))
+        .chain(added.iter().copied())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
@@ -100,7 +167,11 @@ where
             .boxed(),
     };
     let dispatch = Dispatch::new(registry.with(lines));
-    Ok((dispatch, LogHandle { reload }))
+    let handle = LogHandle {
+        reload,
+        initial: options.filter.as_str().into(),
+    };
+    Ok((dispatch, handle))
 }
 
 #[cfg(test)]
@@ -123,6 +194,71 @@ mod tests {
             "access=debug,warn"
         );
         assert_eq!(handle.current().unwrap(), "access=debug,warn");
+    }
+
+    #[test]
+    fn a_level_is_laid_over_the_filter_replacing_its_own_target() {
+        let table = [
+            // (base, added, result)
+            ("info", "debug", "debug"),
+            ("info,access=debug", "warn", "access=debug,warn"),
+            ("info,access=debug", "access=trace", "info,access=trace"),
+            (
+                "info",
+                "access=debug,xds=trace",
+                "info,access=debug,xds=trace",
+            ),
+            ("info", "", "info"),
+        ];
+        for (base, added, result) in table {
+            assert_eq!(lay_over(base, added), result, "{base} + {added}");
+        }
+    }
+
+    #[test]
+    fn levels_are_levels_or_target_equals_level() {
+        for good in [
+            "debug",
+            "off",
+            "access=debug,warn",
+            "ztunnel_proxy::xds=trace",
+        ] {
+            assert!(check_levels(good).is_ok(), "{good}");
+        }
+        // istioctl's `a:b` form, a bare target, an unknown level.
+        for bad in ["access:debug", "access", "loud", "access=loud", "=debug"] {
+            assert!(check_levels(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A filter's clauses, whatever order the filter prints them in.
+    fn clauses(filter: &str) -> std::collections::BTreeSet<&str> {
+        filter.split(',').collect()
+    }
+
+    #[test]
+    fn a_change_builds_on_the_current_filter_and_a_reset_on_the_first() {
+        let (_dispatch, handle) = subscriber(&options("info,xds=debug"), std::io::sink).unwrap();
+        let table = [
+            // (reset, level, filter in force after)
+            (false, "access=trace", "info,xds=debug,access=trace"),
+            (false, "warn", "xds=debug,access=trace,warn"),
+            (true, "", "info,xds=debug"),
+            (true, "error", "xds=debug,error"),
+        ];
+        for (reset, level, after) in table {
+            let filter = handle.change(reset, level).unwrap();
+            assert_eq!(
+                clauses(&filter),
+                clauses(after),
+                "reset={reset} level={level}"
+            );
+        }
+        assert!(handle.change(false, "access:debug").is_err());
+        assert_eq!(
+            clauses(&handle.current().unwrap()),
+            clauses("xds=debug,error")
+        );
     }
 
     #[test]

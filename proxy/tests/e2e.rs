@@ -372,3 +372,246 @@ fn the_server_refuses_clients_from_an_unknown_ca_or_another_trust_domain() {
         "the server logs the refusals:\n{log}"
     );
 }
+
+/// WIRE.md §10's traffic labels, in order: what every `istio_tcp_*`
+/// counter family carries on both proxies.
+const TRAFFIC_LABELS: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
+
+/// The label names and values of one sample line, in order.
+fn labels_of(line: &str) -> Vec<(String, String)> {
+    let Some((_, rest)) = line.split_once('{') else {
+        return Vec::new();
+    };
+    let mut labels = Vec::new();
+    let mut rest = rest;
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                '"' => {
+                    end = at + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.push((name.trim_start_matches(',').to_owned(), value));
+        rest = &after[end..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    labels
+}
+
+#[test]
+fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_proxies() {
+    let Some(mesh) = Mesh::start("metric_labels", "") else {
+        return;
+    };
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    assert!(ping(&mesh, &format!("{SERVER_IP}:8080")));
+
+    let traffic: Vec<String> = TRAFFIC_LABELS.map(str::to_owned).to_vec();
+    let worker = vec!["worker".to_owned()];
+    let families: [(&str, Vec<String>); 9] = [
+        ("istio_tcp_connections_opened_total", traffic.clone()),
+        ("istio_tcp_connections_closed_total", traffic.clone()),
+        ("istio_tcp_sent_bytes_total", traffic.clone()),
+        ("istio_tcp_received_bytes_total", traffic.clone()),
+        ("istio_tcp_sockets_open", vec!["reporter".to_owned()]),
+        (
+            "istio_build",
+            vec!["component".to_owned(), "tag".to_owned()],
+        ),
+        (
+            "tokio_worker_total_busy_duration_seconds_total",
+            worker.clone(),
+        ),
+        ("tokio_worker_park_count_total", worker.clone()),
+        ("tokio_worker_park_unpark_count_total", worker),
+    ];
+    for (ns, ip, reporter) in [
+        (&mesh.a, CLIENT_IP, "source"),
+        (&mesh.b, SERVER_IP, "destination"),
+    ] {
+        let closed = |text: &str| {
+            text.lines()
+                .any(|line| line.starts_with("istio_tcp_connections_closed_total{"))
+        };
+        assert!(eventually(|| closed(&mesh.metrics(ns, ip))), "{reporter}");
+        let text = mesh.metrics(ns, ip);
+        for (family, expected) in &families {
+            let samples: Vec<_> = text
+                .lines()
+                .filter(|line| line.starts_with(&format!("{family}{{")))
+                .collect();
+            assert!(!samples.is_empty(), "{reporter}: no {family}:\n{text}");
+            for sample in samples {
+                let names: Vec<_> = labels_of(sample).into_iter().map(|(n, _)| n).collect();
+                assert_eq!(&names, expected, "{reporter}: {sample}");
+            }
+        }
+        for gauge in [
+            "process_open_fds ",
+            "process_max_fds ",
+            "tokio_num_workers ",
+        ] {
+            assert!(
+                text.lines().any(|line| line.starts_with(gauge)),
+                "{reporter}: no {gauge}:\n{text}"
+            );
+        }
+        let opened = text
+            .lines()
+            .find(|line| line.starts_with("istio_tcp_connections_opened_total{"))
+            .unwrap();
+        let labels = labels_of(opened);
+        let value = |name: &str| {
+            labels
+                .iter()
+                .find(|(label, _)| label == name)
+                .map(|(_, value)| value.as_str())
+        };
+        assert_eq!(value("reporter"), Some(reporter));
+        // Only the server's workload has a locality.
+        assert_eq!(value("source_region"), Some("unknown"), "{opened}");
+        assert_eq!(value("destination_region"), Some("eu"), "{opened}");
+        assert_eq!(value("destination_zone"), Some("eu-1"), "{opened}");
+    }
+}
+
+/// A decimal serial number as its big-endian bytes.
+fn serial_bytes(decimal: &str) -> Vec<u8> {
+    let mut bytes: Vec<u8> = vec![0];
+    for digit in decimal.bytes().map(|b| u32::from(b - b'0')) {
+        let mut carry = digit;
+        for byte in bytes.iter_mut().rev() {
+            let value = u32::from(*byte) * 10 + carry;
+            *byte = (value & 0xff) as u8;
+            carry = value >> 8;
+        }
+        while carry > 0 {
+            bytes.insert(0, (carry & 0xff) as u8);
+            carry >>= 8;
+        }
+    }
+    while bytes.len() > 1 && bytes[0] == 0 {
+        bytes.remove(0);
+    }
+    bytes
+}
+
+#[test]
+fn a_server_whose_certificate_is_revoked_is_refused_with_cert_revoked() {
+    let lists = tempfile::tempdir().unwrap();
+    let crl = lists.path().join("ca-crl.pem");
+    // An empty file is in force from the start: nothing revoked yet.
+    std::fs::write(&crl, "").unwrap();
+    let crl_env = crl.to_str().unwrap().to_owned();
+    let Some(mesh) = Mesh::start_with_env("crl", "", &[("CRL_PATH", crl_env.as_str())]) else {
+        return;
+    };
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+
+    // The server's certificate, as its /config_dump shows it.
+    let server = "spiffe://cluster.local/ns/default/sa/server";
+    let mut serial = String::new();
+    assert!(
+        eventually(|| {
+            let dump =
+                mesh::http_get(&mesh.b, "127.0.0.1:15000", "/config_dump").and_then(|answer| {
+                    let (_head, body) = answer.split_once("\r\n\r\n")?;
+                    serde_json::from_str::<serde_json::Value>(body).ok()
+                });
+            let found = dump.as_ref().and_then(|dump| {
+                dump["certificates"].as_array()?.iter().find_map(|entry| {
+                    (entry["identity"] == server)
+                        .then(|| entry["certChain"][0]["serialNumber"].as_str())
+                        .flatten()
+                        .map(str::to_owned)
+                })
+            });
+            found.map(|found| serial = found).is_some()
+        }),
+        "the server's certificate in its /config_dump"
+    );
+
+    // The CA revokes it; the client's ztunnel picks the list up.
+    let root_pem = std::fs::read_to_string(mesh.ca.root_cert_path()).unwrap();
+    let key_pem = std::fs::read_to_string(mesh.ca.root_key_path()).unwrap();
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&root_pem, rcgen::KeyPair::from_pem(&key_pem).unwrap())
+            .unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let list = rcgen::CertificateRevocationListParams {
+        this_update: now - time::Duration::minutes(5),
+        next_update: now + time::Duration::hours(1),
+        crl_number: rcgen::SerialNumber::from_slice(&[1]),
+        issuing_distribution_point: None,
+        revoked_certs: vec![rcgen::RevokedCertParams {
+            serial_number: rcgen::SerialNumber::from_slice(&serial_bytes(&serial)),
+            revocation_time: now - time::Duration::minutes(1),
+            reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+            invalidity_date: None,
+        }],
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&issuer)
+    .unwrap();
+    std::fs::write(&crl, list.pem().unwrap()).unwrap();
+    assert!(
+        eventually(|| mesh.log("client").contains("revocation lists changed")),
+        "the client's ztunnel reads the changed list:\n{}",
+        mesh.log("client")
+    );
+
+    // No connection to the server was made before, so this one shakes
+    // hands, and the server's revoked certificate is refused.
+    assert!(!ping(&mesh, &format!("{SERVER_IP}:8080")));
+    let metrics = mesh.metrics(&mesh.a, CLIENT_IP);
+    assert!(
+        metrics.lines().any(|line| {
+            line.starts_with("istio_tcp_connections_failed_total{reporter=\"source\"")
+                && line.contains("response_flags=\"CERT_REVOKED\"")
+        }),
+        "the client counts a CERT_REVOKED failure:\n{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("istio_crl_policy_rejections_total{reporter=\"source\"}")),
+        "{metrics}"
+    );
+}

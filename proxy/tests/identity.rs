@@ -21,6 +21,7 @@ use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_mesh::FileRegistry;
+use ztunnel_proxy::control_plane::ExtraHeaders;
 use ztunnel_proxy::identity::ca_client::{CaClient, CaClientConfig, CaClientError};
 use ztunnel_proxy::identity::manager::{CertificateState, FetchError, IdentityManager};
 
@@ -149,6 +150,8 @@ impl Ca {
             secret_ttl,
             own_identity: Some(identity(ZTUNNEL)),
             server_name: None,
+            alt_hostname: None,
+            headers: ExtraHeaders::default(),
         }
     }
 
@@ -241,7 +244,13 @@ async fn own_identity_is_fetched_without_impersonation() {
     let snapshot = manager.snapshot();
     assert_eq!(snapshot.len(), 1);
     assert_eq!(snapshot[0].state, CertificateState::Available);
-    assert_eq!(snapshot[0].not_after, Some(leaf.not_after()));
+    assert_eq!(
+        snapshot[0]
+            .certificate
+            .as_ref()
+            .map(|cert| cert.leaf().not_after()),
+        Some(leaf.not_after())
+    );
     assert!(snapshot[0].refresh_at.unwrap() > SystemTime::now());
 
     // A workload proxying for itself sends no ImpersonatedIdentity: the CA
@@ -322,7 +331,7 @@ async fn a_denied_identity_fails_and_is_retried_with_backoff() {
     assert!(error.contains("impersonation"), "{error}");
     assert_eq!(*attempts, 1);
     assert!(snapshot[0].refresh_at.is_some(), "a retry is scheduled");
-    assert_eq!(snapshot[0].not_after, None);
+    assert!(snapshot[0].certificate.is_none());
 
     // The retry comes after the first backoff (about 0.5 s) and fails again.
     eventually(Duration::from_secs(10), || async {
@@ -448,6 +457,57 @@ async fn the_ca_is_trusted_only_through_the_configured_root_and_name() {
     assert_eq!(certificate.identity(), Some(&identity(ZTUNNEL)));
 }
 
+#[tokio::test]
+async fn alt_ca_hostname_is_a_second_name_the_ca_may_carry() {
+    let ca = start_ca().await;
+    let mut config = ca.client_config(Some(ca.ztunnel_token_file()), HOUR);
+    // The dialled name is not on the CA's certificate; the second one is.
+    config.server_name = Some("istiod.istio-system.svc".into());
+    config.alt_hostname = Some("localhost".into());
+    let (manager, _stop) = start_manager(&config);
+    let certificate = manager.fetch_certificate(&identity(ZTUNNEL)).await.unwrap();
+    assert_eq!(certificate.identity(), Some(&identity(ZTUNNEL)));
+
+    config.alt_hostname = Some("elsewhere.example".into());
+    let (manager, _stop) = start_manager(&config);
+    let error = manager
+        .fetch_certificate(&identity(ZTUNNEL))
+        .await
+        .unwrap_err();
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("not valid for name"), "{shown}");
+}
+
+#[tokio::test]
+async fn a_rotated_ca_root_file_is_used_without_a_restart() {
+    let ca = start_ca().await;
+    let other_root = generate_root("cluster.local", SystemTime::now()).unwrap();
+    let root_file = ca.dir.path().join("mounted-root.pem");
+    std::fs::write(&root_file, &other_root.cert_pem).unwrap();
+    let mut config = ca.client_config(Some(ca.ztunnel_token_file()), HOUR);
+    config.root_ca = root_file.clone();
+    let (manager, _stop) = start_manager(&config);
+    let error = manager
+        .fetch_certificate(&identity(ZTUNNEL))
+        .await
+        .unwrap_err();
+    assert!(
+        ErrorChain(&error)
+            .to_string()
+            .contains("invalid peer certificate"),
+        "{error:?}"
+    );
+
+    // The mounted root is replaced by the CA's own, as a ConfigMap update
+    // does; the next attempt (after the backoff) trusts it.
+    std::fs::write(&root_file, std::fs::read(&ca.root_file).unwrap()).unwrap();
+    let certificate = eventually(Duration::from_secs(60), || async {
+        manager.fetch_certificate(&identity(ZTUNNEL)).await.ok()
+    })
+    .await;
+    assert_eq!(certificate.identity(), Some(&identity(ZTUNNEL)));
+}
+
 #[test]
 fn plain_http_addresses_are_refused() {
     let config = CaClientConfig {
@@ -458,6 +518,8 @@ fn plain_http_addresses_are_refused() {
         secret_ttl: HOUR,
         own_identity: Some(identity(ZTUNNEL)),
         server_name: None,
+        alt_hostname: None,
+        headers: ExtraHeaders::default(),
     };
     assert!(matches!(
         CaClient::new(&config),

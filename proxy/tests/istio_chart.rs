@@ -119,18 +119,24 @@ fn ztunnel_started_as_istio_s_chart_starts_it_becomes_ready_on_our_control_plane
 #[test]
 fn version_and_help_answer_as_istio_s_entrypoint_does() {
     let ztunnel = Binaries::from_target_dir().unwrap().ztunnel;
+    let version = format!(
+        "version.BuildInfo{{Version:\"{}\"",
+        env!("CARGO_PKG_VERSION")
+    );
     for (command, says) in [
-        ("version", env!("CARGO_PKG_VERSION")),
+        ("version", version.as_str()),
+        ("--version", "IstioVersion:\"1.28.0\""),
         ("help", "CA_ADDRESS"),
     ] {
         let output = Command::new(&ztunnel)
             .arg(command)
             .env_clear()
+            .env("ISTIO_META_ISTIO_VERSION", "1.28.0")
             .output()
             .unwrap();
         let printed = String::from_utf8_lossy(&output.stdout);
         assert!(
-            output.status.success() && printed.contains(says),
+            output.status.success() && printed.contains(says) && !printed.contains("error"),
             "ztunnel {command}: {output:?}"
         );
     }

@@ -2,8 +2,10 @@
 //! the admin endpoints, and the drain they stop on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
@@ -186,6 +188,10 @@ async fn metrics_show_wire_names_and_labels_in_order() {
                 "request_protocol",
                 "response_flags",
                 "connection_security_policy",
+                "source_region",
+                "source_zone",
+                "destination_region",
+                "destination_zone",
             ]
         );
         assert!(opened.contains("source_principal=\"spiffe://cluster.local/ns/a/sa/client\""));
@@ -218,25 +224,82 @@ async fn config_dump_returns_the_providers_json() {
     assert_eq!(request(addr, "GET", "/nothing").await.status, 404);
 }
 
-#[tokio::test]
-async fn logging_changes_the_filter_and_refuses_a_bad_one() {
-    let (addr, logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+/// The clauses of a `/logging` answer's filter, in any order.
+fn level_clauses(answer: &str) -> BTreeSet<&str> {
+    answer
+        .strip_prefix("current log level is ")
+        .and_then(|filter| filter.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("not a /logging answer: {answer:?}"))
+        .split(',')
+        .collect()
+}
 
-    let answer = request(addr, "POST", "/logging?level=access%3Ddebug%2Cwarn").await;
+#[tokio::test]
+async fn logging_takes_istios_parameters_per_module_levels_and_reset() {
+    let (addr, logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+    let post = |query: &'static str| request(addr, "POST", query);
+
+    // As istioctl sends it: one module turned up, laid over the filter.
+    let answer = post("/logging?level=access%3Ddebug").await;
     assert_eq!(answer.status, 200);
-    assert_eq!(answer.body.trim(), "access=debug,warn");
-    assert_eq!(logs.current().unwrap(), "access=debug,warn");
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["info", "access=debug"])
+    );
+
+    let answer = post("/logging?level=warn").await;
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    let answer = post("/logging").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    // istioctl's `module:level` form and unknown levels are refused, and
+    // nothing changes.
+    for bad in [
+        "/logging?level=access:debug",
+        "/logging?level=access%3Dloud",
+        "/logging?level=loud",
+    ] {
+        let answer = post(bad).await;
+        assert_eq!(answer.status, 400, "{bad}");
+        assert!(
+            answer.body.starts_with("Invalid level provided: "),
+            "{}",
+            answer.body
+        );
+    }
+    assert_eq!(post("/logging?level=%zz").await.status, 400);
+    let unchanged = post("/logging").await;
+    assert_eq!(
+        level_clauses(&unchanged.body),
+        BTreeSet::from(["warn", "access=debug"])
+    );
+
+    let answer = post("/logging?reset").await;
+    assert_eq!(level_clauses(&answer.body), BTreeSet::from(["info"]));
+    let answer = post("/logging?level=xds%3Dtrace&reset").await;
+    assert_eq!(
+        level_clauses(&answer.body),
+        BTreeSet::from(["info", "xds=trace"])
+    );
 
     let answer = request(addr, "GET", "/logging").await;
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.body.trim(), "access=debug,warn");
-
-    let answer = request(addr, "GET", "/logging?level=access%3Dloud").await;
-    assert_eq!(answer.status, 400);
-    assert!(answer.body.contains("access=loud"), "{}", answer.body);
-    assert_eq!(logs.current().unwrap(), "access=debug,warn");
-
-    assert_eq!(request(addr, "GET", "/logging?level=%zz").await.status, 400);
+    assert_eq!(answer.status, 405);
+    assert!(answer.body.contains("level="), "usage: {}", answer.body);
+    assert_eq!(
+        level_clauses(&format!(
+            "current log level is {}\n",
+            logs.current().unwrap()
+        )),
+        BTreeSet::from(["info", "xds=trace"])
+    );
 }
 
 #[tokio::test]
@@ -288,4 +351,94 @@ async fn a_task_that_ignores_the_drain_is_forced_after_the_deadline() {
     let polite = tokio::spawn(async move { watcher.signaled().await });
     assert_eq!(trigger.drain(DRAIN_DEADLINE).await, DrainOutcome::Graceful);
     polite.await.unwrap();
+}
+
+/// Burns CPU until `stop` is set, so the profile has something to show.
+#[inline(never)]
+fn busy_spinning_for_the_profile(stop: &AtomicBool) -> u64 {
+    let mut sum = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for i in 0..10_000u64 {
+            sum = sum.wrapping_add(std::hint::black_box(i * i));
+        }
+    }
+    sum
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_profile_reads_in_go_tool_pprof_and_bad_parameters_are_refused() {
+    let (addr, _logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+    for bad in ["seconds=0", "seconds=301", "frequency=5000", "seconds=x"] {
+        let answer = request(addr, "GET", &format!("/debug/pprof/profile?{bad}")).await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+    }
+    assert_eq!(request(addr, "GET", "/debug/pprof/heap").await.status, 501);
+
+    let Ok(go) = which("go") else {
+        eprintln!("SKIPPED reading the profile with go tool pprof: `go` is not installed");
+        return;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinner = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || busy_spinning_for_the_profile(&stop)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cpu.pb");
+    // On a machine shared with other work the spinner may get little CPU
+    // in one profile; a few profiles give it its samples.
+    let mut shown = String::new();
+    for _ in 0..5 {
+        let profile = raw_request(addr, "/debug/pprof/profile?seconds=2&frequency=1000").await;
+        std::fs::write(&file, &profile).unwrap();
+        let output = std::process::Command::new(&go)
+            .args(["tool", "pprof", "-top"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "go tool pprof: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        shown = String::from_utf8_lossy(&output.stdout).into_owned();
+        if shown.contains("busy_spinning_for_the_profile") {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    assert!(
+        shown.contains("busy_spinning_for_the_profile"),
+        "the spinning thread is in the profile:\n{shown}"
+    );
+}
+
+/// The body of a GET as bytes (a profile is not text).
+async fn raw_request(addr: SocketAddr, path: &str) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut response))
+        .await
+        .expect("the profile came within 30 s")
+        .unwrap();
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("a header end");
+    let head = String::from_utf8_lossy(&response[..split]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    response[split + 4..].to_vec()
+}
+
+/// Where `program` is on PATH, or the usual Go install path.
+fn which(program: &str) -> Result<std::path::PathBuf, ()> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([std::path::PathBuf::from("/usr/local/go/bin")])
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or(())
 }

@@ -115,8 +115,11 @@ impl TestCa {
     ) -> anyhow::Result<Self> {
         ztunnel_certs::tls::install_provider();
         let dir = tempfile::tempdir()?;
-        let issuer = root_issuer(trust_domain)?;
+        let root = generate_root(trust_domain, SystemTime::now())?;
+        let issuer = issuer_of(&root)?;
         std::fs::write(dir.path().join("root-cert.pem"), issuer.root_bundle_pem())?;
+        // For tests that sign with the root themselves (revocation lists).
+        std::fs::write(dir.path().join("root-key.pem"), &root.key_pem)?;
         let issuer = Arc::new(issuer);
         std::fs::write(dir.path().join("pods.yaml"), pods)?;
         let mut ca = TestCa {
@@ -216,6 +219,12 @@ impl TestCa {
     /// The root certificate file, for `CA_ROOT_CA`.
     pub fn root_cert_path(&self) -> PathBuf {
         self.dir.path().join("root-cert.pem")
+    }
+
+    /// The root's private key (PEM), for a test that signs with the root
+    /// itself, e.g. a revocation list; absent for a Kubernetes-backed CA.
+    pub fn root_key_path(&self) -> PathBuf {
+        self.dir.path().join("root-key.pem")
     }
 
     /// The xDS address, as `https://ip:port` for `XDS_ADDRESS`: the CA's
@@ -349,11 +358,6 @@ impl TestRoot {
     pub fn key_pem(&self) -> &str {
         &self.root.key_pem
     }
-}
-
-/// An issuer signing with a newly generated root.
-fn root_issuer(trust_domain: &str) -> anyhow::Result<Issuer> {
-    issuer_of(&generate_root(trust_domain, SystemTime::now())?)
 }
 
 /// An issuer signing with `root`.

@@ -293,3 +293,13 @@ fn bad_ca_responses_are_refused_with_the_reason() {
     );
     assert!(matches!(error, CertError::Key(_)));
 }
+
+#[test]
+fn the_serial_number_reads_in_decimal_as_operators_tools_print_it() {
+    let mut params = CertificateParams::default();
+    // 0x01_00 = 256: a serial whose hex and decimal forms differ.
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x01, 0x00]));
+    let key = KeyPair::generate().unwrap();
+    let pem = params.self_signed(&key).unwrap().pem();
+    assert_eq!(Certificate::from_pem(&pem).unwrap().serial(), "256");
+}

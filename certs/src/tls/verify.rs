@@ -8,12 +8,15 @@ use std::sync::Arc;
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::{CertificateError, CommonState, OtherError};
 use rustls_pki_types::{CertificateDer, UnixTime};
-use webpki::KeyUsage;
+use webpki::{
+    ExpirationPolicy, KeyUsage, RevocationCheckDepth, RevocationOptionsBuilder, UnknownStatusPolicy,
+};
 
 use crate::cert::{CertError, Certificate};
 use crate::error_chain::ErrorChain;
 use crate::identity::Identity;
 use crate::tls::TrustRoots;
+use crate::tls::revocation::{self, RevocationLists};
 
 /// Why a peer whose chain verified was still refused. It reaches rustls as
 /// `CertificateError::Other`, so a caller can downcast the handshake error to
@@ -75,14 +78,28 @@ pub(crate) fn verify_chain(
     algorithms: &WebPkiSupportedAlgorithms,
 ) -> Result<(), rustls::Error> {
     let cert = webpki::EndEntityCert::try_from(end_entity).map_err(pki_error)?;
+    let lists = revocation::in_force();
+    let refs = lists.as_ref().map(RevocationLists::refs);
+    let revocation = match &refs {
+        Some(refs) => Some(
+            RevocationOptionsBuilder::new(refs)
+                .map_err(|_| rustls::Error::General("empty revocation lists".to_owned()))?
+                .with_depth(RevocationCheckDepth::Chain)
+                // An issuer without a list: judged as without CRL_PATH.
+                .with_status_policy(UnknownStatusPolicy::Allow)
+                // A stale list still revokes; it does not refuse everyone.
+                .with_expiration_policy(ExpirationPolicy::Ignore)
+                .build(),
+        ),
+        None => None,
+    };
     cert.verify_for_usage(
         algorithms.all,
         roots.anchors(),
         intermediates,
         now,
         usage,
-        // Revocation lists are optional in WIRE.md §4 and not distributed yet.
-        None,
+        revocation,
         None,
     )
     .map_err(pki_error)?;
@@ -116,6 +133,7 @@ fn pki_error(error: webpki::Error) -> rustls::Error {
         }
         Error::InvalidCertValidity => CertificateError::Expired,
         Error::UnknownIssuer => CertificateError::UnknownIssuer,
+        Error::CertRevoked => CertificateError::Revoked,
         Error::InvalidSignatureForPublicKey => CertificateError::BadSignature,
         Error::RequiredEkuNotFoundContext(_) => CertificateError::InvalidPurpose,
         other => CertificateError::Other(OtherError(Arc::new(other))),

@@ -1,19 +1,34 @@
-//! `/config_dump`: workloads, services, policies, certificates (identity
-//! and validity only, never keys) and, in shared mode, the pods served.
+//! `/config_dump` in istio/ztunnel's shape (AMBIENT.md §6.2), which
+//! `istioctl ztunnel-config` reads: workloads, services, policies,
+//! certificates (public certificates only, never keys), the local file's
+//! content read again (`staticConfig`), the build, part of the
+//! configuration and, in shared mode, the pods served. Keys are sorted
+//! at every level, as the dump is rendered through `serde_json::Value`.
+//!
+//! How each resource is rendered is `dump/{mesh,policy,certificate}.rs`.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::Duration;
 
-use serde_json::json;
+use serde::Serialize;
+use serde_json::{Value, json};
+use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::admin::ConfigDump;
-use crate::identity::manager::IdentityManager;
-use crate::inpod::PodProxies;
+use crate::config::{Config, ProxyMode, local};
+use crate::identity::manager::{CertificateSummary, IdentityManager};
+use crate::inpod::PodInfo;
 use crate::inpod::workloads::Workloads;
-use crate::state::SharedState;
+use crate::state::{SharedState, State};
+use crate::version::BuildInfo;
 
-/// `/config_dump`: workloads, services, policies and certificates (identity
-/// and validity only, never keys).
+mod certificate;
+mod mesh;
+mod policy;
+
+/// `/config_dump`'s sources.
 pub struct Dump {
     /// Workloads, services and policies.
     pub state: SharedState,
@@ -21,75 +36,147 @@ pub struct Dump {
     pub identities: IdentityManager,
     /// The shared mode's pods; `None` in dedicated mode.
     pub pods: Option<Arc<Workloads>>,
+    /// The configuration, part of which is shown.
+    pub config: Arc<Config>,
 }
 
 impl ConfigDump for Dump {
-    fn config_dump(&self) -> serde_json::Value {
-        let state = self.state.read();
-        let workloads: Vec<_> = state
-            .workloads()
-            .map(|workload| {
-                json!({
-                    "uid": &*workload.uid,
-                    "name": &*workload.name,
-                    "namespace": &*workload.namespace,
-                    "addresses": workload.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "protocol": format!("{:?}", workload.protocol),
-                    "serviceAccount": workload.service_account(),
-                    "node": &*workload.node,
-                    "status": format!("{:?}", workload.status),
-                })
-            })
-            .collect();
-        let services: Vec<_> = state
-            .services()
-            .map(|service| {
-                json!({
-                    "name": &*service.name,
-                    "namespace": &*service.namespace,
-                    "hostname": &*service.hostname,
-                })
-            })
-            .collect();
-        let policies: Vec<_> = state
-            .policies()
-            .map(|(key, policy)| {
-                json!({
-                    "key": &**key,
-                    "name": &*policy.name,
-                    "namespace": &*policy.namespace,
-                    "action": format!("{:?}", policy.action),
-                    "scope": format!("{:?}", policy.scope),
-                    "dryRun": policy.dry_run,
-                })
-            })
-            .collect();
-        let certificates: Vec<_> = self
-            .identities
-            .snapshot()
-            .into_iter()
-            .map(|summary| {
-                json!({
-                    "identity": summary.identity.as_str(),
-                    "state": format!("{:?}", summary.state),
-                    "notBefore": summary.not_before.map(seconds),
-                    "notAfter": summary.not_after.map(seconds),
-                    "refreshAt": summary.refresh_at.map(seconds),
-                })
-            })
-            .collect();
-        json!({
-            "workloads": workloads,
-            "services": services,
-            "policies": policies,
-            "certificates": certificates,
-            "pods": self.pods.as_ref().map(|pods| pods.served().iter().map(|uid| uid.to_string()).collect::<Vec<_>>()),
-        })
+    fn config_dump(&self) -> Value {
+        let certificates = self.identities.snapshot();
+        let pods = self.pods.as_ref().map(|pods| pods.pods());
+        let file = self
+            .config
+            .local_xds_path
+            .as_deref()
+            .and_then(static_config);
+        render(
+            &self.state.read(),
+            file.as_ref(),
+            &certificates,
+            pods.as_deref(),
+            &self.config,
+        )
     }
 }
 
-/// Seconds since the epoch, for the dump.
-fn seconds(time: SystemTime) -> u64 {
-    time.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs())
+/// The local file (`LOCAL_XDS_PATH`) read again, as `staticConfig` shows
+/// it; `None`, with a warning, when it does not load now.
+fn static_config(path: &Path) -> Option<State> {
+    match local::load(path) {
+        Ok(file) => Some(file.into_state()),
+        Err(error) => {
+            tracing::warn!(error = %ErrorChain(&error), "config_dump: the local file does not load");
+            None
+        }
+    }
 }
+
+/// The whole dump from its parts: `file` is the local file's content
+/// (`staticConfig`, empty without one); `pods` is `None` in dedicated
+/// mode, which has no `workloadState`.
+fn render(
+    state: &State,
+    file: Option<&State>,
+    certificates: &[CertificateSummary],
+    pods: Option<&[PodInfo]>,
+    config: &Config,
+) -> Value {
+    let static_config = match file {
+        Some(file) => json!({
+            "policies": policy::policies(file),
+            "services": mesh::services(file),
+            "workloads": mesh::workloads(file),
+        }),
+        None => json!({"policies": [], "services": [], "workloads": []}),
+    };
+    let mut dump = json!({
+        "certificates": certificate::certificates(certificates),
+        "config": ConfigShown::of(config),
+        "policies": policy::policies(state),
+        "services": mesh::services(state),
+        // Endpoints are kept whether or not their service has arrived, so
+        // none waits for it here.
+        "stagedServices": {},
+        "staticConfig": static_config,
+        "version": BuildInfo::new(&config.istio_version),
+        "workloads": mesh::workloads(state),
+    });
+    if let (Some(pods), Value::Object(top)) = (pods, &mut dump) {
+        top.insert("workloadState".to_owned(), workload_state(pods));
+    }
+    dump
+}
+
+/// `workloadState`: each pod served, by its uid from ZDS.
+fn workload_state(pods: &[PodInfo]) -> Value {
+    let pods: BTreeMap<&str, Value> = pods
+        .iter()
+        .map(|pod| {
+            let info = json!({
+                "name": &*pod.workload.name,
+                "namespace": &*pod.workload.namespace,
+                "serviceAccount": &*pod.workload.service_account,
+            });
+            (&*pod.uid, json!({"info": info, "state": "Up"}))
+        })
+        .collect();
+    json!(pods)
+}
+
+/// The settings an operator asks about first, under istio/ztunnel's names.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ConfigShown<'a> {
+    proxy_mode: &'static str,
+    cluster_id: &'a str,
+    network: &'a str,
+    trust_domain: &'a str,
+    ca_address: &'a str,
+    xds_address: Option<String>,
+    local_xds_path: Option<String>,
+    num_worker_threads: usize,
+    self_termination_deadline: DurationShown,
+    secret_ttl: DurationShown,
+}
+
+/// A duration as Rust's serde writes it, which is how Istio's dump shows one.
+#[derive(Serialize)]
+struct DurationShown {
+    secs: u64,
+    nanos: u32,
+}
+
+impl From<Duration> for DurationShown {
+    fn from(duration: Duration) -> Self {
+        DurationShown {
+            secs: duration.as_secs(),
+            nanos: duration.subsec_nanos(),
+        }
+    }
+}
+
+impl<'a> ConfigShown<'a> {
+    fn of(config: &'a Config) -> Self {
+        ConfigShown {
+            proxy_mode: match config.mode {
+                ProxyMode::Shared => "Shared",
+                ProxyMode::Dedicated(_) => "Dedicated",
+            },
+            cluster_id: &config.cluster_id,
+            network: &config.network,
+            trust_domain: &config.trust_domain,
+            ca_address: &config.ca_address,
+            xds_address: config.xds.as_ref().map(|xds| xds.address.to_string()),
+            local_xds_path: config
+                .local_xds_path
+                .as_ref()
+                .map(|path| path.display().to_string()),
+            num_worker_threads: config.worker_threads,
+            self_termination_deadline: config.drain_deadline.into(),
+            secret_ttl: config.secret_ttl.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

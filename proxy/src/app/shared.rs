@@ -5,29 +5,35 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use prometheus_client::registry::Registry;
 
 use crate::app::start::{Node, Started};
 use crate::inpod::netns::HostNetns;
 use crate::inpod::workloads::{NodeParts, Workloads, prefetch_node_certificates};
 use crate::inpod::zds;
+use crate::metrics::WorkloadManagerMetrics;
 
 /// Checks the capabilities the mode needs, then starts the ZDS session and
 /// the certificate prefetch for the node's workloads.
-pub fn start(node: &Node) -> anyhow::Result<Started> {
+/// The pod proxy counts are registered on `registry`.
+pub fn start(node: &Node, registry: &mut Registry) -> anyhow::Result<Started> {
     let config = &node.config;
     let home = HostNetns::open_and_probe(config.packet_mark)
         .context("the shared mode needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN (SO_MARK)")?;
-    let pods = Arc::new(Workloads::new(NodeParts {
-        config: Arc::clone(config),
-        state: node.state.clone(),
-        identities: node.identities.clone(),
-        metrics: Arc::clone(&node.metrics),
-        resolver: node.resolver.clone(),
-        capacity: Arc::clone(&node.capacity),
-        home,
-        data: node.data.handle().clone(),
-        drain: node.trigger.clone(),
-    }));
+    let pods = Arc::new(Workloads::new(
+        NodeParts {
+            config: Arc::clone(config),
+            state: node.state.clone(),
+            identities: node.identities.clone(),
+            metrics: Arc::clone(&node.metrics),
+            resolver: node.resolver.clone(),
+            capacity: Arc::clone(&node.capacity),
+            home,
+            data: node.data.handle().clone(),
+            drain: node.trigger.clone(),
+        },
+        WorkloadManagerMetrics::register(registry),
+    ));
     node.control.spawn(prefetch_node_certificates(
         node.state.clone(),
         node.identities.clone(),

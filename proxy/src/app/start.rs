@@ -26,9 +26,10 @@ use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
 use crate::inpod::zds::ProtocolError;
 use crate::memory;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::readiness::{self, Ready};
 use crate::resolve::{self, Resolver};
+use crate::revocation;
 use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
@@ -103,6 +104,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let state = SharedState::new(state);
     let (trigger, watcher) = drain::channel();
+    let crl = match &config.crl_path {
+        Some(path) => Some((path.clone(), revocation::load(path)?)),
+        None => None,
+    };
 
     let control_guard = control.enter();
     let own_identity = dedicated.as_ref().map(|(_, identity)| identity.clone());
@@ -111,6 +116,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let (identities, manager_task) =
         IdentityManager::new(client, async move { manager_drain.signaled().await });
     control.spawn(manager_task);
+    if let Some((path, installed)) = crl {
+        control.spawn(revocation::watch(path, installed, watcher.clone()));
+    }
     if let (Some(path), Some(version)) = (config.local_xds_path.clone(), version) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(
@@ -123,9 +131,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     drop(control_guard);
 
-    let (mut registry, metrics) = app::metrics_registry();
+    let (mut registry, metrics) = app::metrics_registry(&config.istio_version);
     let xds_metrics = XdsMetrics::register(&mut registry);
     let capacity = Capacity::register(&mut registry, config.max_connections);
+    metrics::register_process_and_runtime(&mut registry, data.handle().clone());
     let node = Node {
         config: Arc::clone(&config),
         control,
@@ -145,7 +154,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     start_xds(&node, xds_metrics)?;
     let started = match dedicated {
         Some((workload, identity)) => dedicated::start(&node, workload, identity)?,
-        None => shared::start(&node)?,
+        None => shared::start(&node, &mut registry)?,
     };
     let quit_requests = serve_operations(&node, registry, logs, started.pods.clone())?;
     tracing::info!(mode = ?config.mode, "ztunnel serving");
@@ -203,6 +212,7 @@ fn serve_operations(
             state: node.state.clone(),
             identities: node.identities.clone(),
             pods,
+            config: Arc::clone(&node.config),
         }),
         logs,
         quit: Arc::new(move || {

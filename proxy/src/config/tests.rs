@@ -83,11 +83,15 @@ fn defaults_follow_istio() {
 
 #[test]
 fn the_cpu_limit_sets_the_workers_unless_they_are_set() {
-    assert_eq!(parse(&[]).unwrap().worker_threads, 2);
-    assert_eq!(parse(&["--cpu-limit", "1"]).unwrap().worker_threads, 1);
-    assert_eq!(parse(&["--cpu-limit", "8"]).unwrap().worker_threads, 8);
+    // A quarter of the cores, at least 2 (the table is in config/workers.rs).
+    assert_eq!(parse(&["--cpu-limit", "1"]).unwrap().worker_threads, 2);
+    assert_eq!(parse(&["--cpu-limit", "32"]).unwrap().worker_threads, 8);
+    let limited = parse(&["--cpu-limit", "32", "--resource-cpu-limit", "1500m"]).unwrap();
+    assert_eq!(limited.worker_threads, 2);
     let both = parse(&["--cpu-limit", "8", "--worker-threads", "3"]).unwrap();
     assert_eq!(both.worker_threads, 3);
+    let share = parse(&["--cpu-limit", "8", "--worker-threads", "50%"]).unwrap();
+    assert_eq!(share.worker_threads, 4);
 }
 
 #[test]
@@ -148,7 +152,12 @@ fn bad_values_name_their_variable() {
             &["--pool-unused-release-timeout=-1s"],
             "POOL_UNUSED_RELEASE_TIMEOUT",
         ),
-        (&["--worker-threads", "0"], "ZTUNNEL_WORKER_THREADS"),
+        (&["--worker-threads", "0%"], "ZTUNNEL_WORKER_THREADS"),
+        (&["--resource-cpu-limit", "0"], "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+        (
+            &["--resource-cpu-request", "x"],
+            "ZTUNNEL_RESOURCE_CPU_REQUEST",
+        ),
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
         (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
         (&["--max-connections", "0"], "MAX_CONNECTIONS"),
@@ -182,11 +191,17 @@ fn istios_chart_arguments_run_the_proxy_and_its_words_are_understood() {
         Err(ConfigError::Args(error)) => Some(error.kind()),
         _ => None,
     };
-    assert_eq!(
-        kind(&["version"]),
-        Some(clap::error::ErrorKind::DisplayVersion)
-    );
-    assert_eq!(kind(&["help"]), Some(clap::error::ErrorKind::DisplayHelp));
+    let printed = |args: &[&str]| match parse(args) {
+        Err(ConfigError::Print(text)) => text,
+        other => panic!("{args:?}: {other:?}"),
+    };
+    for version in [&["version"][..], &["--version"], &["-V"]] {
+        assert!(
+            printed(version).starts_with("version.BuildInfo{Version:\""),
+            "{version:?}"
+        );
+    }
+    assert!(printed(&["help"]).contains("CA_ADDRESS"));
     assert_eq!(kind(&["serve"]), Some(clap::error::ErrorKind::InvalidValue));
 }
 
@@ -278,4 +293,36 @@ fn keepalive_values_the_kernel_refuses_fail_start_up() {
         let error = parse(&[flag]).unwrap_err();
         assert!(error.to_string().starts_with(name), "{flag}: {error}");
     }
+}
+
+#[test]
+fn ca_headers_and_the_alternative_ca_name_are_read() {
+    let env = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        Config::from_args_and_env(["ztunnel", "--alt-ca-hostname", "istiod.example"], pairs)
+    };
+    let config = env(&[("CA_HEADER_X_TENANT", "blue"), ("XDS_HEADER_X_OTHER", "1")]).unwrap();
+    assert_eq!(config.ca_headers.names().collect::<Vec<_>>(), ["x_tenant"]);
+    assert_eq!(config.ca_alt_hostname.as_deref(), Some("istiod.example"));
+    let Err(error) = env(&[("CA_HEADER_BAD NAME", "x")]) else {
+        panic!("a header name with a space is refused")
+    };
+    assert!(
+        ErrorChain(&error).to_string().contains("CA_HEADER_"),
+        "{error}"
+    );
+}
+
+#[test]
+fn crl_path_is_read() {
+    assert_eq!(
+        parse(&["--crl-path", "/etc/istio/crl/ca-crl.pem"])
+            .unwrap()
+            .crl_path,
+        Some(PathBuf::from("/etc/istio/crl/ca-crl.pem"))
+    );
+    assert_eq!(parse(&[]).unwrap().crl_path, None);
 }

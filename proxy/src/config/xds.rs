@@ -173,7 +173,7 @@ fn token_source(auth_token: Option<&str>) -> TokenSource {
 
 /// `(suffix, value)` of every variable named `<prefix><suffix>` with a
 /// non-empty suffix, in the order given.
-fn prefixed<'a>(
+pub(super) fn prefixed<'a>(
     env: &'a [(String, String)],
     prefix: &'a str,
 ) -> impl Iterator<Item = (&'a str, &'a str)> {

@@ -3,15 +3,22 @@
 //! file, the Bearer token re-read from its file on every call, `clusterid`,
 //! and `ImpersonatedIdentity` for any identity other than the proxy's own.
 //!
+//! Before each call the root file is read again: when its content changed
+//! (a rotated root) the channel is rebuilt on the new roots, so the next
+//! connection to the CA trusts them, as istio/ztunnel does; a new root that
+//! does not load keeps the old channel and is tried again next call.
+//!
 //! It fetches one certificate per call and keeps no cache; caching, refresh
 //! and retry are `manager.rs`'s business.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tonic::transport::Channel;
 use ztunnel_certs::cert::{CertError, WorkloadCertificate};
 use ztunnel_certs::csr::{CertRequest, CsrBuildError};
+use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::istio::v1::auth::IstioCertificateRequest;
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
@@ -53,6 +60,12 @@ pub struct CaClientConfig {
     /// The name the CA's certificate must carry; `None` means the host of
     /// `address`.
     pub server_name: Option<String>,
+    /// A second name the CA's certificate may carry instead
+    /// (`ALT_CA_HOSTNAME`).
+    pub alt_hostname: Option<String>,
+    /// Headers sent on every call besides the credentials
+    /// (`CA_HEADER_<NAME>`).
+    pub headers: ExtraHeaders,
 }
 
 /// Why the CA client could not be built or a certificate not fetched.
@@ -80,10 +93,53 @@ pub enum CaClientError {
 /// A connection to the CA; cheap to clone (the channel is shared).
 #[derive(Clone)]
 pub struct CaClient {
-    channel: Channel,
+    channel: Arc<Mutex<RootedChannel>>,
+    dial: Arc<DialSettings>,
     credentials: Credentials,
     validity_secs: i64,
     own_identity: Option<Identity>,
+}
+
+/// The channel, and the root file's content it was built on.
+struct RootedChannel {
+    channel: Channel,
+    root_pem: Vec<u8>,
+}
+
+/// What a channel is built from, kept to rebuild it on a new root.
+struct DialSettings {
+    address: ControlPlaneAddress,
+    root_ca: PathBuf,
+    server_name: Option<String>,
+    alt_hostname: Option<String>,
+}
+
+impl DialSettings {
+    /// A lazy channel trusting the roots in `root_pem`.
+    fn channel(&self, root_pem: &[u8]) -> Result<Channel, ControlPlaneError> {
+        let roots = RootSource::Pem(String::from_utf8_lossy(root_pem).into_owned())
+            .load()
+            .map_err(|error| match error {
+                ControlPlaneError::RootInvalid { reason, .. } => ControlPlaneError::RootInvalid {
+                    origin: self.root_ca.display().to_string(),
+                    reason,
+                },
+                other => other,
+            })?;
+        let dialer = Dialer::new(
+            &self.address,
+            client_tls_config(roots, self.alt_hostname.as_deref())?,
+            self.server_name.as_deref(),
+        )?;
+        Ok(dialer.lazy_channel(REQUEST_TIMEOUT))
+    }
+
+    fn read_root(&self) -> Result<Vec<u8>, ControlPlaneError> {
+        std::fs::read(&self.root_ca).map_err(|source| ControlPlaneError::RootRead {
+            path: self.root_ca.clone(),
+            source,
+        })
+    }
 }
 
 impl CaClient {
@@ -95,24 +151,56 @@ impl CaClient {
         if address.require_tls().is_err() {
             return Err(CaClientError::InsecureAddress(config.address.clone()));
         }
-        let roots = RootSource::File(config.root_ca.clone()).load()?;
-        let dialer = Dialer::new(
-            &address,
-            client_tls_config(roots, None)?,
-            config.server_name.as_deref(),
-        )?;
+        let dial = DialSettings {
+            address,
+            root_ca: config.root_ca.clone(),
+            server_name: config.server_name.clone(),
+            alt_hostname: config.alt_hostname.clone(),
+        };
+        let root_pem = dial.read_root()?;
+        let channel = dial.channel(&root_pem)?;
         let token = config
             .token
             .clone()
             .map_or(TokenSource::None, TokenSource::File);
         let credentials =
-            Credentials::new(token, Some(&config.cluster_id), ExtraHeaders::default())?;
+            Credentials::new(token, Some(&config.cluster_id), config.headers.clone())?;
         Ok(CaClient {
-            channel: dialer.lazy_channel(REQUEST_TIMEOUT),
+            channel: Arc::new(Mutex::new(RootedChannel { channel, root_pem })),
+            dial: Arc::new(dial),
             credentials,
             validity_secs: i64::try_from(config.secret_ttl.as_secs()).unwrap_or(i64::MAX),
             own_identity: config.own_identity.clone(),
         })
+    }
+
+    /// The channel to call on: rebuilt first when the root file's content
+    /// changed and the new root loads. A root file that cannot be read or
+    /// does not load leaves the channel as it is, with a warning.
+    fn channel(&self) -> Channel {
+        let current = self.dial.read_root();
+        let mut rooted = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
+        match current {
+            Ok(pem) if pem != rooted.root_pem => match self.dial.channel(&pem) {
+                Ok(channel) => {
+                    tracing::info!(path = %self.dial.root_ca.display(), "CA root changed; reconnecting with it");
+                    *rooted = RootedChannel {
+                        channel,
+                        root_pem: pem,
+                    };
+                }
+                Err(error) => tracing::warn!(
+                    error = %ErrorChain(&error),
+                    "the changed CA root does not load; keeping the previous one"
+                ),
+            },
+            Ok(_) => {}
+            Err(error) => tracing::warn!(
+                error = %ErrorChain(&error),
+                "the CA root cannot be read; keeping the previous one"
+            ),
+        }
+        rooted.channel.clone()
     }
 
     /// Fetches a certificate for `identity` with a freshly generated key. The
@@ -138,7 +226,7 @@ impl CaClient {
         });
         self.credentials.apply(request.metadata_mut()).await?;
 
-        let mut client = IstioCertificateServiceClient::new(self.channel.clone());
+        let mut client = IstioCertificateServiceClient::new(self.channel());
         let response = client.create_certificate(request).await?.into_inner();
         Ok(WorkloadCertificate::from_ca_response(
             &response.cert_chain,
@@ -170,6 +258,8 @@ mod tests {
             secret_ttl: Duration::from_secs(3600),
             own_identity: None,
             server_name: None,
+            alt_hostname: None,
+            headers: ExtraHeaders::default(),
         }
     }
 

@@ -101,17 +101,16 @@ pub enum CertificateState {
     },
 }
 
-/// One identity as `/config_dump` shows it: never the key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One identity as `/config_dump` shows it. The certificate is shared, key
+/// and all: whoever renders the summary shows only its public parts.
+#[derive(Debug, Clone)]
 pub struct CertificateSummary {
     /// The identity served.
     pub identity: Identity,
     /// Where its certificate stands.
     pub state: CertificateState,
-    /// Validity of the cached certificate, if any.
-    pub not_before: Option<SystemTime>,
-    /// Expiry of the cached certificate, if any.
-    pub not_after: Option<SystemTime>,
+    /// The cached certificate, if any: the chain and roots to show.
+    pub certificate: Option<Arc<WorkloadCertificate>>,
     /// When the next refresh or retry is due, if one is scheduled.
     pub refresh_at: Option<SystemTime>,
 }
@@ -366,12 +365,10 @@ fn summary(identity: &Identity, entry: &CacheEntry) -> CertificateSummary {
         (None, Some(_)) => CertificateState::Available,
         (None, None) => CertificateState::Pending,
     };
-    let certificate = entry.certificate();
     CertificateSummary {
         identity: identity.clone(),
         state,
-        not_before: certificate.map(|certificate| certificate.not_before()),
-        not_after: certificate.map(|certificate| certificate.not_after()),
+        certificate: entry.certificate().cloned(),
         refresh_at: entry.next_fetch(),
     }
 }

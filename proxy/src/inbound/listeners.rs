@@ -24,8 +24,8 @@ use crate::capacity::Slot;
 use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, X_FORWARDED_NETWORK, accept_tls,
-    serve_connection,
+    Authority, InboundHandler, InboundRefusal, InboundRequest, ServerError, X_FORWARDED_NETWORK,
+    accept_tls, serve_connection,
 };
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
@@ -33,6 +33,7 @@ use crate::inbound::tracker::TrackedGuard;
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
+use crate::revocation;
 use crate::socket::{canonical, original_destination};
 
 /// An admitted, connected application socket with what its close reports.
@@ -502,6 +503,11 @@ async fn handshake_and_serve(
     let (tls, peer_identity) = match accepted {
         Ok(accepted) => accepted,
         Err(error) => {
+            if let ServerError::Tls(handshake) = &error
+                && revocation::revoked(handshake)
+            {
+                proxy.metrics.record_crl_rejection(Reporter::Destination);
+            }
             tracing::warn!(%peer, error = %ErrorChain(&error), "HBONE TLS handshake failed");
             return;
         }

@@ -29,7 +29,7 @@ use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
 use crate::inpod::{PodInfo, PodProxies, StartError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WorkloadManagerMetrics};
 use crate::outbound;
 use crate::pool::Pool;
 use crate::resolve::Resolver;
@@ -65,6 +65,8 @@ pub struct NodeParts {
 /// The pods served, keyed by uid.
 pub struct Workloads {
     node: NodeParts,
+    /// How many pod proxies run, started and stopped.
+    counts: WorkloadManagerMetrics,
     h2: H2Settings,
     pods: Mutex<HashMap<Arc<str>, Served>>,
     /// The pods' proxies by pod name, for the same-node path; `None` when
@@ -83,8 +85,8 @@ struct Served {
 }
 
 impl Workloads {
-    /// No pods yet.
-    pub fn new(node: NodeParts) -> Workloads {
+    /// No pods yet; `counts` follows the pods served.
+    pub fn new(node: NodeParts, counts: WorkloadManagerMetrics) -> Workloads {
         let h2 = app::h2_settings(&node.config);
         let local_pods = node
             .config
@@ -93,10 +95,22 @@ impl Workloads {
             .then(|| Arc::new(LocalPods::default()));
         Workloads {
             node,
+            counts,
             h2,
             pods: Mutex::default(),
             local_pods,
         }
+    }
+
+    /// The pods served, sorted by uid, for `/config_dump`.
+    pub fn pods(&self) -> Vec<PodInfo> {
+        let mut pods: Vec<PodInfo> = self
+            .lock()
+            .values()
+            .map(|served| served.info.clone())
+            .collect();
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        pods
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Served>> {
@@ -191,6 +205,7 @@ impl Workloads {
     /// Stops a pod that left, at once. Its certificate is the state's
     /// business ([`prefetch_node_certificates`]): another pod may share it.
     fn stop(&self, served: Served) {
+        self.counts.stopped(self.lock().len());
         tracing::info!(
             uid = %served.info.uid,
             pod = %served.info.workload.name,
@@ -240,8 +255,13 @@ impl PodProxies for Workloads {
             trigger,
             proxy,
         };
-        let replaced = self.lock().insert(Arc::clone(&pod.uid), served);
+        let (replaced, active) = {
+            let mut pods = self.lock();
+            (pods.insert(Arc::clone(&pod.uid), served), pods.len())
+        };
+        self.counts.started(active);
         if let Some(replaced) = replaced {
+            self.counts.stopped(active);
             tracing::info!(uid = %pod.uid, "pod's network namespace changed: proxy replaced");
             self.forget(&replaced);
             self.drain_now(replaced.trigger);

@@ -121,6 +121,10 @@ pub struct PeerLabels {
     pub version: LabelValue,
     /// The workload's cluster.
     pub cluster: LabelValue,
+    /// The workload's region; Istio's dashboards group by it.
+    pub region: LabelValue,
+    /// The workload's zone.
+    pub zone: LabelValue,
 }
 
 /// The destination service labels.
@@ -132,19 +136,6 @@ pub struct ServiceLabels {
     pub namespace: LabelValue,
     /// The service's short name.
     pub name: LabelValue,
-}
-
-/// Region and zone of both sides; exposed only when known.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub struct LocalityLabels {
-    /// The source workload's region.
-    pub source_region: LabelValue,
-    /// The source workload's zone.
-    pub source_zone: LabelValue,
-    /// The destination workload's region.
-    pub destination_region: LabelValue,
-    /// The destination workload's zone.
-    pub destination_zone: LabelValue,
 }
 
 /// The traffic labels of WIRE.md §10. Encoded by hand so the order is the
@@ -163,8 +154,6 @@ pub struct TrafficLabels {
     pub response_flags: ResponseFlags,
     /// mTLS or not.
     pub security_policy: SecurityPolicy,
-    /// Present only when the locality of the workloads is known.
-    pub locality: Option<LocalityLabels>,
 }
 
 impl TrafficLabels {
@@ -177,7 +166,6 @@ impl TrafficLabels {
             destination: PeerLabels::default(),
             response_flags: ResponseFlags::None,
             security_policy: SecurityPolicy::Unknown,
-            locality: None,
         }
     }
 }
@@ -190,7 +178,7 @@ impl EncodeLabelSet for TrafficLabels {
             .as_slice()
             .encode(encoder)?;
         source_labels(source).as_slice().encode(encoder)?;
-        let labels: [(&str, &str); 14] = [
+        let labels: [(&str, &str); 18] = [
             ("destination_service", service.service.as_str()),
             ("destination_service_namespace", service.namespace.as_str()),
             ("destination_service_name", service.name.as_str()),
@@ -214,18 +202,14 @@ impl EncodeLabelSet for TrafficLabels {
             ("request_protocol", "tcp"),
             ("response_flags", self.response_flags.as_str()),
             ("connection_security_policy", self.security_policy.as_str()),
+            // Always present and last, `unknown` without a locality, as
+            // istio/ztunnel writes them.
+            ("source_region", source.region.as_str()),
+            ("source_zone", source.zone.as_str()),
+            ("destination_region", destination.region.as_str()),
+            ("destination_zone", destination.zone.as_str()),
         ];
-        labels.as_slice().encode(encoder)?;
-        if let Some(locality) = &self.locality {
-            let labels = [
-                ("source_region", locality.source_region.as_str()),
-                ("source_zone", locality.source_zone.as_str()),
-                ("destination_region", locality.destination_region.as_str()),
-                ("destination_zone", locality.destination_zone.as_str()),
-            ];
-            labels.as_slice().encode(encoder)?;
-        }
-        Ok(())
+        labels.as_slice().encode(encoder)
     }
 }
 

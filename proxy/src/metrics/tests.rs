@@ -59,7 +59,8 @@ fn traffic_labels_are_exposed_in_wire_order_with_unknown_for_missing() {
          destination_workload_namespace=\"b\",destination_principal=\"unknown\",\
          destination_app=\"unknown\",destination_version=\"unknown\",\
          destination_cluster=\"unknown\",request_protocol=\"tcp\",response_flags=\"-\",\
-         connection_security_policy=\"mutual_tls\"} 1"
+         connection_security_policy=\"mutual_tls\",source_region=\"unknown\",\
+         source_zone=\"unknown\",destination_region=\"unknown\",destination_zone=\"unknown\"} 1"
     );
     assert_eq!(lines_of(&text, "istio_tcp_sent_bytes_total").len(), 1);
     drop(connection);
@@ -120,7 +121,12 @@ fn sockets_open_follows_open_and_close_including_a_dropped_handle() {
 fn build_and_policy_close_have_their_exact_names() {
     let (registry, metrics) = registry_with_metrics();
     metrics.record_policy_close(Reporter::Destination);
+    metrics.record_crl_rejection(Reporter::Source);
     let text = encode(&registry).unwrap();
+    assert!(
+        text.contains("istio_crl_policy_rejections_total{reporter=\"source\"} 1"),
+        "{text}"
+    );
     assert!(
         text.contains("istio_build{component=\"ztunnel\",tag=\"1.2.3\"} 1"),
         "{text}"
@@ -132,29 +138,40 @@ fn build_and_policy_close_have_their_exact_names() {
 }
 
 #[test]
-fn locality_labels_follow_the_traffic_labels_only_when_known() {
+fn locality_labels_come_last_and_read_unknown_when_not_known() {
     let (registry, metrics) = registry_with_metrics();
     let mut labels = inbound_labels();
-    labels.locality = Some(LocalityLabels {
-        source_region: "eu".into(),
-        source_zone: "eu-1".into(),
-        destination_region: "eu".into(),
-        destination_zone: "eu-2".into(),
-    });
+    labels.source.region = "eu".into();
+    labels.source.zone = "eu-1".into();
+    labels.destination.region = "eu".into();
+    labels.destination.zone = "eu-2".into();
     let with_locality = metrics.open(labels);
     let without = metrics.open(inbound_labels());
     let text = encode(&registry).unwrap();
     let opened = lines_of(&text, "istio_tcp_connections_opened_total");
     assert_eq!(opened.len(), 2);
-    let located: Vec<_> = opened
-        .iter()
-        .filter(|line| line.contains("source_region"))
-        .collect();
-    assert_eq!(located.len(), 1);
-    assert!(located[0].contains(
-        "connection_security_policy=\"mutual_tls\",source_region=\"eu\",source_zone=\"eu-1\",\
-         destination_region=\"eu\",destination_zone=\"eu-2\"}"
-    ));
+    for (locality, count) in [
+        (
+            "source_region=\"eu\",source_zone=\"eu-1\",\
+             destination_region=\"eu\",destination_zone=\"eu-2\"}",
+            1,
+        ),
+        (
+            "source_region=\"unknown\",source_zone=\"unknown\",\
+             destination_region=\"unknown\",destination_zone=\"unknown\"}",
+            1,
+        ),
+    ] {
+        let after_policy = format!("connection_security_policy=\"mutual_tls\",{locality}");
+        assert_eq!(
+            opened
+                .iter()
+                .filter(|line| line.contains(&after_policy))
+                .count(),
+            count,
+            "{text}"
+        );
+    }
     drop((with_locality, without));
 }
 

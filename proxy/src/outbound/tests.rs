@@ -43,6 +43,12 @@ fn every_outbound_failure_maps_to_one_flag() {
             tunnel(HboneError::Tls(io_error().into())),
             ResponseFlags::TlsFailure,
         ),
+        (
+            tunnel(HboneError::Tls(
+                rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked).into(),
+            )),
+            ResponseFlags::CertRevoked,
+        ),
         (tunnel(HboneError::NoAlpnH2), ResponseFlags::Connect),
         (
             tunnel(HboneError::H2(h2::Reason::PROTOCOL_ERROR.into())),

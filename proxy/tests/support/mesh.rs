@@ -50,6 +50,7 @@ workloads:
   workloadIps: [{SERVER_IP}]
   protocol: HBONE
   node: node-b
+  locality: {{region: eu, zone: eu-1}}
   services:
     default/echo.default.svc.cluster.local: {{80: 8080}}
 - uid: uid-legacy

@@ -1,0 +1,180 @@
+//! How many worker threads the data-plane runtime gets, as istio/ztunnel
+//! derives it from the container's CPU limit and request (AMBIENT.md §8.2).
+//! Pure: the caller passes the raw settings and the machine's logical CPUs.
+
+use super::ValueError;
+
+/// The fewest workers the default gives a proxy whose limit is not known.
+const DEFAULT_MIN_WORKERS: usize = 2;
+
+/// Without a known limit the default takes this share of the cores, so a
+/// proxy on a large node does not start a thread per core it may never get.
+const DEFAULT_CORE_SHARE_PERCENT: u64 = 25;
+
+/// The raw settings, as given.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WorkerSettings<'a> {
+    /// `ZTUNNEL_WORKER_THREADS`: `N`, `0` (every core) or `N%` of the cores.
+    pub worker_threads: Option<&'a str>,
+    /// `ZTUNNEL_RESOURCE_CPU_LIMIT`: a Kubernetes quantity (`2`, `1.5`, `500m`).
+    pub resource_cpu_limit: Option<&'a str>,
+    /// `ZTUNNEL_RESOURCE_CPU_REQUEST`: a Kubernetes quantity.
+    pub resource_cpu_request: Option<&'a str>,
+    /// `ZTUNNEL_CPU_LIMIT`: whole cores (the node's when unlimited).
+    pub cpu_limit: Option<usize>,
+}
+
+/// Which setting a bad value came from, for the error.
+pub type Blame = (&'static str, ValueError);
+
+/// The worker count, at least 1; `logical_cpus` stands in when nothing
+/// says how many cores the proxy has.
+pub fn worker_threads(settings: WorkerSettings<'_>, logical_cpus: usize) -> Result<usize, Blame> {
+    let limit = quantity(settings.resource_cpu_limit)
+        .map_err(|error| ("ZTUNNEL_RESOURCE_CPU_LIMIT", error))?;
+    let request = quantity(settings.resource_cpu_request)
+        .map_err(|error| ("ZTUNNEL_RESOURCE_CPU_REQUEST", error))?;
+    let cores = limit.or(settings.cpu_limit).unwrap_or(logical_cpus);
+    let workers = match settings.worker_threads {
+        Some(text) => explicit(text, cores).map_err(|error| ("ZTUNNEL_WORKER_THREADS", error))?,
+        None => match limit {
+            Some(limit) => limit.max(request.unwrap_or(0)),
+            None => share(cores, DEFAULT_CORE_SHARE_PERCENT)
+                .max(request.unwrap_or(0))
+                .max(DEFAULT_MIN_WORKERS),
+        },
+    };
+    Ok(workers.max(1))
+}
+
+/// `ZTUNNEL_WORKER_THREADS`: `N%` of `cores` (0 < N ≤ 100, rounded up),
+/// `0` for every core, or a count.
+fn explicit(text: &str, cores: usize) -> Result<usize, ValueError> {
+    let bad = || {
+        ValueError::Range(
+            text.to_owned(),
+            "a count, or a percentage above 0 up to 100%",
+        )
+    };
+    match text.strip_suffix('%') {
+        Some(percent) => {
+            let percent: f64 = percent.trim().parse().map_err(|_| bad())?;
+            if !(percent > 0.0 && percent <= 100.0) {
+                return Err(bad());
+            }
+            // Hundredths of a percent are as fine as anyone sets it.
+            let hundredths = (percent * 100.0).round() as u64;
+            Ok(ceil_div(cores as u64 * hundredths, 100 * 100).max(1))
+        }
+        None => match text.trim().parse::<usize>().map_err(|_| bad())? {
+            0 => Ok(cores),
+            count => Ok(count),
+        },
+    }
+}
+
+/// `percent`% of `cores`, rounded up.
+fn share(cores: usize, percent: u64) -> usize {
+    ceil_div(cores as u64 * percent, 100)
+}
+
+fn ceil_div(numerator: u64, denominator: u64) -> usize {
+    usize::try_from(numerator.div_ceil(denominator)).unwrap_or(usize::MAX)
+}
+
+/// A Kubernetes CPU quantity in whole cores, rounded up: `2`, `1.5` (2),
+/// `500m` (1). Zero, negative and non-numbers are refused.
+fn quantity(text: Option<&str>) -> Result<Option<usize>, ValueError> {
+    let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ValueError::Range(
+            text.to_owned(),
+            "a CPU quantity above 0 such as 2, 1.5 or 500m",
+        )
+    };
+    let cores = match text.strip_suffix('m') {
+        Some(millis) => millis.parse::<f64>().map(|millis| millis / 1000.0),
+        None => text.parse::<f64>(),
+    }
+    .map_err(|_| bad())?;
+    if !(cores.is_finite() && cores > 0.0) {
+        return Err(bad());
+    }
+    Ok(Some(cores.ceil() as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_follow_istios_rules() {
+        let none = WorkerSettings::default();
+        let with = |worker_threads, limit, request, cpu_limit| WorkerSettings {
+            worker_threads,
+            resource_cpu_limit: limit,
+            resource_cpu_request: request,
+            cpu_limit,
+        };
+        // (settings, logical cpus, workers): AMBIENT.md §8.2's examples first.
+        let table = [
+            (with(Some("4"), None, None, None), 16, 4),
+            (with(Some("50%"), None, None, Some(8)), 16, 4),
+            (with(Some("30%"), None, None, Some(16)), 64, 5),
+            (with(Some("10%"), None, None, Some(4)), 64, 1),
+            (with(None, Some("16"), None, None), 64, 16),
+            (with(None, Some("1"), None, None), 64, 1),
+            (with(None, Some("500m"), None, None), 64, 1),
+            (with(None, Some("2500m"), None, None), 64, 3),
+            (with(None, Some("1.5"), None, None), 64, 2),
+            (with(None, None, None, Some(32)), 64, 8),
+            (with(None, Some("4"), Some("8"), None), 64, 8),
+            (with(Some("0"), None, None, Some(6)), 64, 6),
+            // No limit at all: a quarter of the logical cores, at least 2.
+            (none, 64, 16),
+            (none, 4, 2),
+            // The request raises the default; the resource limit wins over
+            // ZTUNNEL_CPU_LIMIT as the core count.
+            (with(None, None, Some("6"), None), 8, 6),
+            (with(Some("100%"), Some("3"), None, Some(32)), 64, 3),
+        ];
+        for (settings, logical_cpus, expected) in table {
+            assert_eq!(
+                worker_threads(settings, logical_cpus),
+                Ok(expected),
+                "{settings:?} on {logical_cpus} cpus"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_name_their_setting() {
+        let table = [
+            (Some("0%"), None, "ZTUNNEL_WORKER_THREADS"),
+            (Some("101%"), None, "ZTUNNEL_WORKER_THREADS"),
+            (Some("many"), None, "ZTUNNEL_WORKER_THREADS"),
+            (Some("-1"), None, "ZTUNNEL_WORKER_THREADS"),
+            (None, Some("0"), "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+            (None, Some("-2"), "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+            (None, Some("lots"), "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+            (None, Some("NaN"), "ZTUNNEL_RESOURCE_CPU_LIMIT"),
+        ];
+        for (worker_threads, limit, setting) in table {
+            let settings = WorkerSettings {
+                worker_threads,
+                resource_cpu_limit: limit,
+                ..WorkerSettings::default()
+            };
+            let blamed = worker_threads_blame(settings);
+            assert_eq!(blamed, Some(setting), "{settings:?}");
+        }
+    }
+
+    fn worker_threads_blame(settings: WorkerSettings<'_>) -> Option<&'static str> {
+        worker_threads(settings, 4)
+            .err()
+            .map(|(setting, _)| setting)
+    }
+}

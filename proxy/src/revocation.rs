@@ -1,0 +1,135 @@
+//! Istio's `CRL_PATH`: the revocation lists peers are checked against,
+//! read at start-up and read again whenever the file's content changes, so
+//! that a revoked peer is refused from the next handshake on. Parsing and
+//! checking are `ztunnel_certs::tls::revocation`'s; this module reads the
+//! file. Connections already open stay open.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::tls::record::HandshakeError;
+use ztunnel_certs::tls::revocation::{self, RevocationError, RevocationLists};
+
+use crate::drain::DrainWatcher;
+
+/// How often the file is read for changes: a revocation applies within
+/// this long, for a read of a small file.
+const POLL: Duration = Duration::from_secs(5);
+
+/// Why the revocation file was refused at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum CrlError {
+    /// The file exists but cannot be read.
+    #[error("reading the revocation lists {path}")]
+    Read {
+        /// `CRL_PATH`.
+        path: PathBuf,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// The file does not hold revocation lists.
+    #[error("the revocation lists {path}")]
+    Parse {
+        /// `CRL_PATH`.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: RevocationError,
+    },
+}
+
+/// Whether a handshake failed because the peer's chain is revoked: the
+/// `CERT_REVOKED` flag and `istio_crl_policy_rejections_total`.
+pub fn revoked(error: &HandshakeError) -> bool {
+    matches!(
+        error,
+        HandshakeError::Tls(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Revoked
+        ))
+    )
+}
+
+/// Reads and installs the lists at start-up; a missing file installs none
+/// (it is looked for again at every poll), a malformed one is an error.
+/// Returns the content installed.
+pub fn load(path: &Path) -> Result<Option<Vec<u8>>, CrlError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(path = %path.display(), "CRL_PATH does not exist yet: no certificate is revoked until it does");
+            return Ok(None);
+        }
+        Err(source) => {
+            return Err(CrlError::Read {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let lists = RevocationLists::parse(&bytes).map_err(|source| CrlError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    tracing::info!(path = %path.display(), lists = lists.len(), "revocation lists in force");
+    revocation::install(lists);
+    Ok(Some(bytes))
+}
+
+/// Reads the file every 5 s (`POLL`) until `drain` signals, and installs its
+/// lists when its content changed. A changed file that does not parse
+/// keeps the lists in force, with a warning.
+pub async fn watch(path: PathBuf, mut installed: Option<Vec<u8>>, drain: DrainWatcher) {
+    loop {
+        tokio::select! {
+            () = drain.signaled() => return,
+            () = tokio::time::sleep(POLL) => {}
+        }
+        let Ok(bytes) = tokio::fs::read(&path).await else {
+            continue;
+        };
+        if installed.as_ref() == Some(&bytes) {
+            continue;
+        }
+        match RevocationLists::parse(&bytes) {
+            Ok(lists) => {
+                tracing::info!(path = %path.display(), lists = lists.len(), "revocation lists changed");
+                revocation::install(lists);
+                installed = Some(bytes);
+            }
+            Err(error) => tracing::warn!(
+                path = %path.display(),
+                error = %ErrorChain(&error),
+                "the changed revocation lists do not parse; keeping those in force"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_file_revokes_nothing_yet_and_a_malformed_one_stops_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crl.pem");
+        assert!(matches!(load(&path), Ok(None)));
+
+        std::fs::write(
+            &path,
+            "-----BEGIN X509 CRL-----\n!!!!\n-----END X509 CRL-----\n",
+        )
+        .unwrap();
+        assert!(matches!(load(&path), Err(CrlError::Parse { .. })));
+        std::fs::write(&path, "not a list").unwrap();
+        let error = load(&path).unwrap_err();
+        assert!(
+            ErrorChain(&error).to_string().contains("crl.pem"),
+            "{error}"
+        );
+
+        // An empty file is a valid file that revokes nothing.
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(load(&path).unwrap(), Some(Vec::new()));
+    }
+}
