@@ -19,11 +19,13 @@ use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::control_plane::ControlPlaneError;
 
+mod dns;
 mod keepalive;
 pub mod local;
 mod value;
 mod xds;
 
+pub use dns::{DnsSettings, DnsUpstream};
 pub use value::{ValueError, WorkloadInfo, parse_duration};
 pub use xds::{DEFAULT_TOKEN_PATH, DEFAULT_XDS_ADDRESS, NodeSettings, XdsSettings};
 
@@ -124,6 +126,8 @@ pub struct Config {
     pub localhost_app_tunnel: bool,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
+    /// The DNS proxy.
+    pub dns: DnsSettings,
 }
 
 /// How the shared (in-pod) mode reaches the node agent and opens pod sockets
@@ -305,6 +309,8 @@ struct Args {
     packet_mark: Option<u32>,
     #[command(flatten)]
     keepalive: keepalive::KeepaliveArgs,
+    #[command(flatten)]
+    dns: dns::DnsArgs,
     /// Data-plane worker threads [default: ZTUNNEL_CPU_LIMIT when set, else 2].
     #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
     worker_threads: Option<usize>,
@@ -641,6 +647,7 @@ impl Args {
                 same_node_shortcut: self.same_node_shortcut,
                 same_node_splice: self.same_node_splice,
             },
+            dns: self.dns.parse()?,
         })
     }
 }

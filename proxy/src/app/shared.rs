@@ -23,6 +23,7 @@ pub fn start(node: &Node) -> anyhow::Result<Started> {
         identities: node.identities.clone(),
         metrics: Arc::clone(&node.metrics),
         resolver: node.resolver.clone(),
+        dns: node.dns.clone(),
         home,
         data: node.data.handle().clone(),
         drain: node.trigger.clone(),

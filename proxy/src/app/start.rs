@@ -20,6 +20,7 @@ use crate::app::{self, dedicated, shared};
 use crate::config::{Config, ProxyMode};
 use crate::context;
 use crate::discovery;
+use crate::dns::server::Dns;
 use crate::drain::{self, DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
@@ -49,6 +50,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// The resolver of hostname endpoints, on ztunnel's own resolv.conf.
     pub resolver: Resolver,
+    /// The DNS proxy every pod's listeners share; `None` when it is off.
+    pub dns: Option<Arc<Dns>>,
     /// Start-up tasks the readiness endpoint waits for.
     pub ready: Ready,
     /// The node's drain, held by every task.
@@ -122,6 +125,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let (mut registry, metrics) = app::metrics_registry();
     let xds_metrics = XdsMetrics::register(&mut registry);
+    let dns = Dns::from_config(&config, &mut registry);
     let node = Node {
         config: Arc::clone(&config),
         control,
@@ -133,6 +137,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             Path::new(resolve::RESOLV_CONF),
             config.inpod.ipv6_enabled,
         ),
+        dns,
         ready: Ready::new(),
         drain: watcher,
         trigger,

@@ -8,12 +8,13 @@
 //! client's resolver retries), and a TCP connection past
 //! [`TCP_CONNECTIONS`] is closed at once.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
@@ -24,8 +25,10 @@ use super::answer::{self, Client, Decision, Settings};
 use super::forward::{self, Forwarder};
 use super::metrics::{DnsLabels, DnsMetrics};
 use super::wire::{self, Transport};
+use crate::config::{Config, DnsUpstream};
 use crate::context::Proxy;
 use crate::metrics::LabelValue;
+use crate::socket::{self, Keepalive};
 use crate::state::Workload;
 
 /// UDP queries of one pod answered or forwarded at once. A forwarded query
@@ -47,6 +50,101 @@ pub struct Dns {
     pub forwarder: Forwarder,
     /// `istio_dns_*`.
     pub metrics: DnsMetrics,
+}
+
+impl Dns {
+    /// The DNS proxy of `config`, its metrics registered on `registry`;
+    /// `None` when it is off. An upstream configuration that cannot be
+    /// read is logged, and the proxy then answers the mesh's names and
+    /// SERVFAIL to the rest.
+    pub fn from_config(config: &Config, registry: &mut Registry) -> Option<Arc<Dns>> {
+        let settings = &config.dns;
+        if !settings.enabled {
+            tracing::info!("DNS proxy off (ISTIO_META_DNS_CAPTURE)");
+            return None;
+        }
+        let forwarder = match &settings.upstream {
+            DnsUpstream::Servers(servers) => Forwarder::new(servers.clone()),
+            DnsUpstream::ResolvConf(path) => {
+                Forwarder::from_resolv_conf(path).unwrap_or_else(|error| {
+                    tracing::error!(error = %ErrorChain(&error), "the DNS proxy forwards nothing: every name outside the mesh gets SERVFAIL");
+                    Forwarder::new(Vec::new())
+                })
+            }
+        };
+        tracing::info!(port = settings.port, upstreams = ?forwarder.upstreams(), "DNS proxy on");
+        Some(Arc::new(Dns {
+            settings: Settings {
+                cluster_domain: Arc::clone(&settings.cluster_domain),
+                ipv6: config.inpod.ipv6_enabled,
+                preferred_namespace: settings.preferred_namespace.clone(),
+            },
+            forwarder,
+            metrics: DnsMetrics::register(registry),
+        }))
+    }
+}
+
+/// The DNS proxy's sockets in one network namespace, still plain std
+/// sockets: the caller registers them with the data-plane runtime.
+#[derive(Debug)]
+pub struct Listeners {
+    /// 127.0.0.1, then ::1 when bound.
+    pub udp: Vec<std::net::UdpSocket>,
+    /// The same addresses.
+    pub tcp: Vec<std::net::TcpListener>,
+}
+
+/// Binds UDP and TCP `port` on 127.0.0.1, and on ::1 when `ipv6` is on and
+/// the namespace's loopback has it (WIRE.md §1), in the calling thread's
+/// namespace, each with `mark` and, when `reuse_port`, SO_REUSEPORT.
+pub fn bind_listeners(
+    port: u16,
+    ipv6: bool,
+    mark: Option<u32>,
+    reuse_port: bool,
+) -> std::io::Result<Listeners> {
+    let mut listeners = Listeners {
+        udp: Vec::new(),
+        tcp: Vec::new(),
+    };
+    let options = |socket: &socket2::Socket| socket.set_reuse_port(reuse_port);
+    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    listeners.udp.push(socket::udp_listen(v4, mark, options)?);
+    listeners
+        .tcp
+        .push(socket::listen(v4, mark, Keepalive::OFF, options)?);
+    if ipv6 {
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+        match socket::udp_listen(v6, mark, options) {
+            Ok(udp) => {
+                listeners.udp.push(udp);
+                let tcp = socket::listen(v6, mark, Keepalive::OFF, |socket| {
+                    socket.set_only_v6(true)?;
+                    options(socket)
+                })?;
+                listeners.tcp.push(tcp);
+            }
+            // A loopback without IPv6: the pod has no ::1 to ask.
+            Err(error) if error.kind() == std::io::ErrorKind::AddrNotAvailable => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(listeners)
+}
+
+/// Serves `listeners` for `proxy`'s workload on the current runtime until
+/// the drain.
+pub fn serve(proxy: &Arc<Proxy>, dns: &Arc<Dns>, listeners: Listeners) -> std::io::Result<()> {
+    for udp in listeners.udp {
+        let udp = UdpSocket::from_std(udp)?;
+        tokio::spawn(serve_udp(Arc::clone(proxy), Arc::clone(dns), udp));
+    }
+    for tcp in listeners.tcp {
+        let tcp = TcpListener::from_std(tcp)?;
+        tokio::spawn(serve_tcp(Arc::clone(proxy), Arc::clone(dns), tcp));
+    }
+    Ok(())
 }
 
 /// Serves UDP queries on `socket` for `proxy`'s workload until the drain.
