@@ -12,6 +12,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
 
@@ -32,6 +34,9 @@ const MESH_ONLY: (&str, &str) = ("only.mesh.internal", "198.19.0.11");
 /// A service with more VIPs than one UDP response carries.
 const MANY: &str = "many.default.svc.cluster.local";
 const MANY_COUNT: u8 = 100;
+/// Bounds of the flood one pod sends.
+const FLOOD_COUNT: usize = 200_000;
+const FLOOD_TIME: Duration = Duration::from_secs(20);
 
 /// The cluster, its nameserver, and the client pod's resolv.conf.
 struct Setup {
@@ -296,6 +301,66 @@ fn a_connection_to_a_name_the_proxy_answered_reaches_the_service_through_ztunnel
         "delivered with the client's identity:\n{}",
         logs(&setup.cluster)
     );
+}
+
+#[test]
+fn a_pod_flooding_its_resolver_does_not_starve_another_pods_queries() {
+    let Some(setup) = start("dns-flood", true, &[]) else {
+        return;
+    };
+    // The server pod sends queries as fast as it can, without waiting for
+    // answers, half of them forwarded, for at most FLOOD_TIME or
+    // FLOOD_COUNT queries.
+    let flooder = setup.cluster.pod("server").unwrap();
+    let socket = flooder
+        .ns
+        .run(|| std::net::UdpSocket::bind("0.0.0.0:0"))
+        .unwrap()
+        .unwrap();
+    let target = setup.nameserver.addr;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let flood = std::thread::spawn(move || {
+        let queries = [query("echo.default.svc.cluster.local."), query(OUTSIDE.0)];
+        let started = Instant::now();
+        let mut sent = 0usize;
+        while sent < FLOOD_COUNT
+            && started.elapsed() < FLOOD_TIME
+            && !stopped.load(Ordering::Relaxed)
+        {
+            let _ = socket.send_to(&queries[sent % 2], target);
+            sent += 1;
+        }
+        sent
+    });
+    // Meanwhile the client's queries are answered.
+    let vip = vec![VIP.to_owned()];
+    for round in 0..5 {
+        assert_eq!(
+            setup.dig_short("echo"),
+            vip,
+            "round {round}\n{}",
+            logs(&setup.cluster)
+        );
+        assert_eq!(
+            setup.dig_short(OUTSIDE.0),
+            vec![OUTSIDE.1.to_string()],
+            "round {round}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    assert!(sent > 0);
+}
+
+/// A recursive A query for `name`, as bytes.
+fn query(name: &str) -> Vec<u8> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut message = Message::query();
+    message.metadata.recursion_desired = true;
+    message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    message.to_vec().unwrap()
 }
 
 #[test]
