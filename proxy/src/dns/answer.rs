@@ -98,6 +98,16 @@ pub fn decide(
 
     let mut answer = response(request, ResponseCode::NoError);
     answer.metadata.authoritative = true;
+    let mut addresses = if family == Family::V6 && !settings.ipv6 {
+        Vec::new()
+    } else {
+        addresses(found.service, family, client, state)
+    };
+    // A known name without records of the type is an empty NOERROR: no
+    // CNAME either, as istio/ztunnel answers it.
+    if addresses.is_empty() {
+        return Decision::Answer(answer);
+    }
     let mut owner = asked.clone();
     if let Some(stripped) = &found.alias.stripped
         && !found.wildcard
@@ -110,11 +120,6 @@ pub fn decide(
         ));
         owner = target;
     }
-    let mut addresses = if family == Family::V6 && !settings.ipv6 {
-        Vec::new()
-    } else {
-        addresses(found.service, family, client, state)
-    };
     addresses.shuffle(rng);
     for address in addresses {
         let data = match address {
