@@ -13,6 +13,20 @@
 //! Where the listeners are bound is each mode's start-up (`app.rs`,
 //! `inpod/workloads.rs`); the capture rules that send a pod's port-53
 //! traffic here are the node agent's.
+//!
+//! Choices that differ from istio/ztunnel's, or follow a weakness of it:
+//! - A forwarded query is relayed as the client sent it, over its own
+//!   transport, and the upstream's response comes back unchanged (its
+//!   rcode, sections, EDNS options, its TC). istio/ztunnel asks through a
+//!   caching stub resolver and rebuilds the response; we keep no cache, so
+//!   every forwarded query reaches the upstream (a cache keyed by question
+//!   would spare it, at the cost of answering from stale data).
+//! - The search list is fixed (`<ns>.svc.<d>`, `svc.<d>`, `<d>`), as
+//!   istio/ztunnel has it; reading the pod's own resolv.conf would also
+//!   strip the suffixes of a pod with a custom `dnsConfig`.
+//! - A query from a workload the state does not know yet is answered
+//!   SERVFAIL at once (the client retries); istio/ztunnel waits up to 5 s
+//!   for the workload.
 
 use std::net::SocketAddr;
 use std::path::Path;
