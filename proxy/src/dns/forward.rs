@@ -158,3 +158,6 @@ async fn tcp(
     stream.read_exact(&mut response).await.map_err(io)?;
     Ok(response)
 }
+
+#[cfg(test)]
+mod tests;
