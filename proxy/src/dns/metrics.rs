@@ -99,3 +99,41 @@ impl DnsMetrics {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_have_istios_names_and_labels() {
+        let mut registry = Registry::default();
+        let metrics = DnsMetrics::register(&mut registry);
+        let labels = DnsLabels {
+            query_type: RecordType::AAAA,
+            protocol: Transport::Tcp,
+            canonical_service: LabelValue::from(std::sync::Arc::from("client")),
+            canonical_revision: LabelValue::unknown(),
+        };
+        metrics.requests.get_or_create(&labels).inc();
+        metrics.upstream_requests.get_or_create(&labels).inc();
+        metrics.upstream_failures.get_or_create(&labels).inc();
+        metrics
+            .upstream_duration
+            .get_or_create(&labels)
+            .observe(0.002);
+        let text = crate::metrics::encode(&registry).unwrap();
+        let series = r#"{request_query_type="aaaa",request_protocol="tcp",source_canonical_service="client",source_canonical_revision="unknown"}"#;
+        for name in [
+            "istio_dns_requests_total",
+            "istio_dns_upstream_requests_total",
+            "istio_dns_upstream_failures_total",
+        ] {
+            assert!(
+                text.contains(&format!("{name}{series} 1")),
+                "{name} in\n{text}"
+            );
+        }
+        let bucket = r#"istio_dns_upstream_request_duration_seconds_bucket{le="0.01",request_query_type="aaaa""#;
+        assert!(text.contains(bucket), "{text}");
+    }
+}
