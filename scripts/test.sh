@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v ip >/dev/null || need+=(iproute2)
+command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v iptables >/dev/null || need+=(iptables)
 command -v ipset >/dev/null || need+=(ipset)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)

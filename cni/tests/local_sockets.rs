@@ -214,6 +214,7 @@ fn under_umask_0_the_pod_set_is_written_owner_only() {
         netns: "/var/run/netns/web-0".into(),
         netns_inode: None,
         ips: vec!["10.0.0.5".parse().unwrap()],
+        dns_capture: None,
     });
     store.save(&pods).unwrap();
     assert_eq!(mode(store.path()), 0o600);

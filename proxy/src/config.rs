@@ -19,12 +19,14 @@ use ztunnel_proto::ports::HBONE_PORT;
 use crate::control_plane::{ControlPlaneError, ExtraHeaders};
 use crate::version::BuildInfo;
 
+mod dns;
 mod keepalive;
 pub mod local;
 mod value;
 mod workers;
 mod xds;
 
+pub use dns::{DnsSettings, DnsUpstream};
 pub use value::{ValueError, WorkloadInfo, parse_duration};
 pub use xds::{DEFAULT_TOKEN_PATH, DEFAULT_XDS_ADDRESS, NodeSettings, XdsSettings};
 
@@ -139,6 +141,8 @@ pub struct Config {
     pub localhost_app_tunnel: bool,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
+    /// The DNS proxy.
+    pub dns: DnsSettings,
 }
 
 /// How the shared (in-pod) mode reaches the node agent and opens pod sockets
@@ -340,6 +344,8 @@ struct Args {
     packet_mark: Option<u32>,
     #[command(flatten)]
     keepalive: keepalive::KeepaliveArgs,
+    #[command(flatten)]
+    dns: dns::DnsArgs,
     /// Data-plane worker threads: a count, `0` for one per core, or `N%` of
     /// the cores [default: the resource CPU limit (raised to the request)
     /// when set, else a quarter of the cores, at least the request and 2].
@@ -727,6 +733,7 @@ impl Args {
                 same_node_shortcut: self.same_node_shortcut,
                 same_node_splice: self.same_node_splice,
             },
+            dns: self.dns.parse()?,
         })
     }
 }

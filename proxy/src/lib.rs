@@ -21,6 +21,7 @@ pub mod context;
 pub mod control_plane;
 pub mod copy;
 pub mod discovery;
+pub mod dns;
 pub mod drain;
 pub mod hbone;
 pub mod identity;

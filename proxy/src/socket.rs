@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
 /// Backlog of each listener: enough for a burst of pod connections while
 /// the accept loop is busy, the kernel caps it at `somaxconn` anyway.
@@ -111,6 +111,10 @@ pub trait SocketFactory: Send + Sync + 'static {
         let _ = client;
         self.tcp_socket(destination, None)
     }
+
+    /// A UDP socket for `destination`'s family, bound to an ephemeral port,
+    /// for the DNS proxy's upstream queries. The caller connects it.
+    fn udp_socket(&self, destination: SocketAddr) -> io::Result<UdpSocket>;
 }
 
 /// Ordinary sockets in the current network namespace, each carrying the
@@ -138,6 +142,10 @@ impl SocketFactory for LocalSockets {
             bind_source(&socket, source)?;
         }
         Ok(TcpSocket::from_std_stream(socket.into()))
+    }
+
+    fn udp_socket(&self, destination: SocketAddr) -> io::Result<UdpSocket> {
+        udp_dial_socket(new_udp_socket(destination)?, destination, self.mark)
     }
 }
 
@@ -168,6 +176,54 @@ pub fn listen(
     socket.bind(&addr.into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
+}
+
+/// A bound UDP socket on `addr`, set up as the DNS proxy's listeners are:
+/// non-blocking, `mark` as SO_MARK, `before_bind` adding the caller's own
+/// options (SO_REUSEPORT). An IPv6 address is v6-only: the IPv4 side has a
+/// socket of its own on 127.0.0.1.
+pub fn udp_listen(
+    addr: SocketAddr,
+    mark: Option<u32>,
+    before_bind: impl FnOnce(&Socket) -> io::Result<()>,
+) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
+    }
+    before_bind(&socket)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A new UDP socket for `destination`'s family, in the calling thread's
+/// namespace, non-blocking from its creation.
+pub fn new_udp_socket(destination: SocketAddr) -> io::Result<Socket> {
+    let domain = Domain::for_address(destination);
+    Socket::new(domain, Type::DGRAM.nonblocking(), Some(Protocol::UDP))
+}
+
+/// Sets up a socket from [`new_udp_socket`]: `mark` as SO_MARK so that the
+/// DNS capture rules skip it, bound to an ephemeral port of the
+/// unspecified address of `destination`'s family.
+pub fn udp_dial_socket(
+    socket: Socket,
+    destination: SocketAddr,
+    mark: Option<u32>,
+) -> io::Result<UdpSocket> {
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
+    }
+    let any: SocketAddr = match destination {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    socket.bind(&any.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// A new TCP socket for dialing `destination`'s family, in the calling

@@ -110,6 +110,9 @@ pub struct Cluster {
     /// Environment set on every ztunnel after the cluster's own, so a later
     /// value wins: benchmarks tune worker threads this way.
     ztunnel_env: Vec<(String, String)>,
+    /// Environment set on every node agent started from now on, over what
+    /// it inherits: a test turns DNS capture off this way.
+    agent_env: Vec<(String, String)>,
     ca: TestCa,
     /// The API server, when the control plane reads Kubernetes.
     kube: Option<ClusterApi>,
@@ -267,6 +270,7 @@ impl Cluster {
             mesh,
             binaries,
             ztunnel_env: Vec::new(),
+            agent_env: Vec::new(),
             ca,
             kube,
             ca_ns,
@@ -338,6 +342,13 @@ impl Cluster {
         self.ztunnel_env.push((key.to_owned(), value.to_owned()));
     }
 
+    /// Sets `key=value` in the environment of every node agent started
+    /// from now on.
+    pub fn set_agent_env(&mut self, key: &str, value: &str) {
+        self.agent_env.retain(|(existing, _)| existing != key);
+        self.agent_env.push((key.to_owned(), value.to_owned()));
+    }
+
     /// Starts the node agent of `name`, stopping the running one first,
     /// and waits until it is ready. It takes pods from the registry file,
     /// or on Kubernetes from the API server as its service account.
@@ -365,6 +376,7 @@ impl Cluster {
             .arg("--readiness-listen")
             .arg(node.agent_readiness_address().to_string())
             .env("RUST_LOG", "info")
+            .envs(self.agent_env.iter().map(|(key, value)| (key, value)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

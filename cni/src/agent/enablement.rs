@@ -19,6 +19,9 @@ pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
 /// The annotation sidecar injection leaves on a pod; such a pod has its
 /// own proxy and is never enrolled.
 pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
+/// The annotation with which a pod turns the agent's DNS capture on or
+/// off for itself (AMBIENT.md §5.7).
+pub const DNS_CAPTURE_ANNOTATION: &str = "ambient.istio.io/dns-capture";
 /// Namespaces left out unless configured otherwise.
 pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system"];
 /// Where ztunnel runs unless configured otherwise.
@@ -311,6 +314,24 @@ pub enum EnablementError {
         /// Its operator.
         operator: Operator,
     },
+}
+
+/// The pod's own DNS capture choice: its [`DNS_CAPTURE_ANNOTATION`],
+/// `true` or `false` in any case; `None` when absent or another value,
+/// leaving the agent's setting.
+pub fn dns_capture(pod: &Pod) -> Option<bool> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(DNS_CAPTURE_ANNOTATION)?;
+    if value.eq_ignore_ascii_case("true") {
+        Some(true)
+    } else if value.eq_ignore_ascii_case("false") {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -253,7 +253,8 @@ impl Mesh {
         mut record: PodRecord,
     ) -> Result<Option<oneshot::Receiver<Result<(), ZdsError>>>, MeshError> {
         let _operation = self.operations.lock().await;
-        let (netns, ips, settings) = (record.netns.clone(), record.ips.clone(), self.rules.clone());
+        let (netns, ips) = (record.netns.clone(), record.ips.clone());
+        let settings = self.rules.for_pod(record.dns_capture);
         let (_, inode) = install_blocking(netns, ips, settings, record.netns_inode).await?;
         record.netns_inode = Some(inode);
         self.probe_set(&record, ProbeSetChange::Add).await;
@@ -279,7 +280,8 @@ impl Mesh {
     /// whether they were not all in place.
     pub async fn reapply_rules(&self, record: &PodRecord) -> Result<bool, MeshError> {
         let _operation = self.operations.lock().await;
-        let (netns, ips, settings) = (record.netns.clone(), record.ips.clone(), self.rules.clone());
+        let (netns, ips) = (record.netns.clone(), record.ips.clone());
+        let settings = self.rules.for_pod(record.dns_capture);
         let (changed, _) = install_blocking(netns, ips, settings, record.netns_inode).await?;
         Ok(changed)
     }

@@ -54,6 +54,10 @@ pub struct PodRecord {
     pub netns_inode: Option<u64>,
     /// The pod's addresses, from the CNI result.
     pub ips: Vec<IpAddr>,
+    /// The pod's own DNS capture choice (its `ambient.istio.io/dns-capture`
+    /// annotation), over the agent's; `None` follows the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_capture: Option<bool>,
 }
 
 impl PodRecord {
@@ -258,6 +262,7 @@ mod tests {
             netns: PathBuf::from(format!("/run/netns/{name}")),
             netns_inode: None,
             ips: vec!["198.18.10.2".parse().unwrap()],
+            dns_capture: None,
         }
     }
 

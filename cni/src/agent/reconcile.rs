@@ -272,6 +272,7 @@ impl Reconciler {
                 netns: netns.path.clone(),
                 netns_inode: Some(netns.inode),
                 ips: pod.ips.clone(),
+                dns_capture: pod.dns_capture,
             };
             if startup {
                 tracing::info!(pod = %pod.label(), pid = netns.pid, "repair: enrolling a running pod found through procfs");

@@ -57,6 +57,17 @@ pub struct RuleSettings {
     pub virtual_interfaces: Vec<String>,
 }
 
+impl RuleSettings {
+    /// The settings for one pod: its own DNS capture choice, when it made
+    /// one, over the agent's.
+    pub fn for_pod(&self, dns_capture: Option<bool>) -> RuleSettings {
+        RuleSettings {
+            dns_capture: dns_capture.unwrap_or(self.dns_capture),
+            ..self.clone()
+        }
+    }
+}
+
 /// An address family: the rules are the same for both but for loopback and
 /// the probe address, and each has its own tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

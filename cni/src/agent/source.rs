@@ -20,7 +20,7 @@ use ztunnel_mesh::{FileRegistry, Pod, PodRegistry};
 
 use crate::event::CmdAdd;
 
-use super::enablement::{EnablementSettings, Enrollment, should_enroll};
+use super::enablement::{self, EnablementSettings, Enrollment, should_enroll};
 use super::kube::{KubeError, PodWatch, Redirection};
 use super::pods::PodRecord;
 
@@ -212,7 +212,9 @@ pub fn admit(
             reason: enrollment,
         });
     }
-    Ok(record(event, uid, service_account(pod)))
+    let mut record = record(event, uid, service_account(pod));
+    record.dns_capture = enablement::dns_capture(pod);
+    Ok(record)
 }
 
 /// The record of an added pod: identity from the source, netns and
@@ -228,6 +230,7 @@ fn record(event: &CmdAdd, uid: &str, service_account: &str) -> PodRecord {
         // the netns.
         netns_inode: None,
         ips: event.ips.iter().map(|ip| ip.address.ip).collect(),
+        dns_capture: None,
     }
 }
 

@@ -84,9 +84,18 @@ struct Cli {
     /// IPv6 source address of kubelet probes after host SNAT.
     #[arg(long, default_value_t = agent::DEFAULT_PROBE_SNAT_IPV6)]
     probe_snat_ipv6: Ipv6Addr,
-    /// Also redirect the pod's DNS (UDP and TCP port 53) to ztunnel's DNS
-    /// proxy on 15053.
-    #[arg(long, default_value_t = false)]
+    /// Redirect pods' DNS (UDP and TCP port 53) to ztunnel's DNS proxy on
+    /// 15053 (`--dns-capture=false` to leave it alone). The environment
+    /// variable is istio-cni's, read from its ConfigMap; on by default as
+    /// there.
+    #[arg(
+        long,
+        env = "AMBIENT_DNS_CAPTURE",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     dns_capture: bool,
     /// Interface inside pods whose inbound TCP is the pod's own outbound
     /// traffic (e.g. a VM's tap device). Repeatable.
@@ -179,11 +188,6 @@ struct Cli {
     /// Log lines as JSON objects (istio-cni's flag).
     #[arg(long = "log-as-json", visible_alias = "log_as_json")]
     log_as_json: bool,
-    /// istio-cni's DNS capture setting, read from its ConfigMap. This
-    /// agent's ztunnel has no DNS proxy, so `true` is logged and DNS stays
-    /// uncaptured (--dns-capture is the explicit switch).
-    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value_t = false, action = clap::ArgAction::Set, hide = true)]
-    ambient_dns_capture: bool,
 }
 
 /// The command name istio-cni's chart runs (`command: [install-cni]`);
@@ -259,11 +263,6 @@ fn run() -> anyhow::Result<()> {
         logging.json().init();
     } else {
         logging.init();
-    }
-    if cli.ambient_dns_capture && !cli.dns_capture {
-        tracing::warn!(
-            "AMBIENT_DNS_CAPTURE is true, but this ztunnel has no DNS proxy on 15053: pods' DNS is not captured"
-        );
     }
     let host_netns = match (&cli.host_netns, cli.allow_switch_to_host_ns) {
         (Some(path), _) => Some(path.clone()),

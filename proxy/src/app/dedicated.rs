@@ -10,6 +10,7 @@ use crate::app;
 use crate::app::start::{Node, Started};
 use crate::config::WorkloadInfo;
 use crate::context::{self, Proxy};
+use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
 use crate::inbound::tracker::Tracker;
@@ -17,6 +18,24 @@ use crate::outbound;
 use crate::pool::Pool;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
+
+/// Binds and serves the DNS proxy on this namespace's loopback. A port
+/// already taken (another proxy or resolver on this host) is logged and
+/// the rest of the proxy serves: the DNS proxy is an addition here, not
+/// the path of the workload's traffic.
+fn serve_dns(proxy: &Arc<Proxy>, dns: &Arc<Dns>) {
+    let config = &proxy.config;
+    let bound = dns::server::bind_listeners(
+        config.dns.port,
+        config.inpod.ipv6_enabled,
+        config.packet_mark,
+        false,
+    )
+    .and_then(|listeners| dns::server::serve(proxy, dns, listeners));
+    if let Err(error) = bound {
+        tracing::warn!(port = config.dns.port, error = %ErrorChain(&error), "DNS proxy not listening");
+    }
+}
 
 /// How long the readiness prefetch waits between tries; the identity
 /// manager has its own backoff underneath.
@@ -66,6 +85,9 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
             .clone()
             .release_idle_until_drained(node.drain.clone()),
     );
+    if let Some(dns) = &node.dns {
+        serve_dns(&proxy, dns);
+    }
     drop(listeners_ready);
     tracing::info!(%identity, "dedicated proxy listening");
 

@@ -28,6 +28,7 @@ pub fn start(node: &Node, registry: &mut Registry) -> anyhow::Result<Started> {
             metrics: Arc::clone(&node.metrics),
             resolver: node.resolver.clone(),
             capacity: Arc::clone(&node.capacity),
+            dns: node.dns.clone(),
             home,
             data: node.data.handle().clone(),
             drain: node.trigger.clone(),

@@ -21,6 +21,7 @@ use crate::capacity::Capacity;
 use crate::config::{Config, ProxyMode};
 use crate::context;
 use crate::discovery;
+use crate::dns::server::Dns;
 use crate::drain::{self, DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
@@ -53,6 +54,8 @@ pub struct Node {
     pub resolver: Resolver,
     /// The bound on connections the process carries.
     pub capacity: Arc<Capacity>,
+    /// The DNS proxy every pod's listeners share; `None` when it is off.
+    pub dns: Option<Arc<Dns>>,
     /// Start-up tasks the readiness endpoint waits for.
     pub ready: Ready,
     /// The node's drain, held by every task.
@@ -135,6 +138,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let xds_metrics = XdsMetrics::register(&mut registry);
     let capacity = Capacity::register(&mut registry, config.max_connections);
     metrics::register_process_and_runtime(&mut registry, data.handle().clone());
+    let dns = Dns::from_config(&config, &mut registry);
     let node = Node {
         config: Arc::clone(&config),
         control,
@@ -147,6 +151,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             config.inpod.ipv6_enabled,
         ),
         capacity,
+        dns,
         ready: Ready::new(),
         drain: watcher,
         trigger,

@@ -326,3 +326,48 @@ fn crl_path_is_read() {
     );
     assert_eq!(parse(&[]).unwrap().crl_path, None);
 }
+
+#[test]
+fn the_dns_proxy_is_on_unless_dns_capture_says_otherwise() {
+    let config = parse(&[]).unwrap();
+    assert_eq!(
+        config.dns,
+        DnsSettings {
+            enabled: true,
+            port: 15053,
+            cluster_domain: "cluster.local".into(),
+            preferred_namespace: None,
+            upstream: DnsUpstream::ResolvConf("/etc/resolv.conf".into()),
+        }
+    );
+    for (value, enabled) in [
+        ("true", true),
+        ("TRUE", true),
+        ("false", false),
+        ("", false),
+        ("no", false),
+    ] {
+        let config = parse(&["--dns-capture", value]).unwrap();
+        assert_eq!(config.dns.enabled, enabled, "{value:?}");
+    }
+    let config = parse(&[
+        "--cluster-domain",
+        "Corp.Internal.",
+        "--dns-upstreams",
+        "198.18.0.53:53,[::1]:5353",
+        "--prefered-service-namespace",
+        "shared",
+    ])
+    .unwrap();
+    assert_eq!(&*config.dns.cluster_domain, "corp.internal");
+    assert_eq!(config.dns.preferred_namespace.as_deref(), Some("shared"));
+    assert_eq!(
+        config.dns.upstream,
+        DnsUpstream::Servers(vec![
+            "198.18.0.53:53".parse().unwrap(),
+            "[::1]:5353".parse().unwrap()
+        ])
+    );
+    let error = parse(&["--dns-upstreams", "nameserver"]).unwrap_err();
+    assert!(error.to_string().starts_with("DNS_UPSTREAMS"), "{error}");
+}

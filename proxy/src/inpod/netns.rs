@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use nix::sched::{CloneFlags, setns};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpSocket;
+use tokio::net::{TcpSocket, UdpSocket};
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::socket::{self, Keepalive, SocketFactory};
@@ -285,5 +285,12 @@ impl SocketFactory for NetnsSockets {
             socket::bind_source(&socket, client)?;
         }
         Ok(TcpSocket::from_std_stream(socket.into()))
+    }
+
+    fn udp_socket(&self, destination: SocketAddr) -> io::Result<UdpSocket> {
+        let socket = self
+            .netns
+            .run_here(&self.home, || socket::new_udp_socket(destination))??;
+        socket::udp_dial_socket(socket, destination, self.mark)
     }
 }

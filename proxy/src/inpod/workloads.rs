@@ -20,6 +20,7 @@ use crate::app;
 use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::context::{self, LocalPods, Proxy};
+use crate::dns::{self, server::Dns};
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
@@ -53,6 +54,8 @@ pub struct NodeParts {
     pub resolver: Resolver,
     /// The bound on connections the process carries, over every pod.
     pub capacity: Arc<Capacity>,
+    /// The DNS proxy, whose listeners each pod gets; `None` when it is off.
+    pub dns: Option<Arc<Dns>>,
     /// Where runtime threads return after creating a pod's socket.
     pub home: HostNetns,
     /// The data-plane runtime the pods' tasks run on.
@@ -160,6 +163,10 @@ impl Workloads {
                 what: error.what,
                 source: error.source,
             })?;
+        let dns_listeners = match &self.node.dns {
+            Some(_) => Some(self.bind_dns(&netns)?),
+            None => None,
+        };
         let (trigger, watcher) = self.node.drain.child();
         let sockets = NetnsSockets {
             netns,
@@ -195,11 +202,32 @@ impl Workloads {
         tokio::spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound));
         tokio::spawn(context::recheck_policies(Arc::clone(&proxy)));
         tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
+        if let (Some(dns), Some(listeners)) = (&self.node.dns, dns_listeners) {
+            dns::server::serve(&proxy, dns, listeners).map_err(|source| StartError::Bind {
+                what: "DNS",
+                source,
+            })?;
+        }
         drop(runtime);
         if let Some(local_pods) = &self.local_pods {
             local_pods.insert(&pod.workload, &proxy);
         }
         Ok((trigger, Arc::downgrade(&proxy)))
+    }
+
+    /// Binds the DNS proxy's listeners inside the pod (WIRE.md §1: marked,
+    /// SO_REUSEPORT as the others).
+    fn bind_dns(&self, netns: &PodNetns) -> Result<dns::server::Listeners, StartError> {
+        let config = &self.node.config;
+        let (port, ipv6) = (config.dns.port, config.inpod.ipv6_enabled);
+        let (mark, reuse_port) = (config.packet_mark, config.inpod.port_reuse);
+        netns
+            .run_on_thread(|| dns::server::bind_listeners(port, ipv6, mark, reuse_port))
+            .map_err(StartError::Netns)?
+            .map_err(|source| StartError::Bind {
+                what: "DNS",
+                source,
+            })
     }
 
     /// Stops a pod that left, at once. Its certificate is the state's

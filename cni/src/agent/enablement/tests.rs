@@ -226,3 +226,30 @@ fn malformed_selector_lists_are_refused() {
         );
     }
 }
+
+#[test]
+fn a_pods_dns_capture_annotation_is_read_as_true_or_false_in_any_case() {
+    let annotated = |value: Option<&str>| {
+        let annotations: Vec<(&str, &str)> = value
+            .map(|value| vec![(DNS_CAPTURE_ANNOTATION, value)])
+            .unwrap_or_default();
+        Pod {
+            metadata: ObjectMeta {
+                annotations: Some(labels(&annotations)),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    };
+    for (value, want) in [
+        (None, None),
+        (Some("true"), Some(true)),
+        (Some("False"), Some(false)),
+        (Some("FALSE"), Some(false)),
+        // Anything else leaves the agent's setting.
+        (Some("off"), None),
+        (Some(""), None),
+    ] {
+        assert_eq!(dns_capture(&annotated(value)), want, "{value:?}");
+    }
+}

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Pod;
 use ztunnel_mesh::kube::convert::{pod_addresses, service_account};
 
-use crate::agent::enablement::{EnablementSettings, Enrollment, should_enroll};
+use crate::agent::enablement::{self, EnablementSettings, Enrollment, should_enroll};
 use crate::agent::kube::{REDIRECTION_ANNOTATION, Redirection};
 use crate::agent::mesh::Removal;
 use crate::agent::pods::PodRecord;
@@ -33,6 +33,8 @@ pub struct ApiPod {
     pub enrollment: Enrollment,
     /// Its redirection annotation: `None` when absent or unknown.
     pub redirection: Option<Redirection>,
+    /// Its own DNS capture choice (annotation).
+    pub dns_capture: Option<bool>,
 }
 
 impl ApiPod {
@@ -69,6 +71,7 @@ impl ApiPod {
             ips,
             enrollment: should_enroll(pod, namespace_labels, settings),
             redirection,
+            dns_capture: enablement::dns_capture(pod),
         })
     }
 

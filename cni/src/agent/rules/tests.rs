@@ -338,3 +338,23 @@ fn rules_are_current_only_when_every_chain_holds_exactly_ours() {
         assert_eq!(is_current(saved, &desired), current, "{reason}");
     }
 }
+
+#[test]
+fn a_pods_own_dns_capture_choice_wins_over_the_agents() {
+    for (agent, pod, want) in [
+        (true, None, true),
+        (true, Some(false), false),
+        (false, Some(true), true),
+        (false, None, false),
+    ] {
+        let settings = settings(agent).for_pod(pod);
+        assert_eq!(settings.dns_capture, want, "agent {agent}, pod {pod:?}");
+        assert_eq!(
+            settings,
+            RuleSettings {
+                dns_capture: want,
+                ..settings.clone()
+            }
+        );
+    }
+}

@@ -165,6 +165,7 @@ mod tests {
             netns: "/run/netns/p".into(),
             netns_inode: None,
             ips: Vec::new(),
+            dns_capture: None,
         }
     }
 

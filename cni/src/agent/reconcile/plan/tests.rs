@@ -17,6 +17,7 @@ fn api_pod(name: &str, uid: &str, enrollment: Enrollment) -> ApiPod {
         ips: vec!["198.18.10.2".parse().unwrap()],
         enrollment,
         redirection: Some(Redirection::Enabled),
+        dns_capture: None,
     }
 }
 
@@ -29,6 +30,7 @@ fn record(name: &str, uid: &str) -> PodRecord {
         netns: PathBuf::from(format!("/run/netns/{name}")),
         netns_inode: None,
         ips: vec!["198.18.10.2".parse().unwrap()],
+        dns_capture: None,
     }
 }
 

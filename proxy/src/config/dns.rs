@@ -1,0 +1,101 @@
+//! The DNS proxy's settings (AMBIENT.md §5.1, §5.5), under istio/ztunnel's
+//! names where it has them. What the proxy does with them is
+//! `proxy/src/dns`'s business.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::ArgAction;
+
+use super::{ConfigError, ValueError};
+use crate::dns::DNS_PORT;
+
+/// Where the DNS proxy's upstream resolvers come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsUpstream {
+    /// The nameservers of this resolv.conf (port 53), read at start-up.
+    ResolvConf(PathBuf),
+    /// These servers, in order.
+    Servers(Vec<SocketAddr>),
+}
+
+/// The DNS proxy's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsSettings {
+    /// Whether the proxy listens on [`DnsSettings::port`] in each pod.
+    pub enabled: bool,
+    /// The port on 127.0.0.1 (and ::1) in each pod: istio-cni's rules
+    /// redirect to 15053, so only a test has reason to change it.
+    pub port: u16,
+    /// The suffix of Kubernetes service names, for the search list.
+    pub cluster_domain: Arc<str>,
+    /// Which namespace's service a hostname resolves to when several
+    /// namespaces have one and neither the client's nor a canonical one does.
+    pub preferred_namespace: Option<Arc<str>>,
+    /// Where queries the proxy does not answer go.
+    pub upstream: DnsUpstream,
+}
+
+/// The flags and variables, flattened into the command line.
+#[derive(Debug, clap::Args)]
+pub(super) struct DnsArgs {
+    /// The DNS proxy, on unless this is set to anything but `true`
+    /// (case-insensitive), as Istio reads its proxy metadata.
+    #[arg(long, env = "ISTIO_META_DNS_CAPTURE")]
+    dns_capture: Option<String>,
+    /// The DNS proxy's port on the pod's loopback addresses.
+    #[arg(long, env = "DNS_PROXY_PORT", default_value_t = DNS_PORT)]
+    dns_proxy_port: u16,
+    /// The cluster's DNS domain, the suffix of service names.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The namespace whose service wins when several namespaces have a
+    /// service of one hostname and neither the client's namespace nor a
+    /// canonical service decides (Istio's spelling).
+    #[arg(long, env = "PREFERED_SERVICE_NAMESPACE")]
+    prefered_service_namespace: Option<String>,
+    /// The resolver configuration whose nameservers receive the queries
+    /// the DNS proxy does not answer.
+    #[arg(long, env = "DNS_RESOLV_CONF", default_value = crate::resolve::RESOLV_CONF)]
+    dns_resolv_conf: PathBuf,
+    /// Upstream nameservers (`ip:port`, comma-separated) that replace those
+    /// of the resolver configuration.
+    #[arg(long, env = "DNS_UPSTREAMS", value_delimiter = ',', action = ArgAction::Append)]
+    dns_upstreams: Vec<String>,
+}
+
+impl DnsArgs {
+    pub(super) fn parse(self) -> Result<DnsSettings, ConfigError> {
+        let enabled = self
+            .dns_capture
+            .as_deref()
+            .is_none_or(|value| value.eq_ignore_ascii_case("true"));
+        let upstream = if self.dns_upstreams.is_empty() {
+            DnsUpstream::ResolvConf(self.dns_resolv_conf)
+        } else {
+            let servers = self
+                .dns_upstreams
+                .iter()
+                .map(|text| {
+                    text.trim().parse().map_err(|_| ConfigError::Value {
+                        name: "DNS_UPSTREAMS",
+                        source: ValueError::Range(text.clone(), "ip:port"),
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            DnsUpstream::Servers(servers)
+        };
+        let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
+        Ok(DnsSettings {
+            enabled,
+            port: self.dns_proxy_port,
+            cluster_domain: cluster_domain.into(),
+            preferred_namespace: self
+                .prefered_service_namespace
+                .filter(|namespace| !namespace.is_empty())
+                .map(Arc::from),
+            upstream,
+        })
+    }
+}

@@ -1,0 +1,347 @@
+//! The DNS proxy's listeners: a UDP loop and a TCP accept loop per pod (or
+//! per dedicated proxy), each query taken through `wire::parse`,
+//! `answer::decide` and, when the name is not the mesh's, the forwarder.
+//!
+//! Each pod's listeners have their own bound on work in flight, so that a
+//! pod flooding its resolver fills only its own queue: a UDP query that
+//! finds [`UDP_IN_FLIGHT`] queries of its pod pending is dropped (the
+//! client's resolver retries), and a TCP connection past
+//! [`TCP_CONNECTIONS`] is closed at once.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+use ztunnel_certs::error_chain::ErrorChain;
+
+use super::DnsError;
+use super::answer::{self, Client, Decision, Settings};
+use super::forward::{self, Forwarder};
+use super::metrics::{DnsLabels, DnsMetrics};
+use super::wire::{self, Transport};
+use crate::config::{Config, DnsUpstream};
+use crate::context::Proxy;
+use crate::metrics::LabelValue;
+use crate::socket::{self, Keepalive};
+use crate::state::Workload;
+
+/// UDP queries of one pod answered or forwarded at once. A forwarded query
+/// waits up to the upstream's timeout, so this is what one pod may have
+/// pending at the upstream; 64 is well above what a pod's resolver sends
+/// in one burst (glibc asks A and AAAA for each search suffix).
+pub const UDP_IN_FLIGHT: usize = 64;
+
+/// TCP connections one pod may hold open to its DNS proxy: TCP is the
+/// retry after a truncated answer, rarely more than a few at once.
+pub const TCP_CONNECTIONS: usize = 16;
+
+/// What every DNS listener of the node shares.
+#[derive(Debug)]
+pub struct Dns {
+    /// How answers are shaped.
+    pub settings: Settings,
+    /// Where other queries go.
+    pub forwarder: Forwarder,
+    /// `istio_dns_*`.
+    pub metrics: DnsMetrics,
+}
+
+impl Dns {
+    /// The DNS proxy of `config`, its metrics registered on `registry`;
+    /// `None` when it is off. An upstream configuration that cannot be
+    /// read is logged, and the proxy then answers the mesh's names and
+    /// SERVFAIL to the rest.
+    pub fn from_config(config: &Config, registry: &mut Registry) -> Option<Arc<Dns>> {
+        let settings = &config.dns;
+        if !settings.enabled {
+            tracing::info!("DNS proxy off (ISTIO_META_DNS_CAPTURE)");
+            return None;
+        }
+        let forwarder = match &settings.upstream {
+            DnsUpstream::Servers(servers) => Forwarder::new(servers.clone()),
+            DnsUpstream::ResolvConf(path) => {
+                Forwarder::from_resolv_conf(path).unwrap_or_else(|error| {
+                    tracing::error!(error = %ErrorChain(&error), "the DNS proxy forwards nothing: every name outside the mesh gets SERVFAIL");
+                    Forwarder::new(Vec::new())
+                })
+            }
+        };
+        tracing::info!(port = settings.port, upstreams = ?forwarder.upstreams(), "DNS proxy on");
+        Some(Arc::new(Dns {
+            settings: Settings {
+                cluster_domain: Arc::clone(&settings.cluster_domain),
+                ipv6: config.inpod.ipv6_enabled,
+                preferred_namespace: settings.preferred_namespace.clone(),
+            },
+            forwarder,
+            metrics: DnsMetrics::register(registry),
+        }))
+    }
+}
+
+/// The DNS proxy's sockets in one network namespace, still plain std
+/// sockets: the caller registers them with the data-plane runtime.
+#[derive(Debug)]
+pub struct Listeners {
+    /// 127.0.0.1, then ::1 when bound.
+    pub udp: Vec<std::net::UdpSocket>,
+    /// The same addresses.
+    pub tcp: Vec<std::net::TcpListener>,
+}
+
+/// Binds UDP and TCP `port` on 127.0.0.1, and on ::1 when `ipv6` is on and
+/// the namespace's loopback has it (WIRE.md §1), in the calling thread's
+/// namespace, each with `mark` and, when `reuse_port`, SO_REUSEPORT.
+pub fn bind_listeners(
+    port: u16,
+    ipv6: bool,
+    mark: Option<u32>,
+    reuse_port: bool,
+) -> std::io::Result<Listeners> {
+    let mut listeners = Listeners {
+        udp: Vec::new(),
+        tcp: Vec::new(),
+    };
+    let options = |socket: &socket2::Socket| socket.set_reuse_port(reuse_port);
+    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    listeners.udp.push(socket::udp_listen(v4, mark, options)?);
+    listeners
+        .tcp
+        .push(socket::listen(v4, mark, Keepalive::OFF, options)?);
+    if ipv6 {
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+        match socket::udp_listen(v6, mark, options) {
+            Ok(udp) => {
+                listeners.udp.push(udp);
+                let tcp = socket::listen(v6, mark, Keepalive::OFF, |socket| {
+                    socket.set_only_v6(true)?;
+                    options(socket)
+                })?;
+                listeners.tcp.push(tcp);
+            }
+            // A loopback without IPv6: the pod has no ::1 to ask.
+            Err(error) if error.kind() == std::io::ErrorKind::AddrNotAvailable => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(listeners)
+}
+
+/// Serves `listeners` for `proxy`'s workload on the current runtime until
+/// the drain.
+pub fn serve(proxy: &Arc<Proxy>, dns: &Arc<Dns>, listeners: Listeners) -> std::io::Result<()> {
+    for udp in listeners.udp {
+        let udp = UdpSocket::from_std(udp)?;
+        tokio::spawn(serve_udp(Arc::clone(proxy), Arc::clone(dns), udp));
+    }
+    for tcp in listeners.tcp {
+        let tcp = TcpListener::from_std(tcp)?;
+        tokio::spawn(serve_tcp(Arc::clone(proxy), Arc::clone(dns), tcp));
+    }
+    Ok(())
+}
+
+/// Serves UDP queries on `socket` for `proxy`'s workload until the drain.
+pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
+    let socket = Arc::new(socket);
+    let in_flight = Arc::new(Semaphore::new(UDP_IN_FLIGHT));
+    // A datagram is at most 64 KiB; a DNS query is far less, but reading
+    // into a smaller buffer would cut a large one and answer it wrongly.
+    let mut buffer = vec![0; forward::MAX_MESSAGE];
+    loop {
+        let received = tokio::select! {
+            // Cancel safe: `recv_from` loses nothing when dropped.
+            received = socket.recv_from(&mut buffer) => received,
+            () = proxy.drain.signaled() => return,
+        };
+        let (length, source) = match received {
+            Ok(received) => received,
+            Err(error) => {
+                tracing::debug!(target: "dns", error = %error, "receiving a DNS query");
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
+            tracing::debug!(target: "dns", %source, "too many DNS queries in flight; one dropped");
+            continue;
+        };
+        let query = buffer[..length].to_vec();
+        let (proxy, dns, socket) = (Arc::clone(&proxy), Arc::clone(&dns), Arc::clone(&socket));
+        tokio::spawn(async move {
+            if let Some(response) = respond(&proxy, &dns, &query, source, Transport::Udp).await
+                && let Err(error) = socket.send_to(&response, source).await
+            {
+                tracing::debug!(target: "dns", error = %error, "sending a DNS response");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Serves TCP connections on `listener` for `proxy`'s workload until the
+/// drain.
+pub async fn serve_tcp(proxy: Arc<Proxy>, dns: Arc<Dns>, listener: TcpListener) {
+    let connections = Arc::new(Semaphore::new(TCP_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            // Cancel safe: a connection not yet accepted stays queued.
+            accepted = listener.accept() => accepted,
+            () = proxy.drain.signaled() => return,
+        };
+        let (stream, source) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::debug!(target: "dns", error = %error, "accepting a DNS connection");
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            tracing::debug!(target: "dns", %source, "too many DNS connections; one closed");
+            continue;
+        };
+        let (proxy, dns) = (Arc::clone(&proxy), Arc::clone(&dns));
+        tokio::spawn(async move {
+            let served = tokio::select! {
+                served = serve_connection(&proxy, &dns, stream, source) => served,
+                () = proxy.drain.signaled() => Ok(()),
+            };
+            if let Err(error) = served {
+                tracing::debug!(target: "dns", error = %error, "DNS connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Answers the length-prefixed queries of one connection, one at a time,
+/// each to arrive within the forwarder's timeout.
+async fn serve_connection(
+    proxy: &Proxy,
+    dns: &Dns,
+    mut stream: TcpStream,
+    source: SocketAddr,
+) -> std::io::Result<()> {
+    loop {
+        let length = match tokio::time::timeout(forward::TIMEOUT, stream.read_u16()).await {
+            Ok(Ok(length)) => length,
+            // A closed or idle connection is the client's to end.
+            Ok(Err(_)) | Err(_) => return Ok(()),
+        };
+        let mut query = vec![0; usize::from(length)];
+        match tokio::time::timeout(forward::TIMEOUT, stream.read_exact(&mut query)).await {
+            Ok(read) => read?,
+            Err(_) => return Ok(()),
+        };
+        let Some(response) = respond(proxy, dns, &query, source, Transport::Tcp).await else {
+            return Ok(());
+        };
+        let Ok(length) = u16::try_from(response.len()) else {
+            return Ok(());
+        };
+        let mut framed = Vec::with_capacity(response.len() + 2);
+        framed.extend_from_slice(&length.to_be_bytes());
+        framed.extend_from_slice(&response);
+        stream.write_all(&framed).await?;
+    }
+}
+
+/// The response to one query, or `None` when nothing should be sent back
+/// (bytes without a DNS header, a failure to encode).
+pub async fn respond(
+    proxy: &Proxy,
+    dns: &Dns,
+    query: &[u8],
+    source: SocketAddr,
+    transport: Transport,
+) -> Option<Vec<u8>> {
+    let request = match wire::parse(query) {
+        Ok(request) => request,
+        Err(error) => {
+            tracing::debug!(target: "dns", %source, error = %ErrorChain(&error), "FORMERR");
+            return wire::format_error(query);
+        }
+    };
+    let (decision, labels) = {
+        let state = proxy.state.read();
+        let workload = proxy
+            .local_workload_in(&state)
+            .or_else(|| state.workload_by_address("", source.ip()).cloned());
+        let client = workload.as_deref().map(client_of);
+        let decision = answer::decide(
+            &request,
+            client.as_ref(),
+            &dns.settings,
+            &state,
+            &mut rand::rng(),
+        );
+        (decision, labels(&request, workload.as_deref(), transport))
+    };
+    dns.metrics.requests.get_or_create(&labels).inc();
+    let result = match decision {
+        Decision::Answer(response) => wire::encode(response, &request, transport),
+        Decision::Forward => forward(proxy, dns, &request, query, transport, &labels).await,
+    };
+    match result {
+        Ok(bytes) => Some(bytes),
+        Err(error) => {
+            tracing::debug!(target: "dns", %source, error = %ErrorChain(&error), "SERVFAIL");
+            let failure = answer::response(&request, ResponseCode::ServFail);
+            wire::encode(failure, &request, transport).ok()
+        }
+    }
+}
+
+/// Relays `query` to the upstream, timing and counting it.
+async fn forward(
+    proxy: &Proxy,
+    dns: &Dns,
+    request: &Message,
+    query: &[u8],
+    transport: Transport,
+    labels: &DnsLabels,
+) -> Result<Vec<u8>, DnsError> {
+    dns.metrics.upstream_requests.get_or_create(labels).inc();
+    let started = Instant::now();
+    let forwarded = dns
+        .forwarder
+        .forward(&*proxy.sockets, query, request.metadata.id, transport)
+        .await;
+    dns.metrics
+        .upstream_duration
+        .get_or_create(labels)
+        .observe(started.elapsed().as_secs_f64());
+    if forwarded.is_err() {
+        dns.metrics.upstream_failures.get_or_create(labels).inc();
+    }
+    forwarded
+}
+
+fn client_of(workload: &Workload) -> Client {
+    Client {
+        namespace: Arc::clone(&workload.namespace),
+        network: Arc::clone(&workload.network),
+    }
+}
+
+fn labels(request: &Message, workload: Option<&Workload>, transport: Transport) -> DnsLabels {
+    let value = |pick: fn(&Workload) -> &Arc<str>| {
+        workload.map_or(LabelValue::unknown(), |workload| {
+            LabelValue::from(Arc::clone(pick(workload)))
+        })
+    };
+    DnsLabels {
+        query_type: request
+            .queries
+            .first()
+            .map_or(RecordType::Unknown(0), |query| query.query_type()),
+        protocol: transport,
+        canonical_service: value(|workload| &workload.group.canonical_name),
+        canonical_revision: value(|workload| &workload.group.canonical_revision),
+    }
+}

@@ -1,0 +1,386 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
+//! The DNS proxy in a meshed pod (AMBIENT.md §5), on the one-node in-pod
+//! cluster: the node agent's DNS capture rules send the pod's port-53
+//! traffic to ztunnel's 15053 in the pod, and ztunnel forwards what it
+//! does not answer to a nameserver of the test's own in the node's
+//! namespace (`DNS_UPSTREAMS`). The pod resolves through the system
+//! resolver (`getent`, glibc's getaddrinfo, with the pod's resolv.conf
+//! naming that nameserver, as kubelet writes it) and through `dig`.
+//!
+//! Needs root, `ip`, `iptables`, containernetworking-plugins and `dig`
+//! (bind9-dnsutils); skips with the reason otherwise.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+
+use nameserver::{BIG, BIG_COUNT, Nameserver, OUTSIDE};
+use support::{APP_PORT, delivered_over_mtls, eventually, logs, metric};
+
+#[path = "support/cluster.rs"]
+mod support;
+
+#[path = "support/nameserver.rs"]
+mod nameserver;
+
+/// The echo service's VIP and port.
+const VIP: &str = "198.19.0.10";
+const SERVICE_PORT: u16 = 80;
+/// A service only the mesh knows: a ServiceEntry-style hostname.
+const MESH_ONLY: (&str, &str) = ("only.mesh.internal", "198.19.0.11");
+/// A service with more VIPs than one UDP response carries.
+const MANY: &str = "many.default.svc.cluster.local";
+const MANY_COUNT: u8 = 100;
+/// Bounds of the flood one pod sends.
+const FLOOD_COUNT: usize = 200_000;
+const FLOOD_TIME: Duration = Duration::from_secs(20);
+
+/// The cluster, its nameserver, and the client pod's resolv.conf.
+struct Setup {
+    cluster: Cluster,
+    nameserver: Nameserver,
+    _resolv_conf: PodResolvConf,
+}
+
+/// `/etc/netns/<pod>/resolv.conf`, which `ip netns exec` puts over
+/// /etc/resolv.conf for what runs in the pod; removed when dropped.
+struct PodResolvConf(PathBuf);
+
+impl PodResolvConf {
+    fn write(ns: &str, nameserver: IpAddr) -> PodResolvConf {
+        let dir = PathBuf::from("/etc/netns").join(ns);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = format!(
+            "nameserver {nameserver}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:2 attempts:2\n"
+        );
+        std::fs::write(dir.join("resolv.conf"), text).unwrap();
+        PodResolvConf(dir)
+    }
+}
+
+impl Drop for PodResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One node, a client and a server pod in the ambient namespace, the
+/// echo services, the nameserver on the node's address; the node agent
+/// capturing DNS unless `capture` is false; `env` set on the ztunnel.
+/// `None`, after printing why, where it cannot run.
+fn start(tag: &str, capture: bool, env: &[(&str, &str)]) -> Option<Setup> {
+    if let Some(reason) = cluster::unavailable() {
+        eprintln!("skipping {tag}: {reason}");
+        return None;
+    }
+    if std::process::Command::new("dig")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping {tag}: dig is not installed (apt-get install bind9-dnsutils)");
+        return None;
+    }
+    let specs = [
+        PodSpec::new("client", "default", "client", "node-a"),
+        PodSpec::new("server", "default", "server", "node-a"),
+    ];
+    let binaries = Binaries::from_target_dir().unwrap();
+    let mut cluster = Cluster::start(&["node-a"], &specs, &["default"], binaries).unwrap();
+    let node = cluster.node("node-a").unwrap();
+    let nameserver = Nameserver::start(&node.ns, node.ip).unwrap();
+    cluster.set_ztunnel_env("DNS_UPSTREAMS", &nameserver.addr.to_string());
+    for (key, value) in env {
+        cluster.set_ztunnel_env(key, value);
+    }
+    cluster.start_ztunnel("node-a").unwrap();
+    if !capture {
+        cluster.set_agent_env("AMBIENT_DNS_CAPTURE", "false");
+        cluster.start_agent("node-a").unwrap();
+    }
+    for spec in &specs {
+        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
+    }
+    let server = cluster.pod("server").unwrap();
+    let endpoint = |name: &str, hostname: &str, vips: &str| {
+        format!(
+            "- name: {name}\n  namespace: default\n  hostname: {hostname}\n  vips: [{vips}]\n  ports: {{{SERVICE_PORT}: {APP_PORT}}}\n  endpoints: [{uid}]\n  subjectAltNames: [\"{identity}\"]\n",
+            uid = server.spec.uid(),
+            identity = server.spec.identity(),
+        )
+    };
+    let many: Vec<String> = (0..MANY_COUNT)
+        .map(|last| format!("198.19.1.{last}"))
+        .collect();
+    let services = [
+        endpoint("echo", "echo.default.svc.cluster.local", VIP),
+        endpoint("only", MESH_ONLY.0, MESH_ONLY.1),
+        endpoint("many", MANY, &many.join(", ")),
+    ]
+    .concat();
+    cluster.mesh().set_services(&services).unwrap();
+    cluster.wait_synced().unwrap();
+    let client_ns = cluster.pod("client").unwrap().ns.name().to_owned();
+    let resolv_conf = PodResolvConf::write(&client_ns, nameserver.addr.ip());
+    Some(Setup {
+        cluster,
+        nameserver,
+        _resolv_conf: resolv_conf,
+    })
+}
+
+impl Setup {
+    /// `getent ahostsv4 name` in the client pod: the addresses the
+    /// system resolver gives, sorted and deduplicated.
+    fn getaddrinfo(&self, name: &str) -> Vec<String> {
+        let pod = self.cluster.pod("client").unwrap();
+        let Ok(output) = pod.ns.exec(&["getent", "ahostsv4", name]) else {
+            return Vec::new();
+        };
+        let mut addresses: Vec<String> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        addresses
+    }
+
+    /// `dig` in the client pod, asking the pod's nameserver (captured to
+    /// ztunnel when capture is on); its whole output.
+    fn dig(&self, args: &[&str]) -> String {
+        let pod = self.cluster.pod("client").unwrap();
+        let server = format!("@{}", self.nameserver.addr.ip());
+        let mut command = vec!["dig", "+time=3", "+tries=2", server.as_str()];
+        command.extend_from_slice(args);
+        let output = pod.ns.exec(&command).unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The A records of `dig +short name`, sorted.
+    fn dig_short(&self, name: &str) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .dig(&["+short", name, "A"])
+            .lines()
+            .filter(|line| line.parse::<IpAddr>().is_ok())
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    }
+}
+
+/// The `status:` of a dig answer.
+fn status(output: &str) -> &str {
+    output
+        .split("status: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("none")
+}
+
+/// How many records the ANSWER section of a dig output has.
+fn answer_count(output: &str) -> usize {
+    output
+        .split("ANSWER: ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_meshed_pod_resolves_services_by_every_name_form_and_forwards_the_rest() {
+    let Some(setup) = start("dns", true, &[]) else {
+        return;
+    };
+    let vip = vec![VIP.to_owned()];
+    for name in [
+        "echo",
+        "echo.default",
+        "echo.default.svc",
+        "echo.default.svc.cluster.local",
+    ] {
+        assert_eq!(
+            setup.getaddrinfo(name),
+            vip,
+            "getaddrinfo {name}\n{}",
+            logs(&setup.cluster)
+        );
+        assert_eq!(setup.dig_short(name), vip, "dig {name}");
+    }
+    let mesh_only = vec![MESH_ONLY.1.to_owned()];
+    assert_eq!(setup.getaddrinfo(MESH_ONLY.0), mesh_only);
+    assert_eq!(setup.dig_short(MESH_ONLY.0), mesh_only);
+    // The mesh's names never reach the upstream.
+    assert!(
+        !setup
+            .nameserver
+            .asked()
+            .iter()
+            .any(|asked| asked.contains("echo")),
+        "{:?}",
+        setup.nameserver.asked()
+    );
+
+    // A name outside the mesh is the upstream's answer, forwarded.
+    let outside = vec![OUTSIDE.1.to_string()];
+    assert_eq!(setup.getaddrinfo(OUTSIDE.0), outside);
+    assert_eq!(setup.dig_short(OUTSIDE.0), outside);
+    assert!(
+        setup
+            .nameserver
+            .asked()
+            .contains(&format!("udp {}", OUTSIDE.0))
+    );
+
+    // A name nobody knows.
+    let missing = setup.dig(&["nothing-here.example", "A"]);
+    assert_eq!(status(&missing), "NXDOMAIN", "{missing}");
+    assert!(setup.getaddrinfo("nothing-here.example").is_empty());
+
+    let udp = metric(
+        &setup.cluster,
+        "node-a",
+        "istio_dns_requests_total",
+        &["request_protocol=\"udp\"", "request_query_type=\"a\""],
+    );
+    assert!(udp > 0.0, "istio_dns_requests_total counts the queries");
+    let forwarded = metric(
+        &setup.cluster,
+        "node-a",
+        "istio_dns_upstream_requests_total",
+        &[],
+    );
+    assert!(
+        forwarded > 0.0,
+        "istio_dns_upstream_requests_total counts the forwarded ones"
+    );
+}
+
+#[test]
+fn an_answer_too_large_for_udp_is_truncated_and_the_tcp_retry_carries_it_all() {
+    let Some(setup) = start("dns-truncation", true, &[]) else {
+        return;
+    };
+    for (name, count) in [(MANY, MANY_COUNT), (BIG, BIG_COUNT)] {
+        let udp = setup.dig(&["+ignore", "+bufsize=512", name, "A"]);
+        assert!(udp.contains(" tc"), "{name} over UDP is truncated:\n{udp}");
+        assert!(answer_count(&udp) < usize::from(count), "{udp}");
+        // dig retries over TCP on TC, as resolvers do.
+        let retried = setup.dig(&["+bufsize=512", name, "A"]);
+        assert_eq!(
+            answer_count(&retried),
+            usize::from(count),
+            "{name}:\n{retried}"
+        );
+    }
+    assert!(setup.nameserver.asked().contains(&format!("tcp {BIG}")));
+}
+
+#[test]
+fn a_connection_to_a_name_the_proxy_answered_reaches_the_service_through_ztunnel() {
+    // Over HBONE, not the same-node shortcut: the tunnel's mTLS is what
+    // proves the identity.
+    let Some(setup) = start("dns-connect", true, &[("SAME_NODE_SHORTCUT", "false")]) else {
+        return;
+    };
+    let addresses = setup.getaddrinfo("echo");
+    let vip: IpAddr = addresses.first().expect("echo resolves").parse().unwrap();
+    let client = setup.cluster.pod("client").unwrap();
+    assert!(
+        eventually(|| client.echoes(SocketAddr::new(vip, SERVICE_PORT))),
+        "{}",
+        logs(&setup.cluster)
+    );
+    assert!(
+        delivered_over_mtls(&setup.cluster, "node-a", "server", "client") > 0,
+        "delivered with the client's identity:\n{}",
+        logs(&setup.cluster)
+    );
+}
+
+#[test]
+fn a_pod_flooding_its_resolver_does_not_starve_another_pods_queries() {
+    let Some(setup) = start("dns-flood", true, &[]) else {
+        return;
+    };
+    // The server pod sends queries as fast as it can, without waiting for
+    // answers, half of them forwarded, for at most FLOOD_TIME or
+    // FLOOD_COUNT queries.
+    let flooder = setup.cluster.pod("server").unwrap();
+    let socket = flooder
+        .ns
+        .run(|| std::net::UdpSocket::bind("0.0.0.0:0"))
+        .unwrap()
+        .unwrap();
+    let target = setup.nameserver.addr;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let flood = std::thread::spawn(move || {
+        let queries = [query("echo.default.svc.cluster.local."), query(OUTSIDE.0)];
+        let started = Instant::now();
+        let mut sent = 0usize;
+        while sent < FLOOD_COUNT
+            && started.elapsed() < FLOOD_TIME
+            && !stopped.load(Ordering::Relaxed)
+        {
+            let _ = socket.send_to(&queries[sent % 2], target);
+            sent += 1;
+        }
+        sent
+    });
+    // Meanwhile the client's queries are answered.
+    let vip = vec![VIP.to_owned()];
+    for round in 0..5 {
+        assert_eq!(
+            setup.dig_short("echo"),
+            vip,
+            "round {round}\n{}",
+            logs(&setup.cluster)
+        );
+        assert_eq!(
+            setup.dig_short(OUTSIDE.0),
+            vec![OUTSIDE.1.to_string()],
+            "round {round}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    assert!(sent > 0);
+}
+
+/// A recursive A query for `name`, as bytes.
+fn query(name: &str) -> Vec<u8> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut message = Message::query();
+    message.metadata.recursion_desired = true;
+    message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    message.to_vec().unwrap()
+}
+
+#[test]
+fn with_capture_off_the_pods_queries_go_to_the_upstream_itself() {
+    let Some(setup) = start("dns-off", false, &[]) else {
+        return;
+    };
+    // The upstream does not know the mesh's names, and now it is the one
+    // that answers.
+    let answer = setup.dig(&["echo.default.svc.cluster.local", "A"]);
+    assert_eq!(status(&answer), "NXDOMAIN", "{answer}");
+    assert!(
+        setup
+            .nameserver
+            .asked()
+            .contains(&"udp echo.default.svc.cluster.local.".to_owned())
+    );
+    assert_eq!(setup.dig_short(OUTSIDE.0), vec![OUTSIDE.1.to_string()]);
+    assert_eq!(
+        metric(&setup.cluster, "node-a", "istio_dns_requests_total", &[]),
+        0.0
+    );
+}
