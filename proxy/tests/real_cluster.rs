@@ -29,6 +29,8 @@ use ztunnel_test_support::wait;
 
 #[path = "real_cluster/clients.rs"]
 mod clients;
+#[path = "real_cluster/dns.rs"]
+mod dns;
 #[path = "real_cluster/rollouts.rs"]
 mod rollouts;
 #[path = "real_cluster/waypoint.rs"]
@@ -88,7 +90,10 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         install(&cluster, &helm, &root);
         let app = App::deploy(&cluster);
         traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
-        a_service_name_resolved_by_the_cluster_dns_goes_through_ztunnel(&cluster, &app);
+        a_service_name_resolved_for_every_connection_goes_through_ztunnel(&cluster, &app);
+        dns::a_meshed_pods_lookups_are_answered_by_its_ztunnel_or_forwarded_to_the_cluster_dns(
+            &cluster, &app,
+        );
         ztunnels_metrics_show_the_identities(&cluster);
         a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
         a_pod_scaled_up_later_is_meshed_before_its_first_connection(&cluster, &app);
@@ -623,9 +628,10 @@ spec:
 }
 
 /// A client that dials the Service by its name (the pod's resolver asks
-/// the cluster DNS for every connection): every connection it made reached
-/// an echo pod through ztunnel under its identity.
-fn a_service_name_resolved_by_the_cluster_dns_goes_through_ztunnel(
+/// for every connection; node-a's ztunnel answers, `real_cluster/dns.rs`):
+/// every connection it made reached an echo pod through ztunnel under its
+/// identity.
+fn a_service_name_resolved_for_every_connection_goes_through_ztunnel(
     cluster: &RealCluster,
     app: &App,
 ) {
