@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ztunnel_test_support::cluster::Cluster;
 
-use support::{APP_PORT, PATIENCE, echoes, eventually, logs, metric, one_node};
+use support::{APP_PORT, PATIENCE, echoes, eventually, hold, logs, metric, one_node};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -22,28 +22,6 @@ mod support;
 const LIMIT: usize = 24;
 /// Connections tried over the bound.
 const OVER: usize = 5;
-
-/// Opens `count` connections from `pod` to `target`, each proven carried
-/// by one echoed exchange, and keeps them open.
-fn hold(cluster: &Cluster, pod: &str, target: SocketAddr, count: usize) -> Vec<TcpStream> {
-    let pod = cluster.pod(pod).unwrap();
-    pod.ns
-        .run(move || {
-            (0..count)
-                .map(|_| {
-                    let mut stream =
-                        TcpStream::connect_timeout(&target, Duration::from_secs(3)).unwrap();
-                    stream.set_read_timeout(Some(PATIENCE)).unwrap();
-                    stream.write_all(b"held").unwrap();
-                    let mut reply = [0u8; 4];
-                    stream.read_exact(&mut reply).unwrap();
-                    assert_eq!(&reply, b"held");
-                    stream
-                })
-                .collect::<Vec<_>>()
-        })
-        .unwrap()
-}
 
 /// Whether a new connection from `pod` to `target` is closed without an
 /// answer to what it sends.
@@ -82,7 +60,9 @@ fn beyond_max_connections_new_connections_are_closed_counted_and_served_again_on
         metric(&cluster, "node-a", "ztunnel_connection_limit", &[]),
         LIMIT as f64
     );
-    let mut held = hold(&cluster, "outsider", server, LIMIT);
+    let mut held = (0..LIMIT)
+        .map(|_| hold(&cluster, "outsider", server))
+        .collect::<Vec<_>>();
     assert!(
         eventually(|| carried(&cluster) == LIMIT as f64),
         "carried: {}",
@@ -160,7 +140,9 @@ fn an_hbone_stream_beyond_max_connections_is_refused_with_its_own_count() {
     let server = SocketAddr::from((cluster.pod("server").unwrap().ip, APP_PORT));
     // Two slots left: the client's connection and the tunnel's TLS
     // connection take them, and the stream finds none.
-    let mut held = hold(&cluster, "outsider", server, LIMIT - 2);
+    let mut held = (0..LIMIT - 2)
+        .map(|_| hold(&cluster, "outsider", server))
+        .collect::<Vec<_>>();
     assert!(!echoes(&cluster, "client", "server"), "{}", logs(&cluster));
     let refused = |listener: &str| {
         metric(

@@ -12,6 +12,10 @@ use std::time::Duration;
 
 #[path = "support/mesh.rs"]
 mod mesh;
+#[path = "support/wire_labels.rs"]
+mod wire_labels;
+
+use wire_labels::TRAFFIC_LABELS;
 
 use mesh::{CLIENT_IP, Mesh, OUTSIDE_IP, SERVER_IP};
 use ztunnel_test_support::wait;
@@ -372,38 +376,6 @@ fn the_server_refuses_clients_from_an_unknown_ca_or_another_trust_domain() {
         "the server logs the refusals:\n{log}"
     );
 }
-
-/// WIRE.md §10's traffic labels, in order: what every `istio_tcp_*`
-/// counter family carries on both proxies.
-const TRAFFIC_LABELS: [&str; 27] = [
-    "reporter",
-    "source_workload",
-    "source_canonical_service",
-    "source_canonical_revision",
-    "source_workload_namespace",
-    "source_principal",
-    "source_app",
-    "source_version",
-    "source_cluster",
-    "destination_service",
-    "destination_service_namespace",
-    "destination_service_name",
-    "destination_workload",
-    "destination_canonical_service",
-    "destination_canonical_revision",
-    "destination_workload_namespace",
-    "destination_principal",
-    "destination_app",
-    "destination_version",
-    "destination_cluster",
-    "request_protocol",
-    "response_flags",
-    "connection_security_policy",
-    "source_region",
-    "source_zone",
-    "destination_region",
-    "destination_zone",
-];
 
 /// The label names and values of one sample line, in order.
 fn labels_of(line: &str) -> Vec<(String, String)> {

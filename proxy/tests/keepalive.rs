@@ -8,13 +8,11 @@
 //! every in-pod path goes through them. Needs root, `ip`, `iptables`,
 //! `ss` and containernetworking-plugins; skips with the reason otherwise.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use ztunnel_test_support::cluster::Cluster;
 
-use support::{APP_PORT, HBONE_PORT, PATIENCE, eventually, logs, one_node};
+use support::{APP_PORT, HBONE_PORT, eventually, hold, logs, one_node};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -22,23 +20,6 @@ mod support;
 /// The idle time the test's ztunnel runs with: distinct from Istio's 180 s
 /// and from the kernel's 7200 s, so the timers in `ss` can only be ours.
 const KEEPALIVE_SECS: u64 = 47;
-
-/// Opens a connection from `pod` to `target`, proven carried by one echoed
-/// exchange, and keeps it open.
-fn hold(cluster: &Cluster, pod: &str, target: SocketAddr) -> TcpStream {
-    let pod = cluster.pod(pod).unwrap();
-    pod.ns
-        .run(move || {
-            let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(3)).unwrap();
-            stream.set_read_timeout(Some(PATIENCE)).unwrap();
-            stream.write_all(b"held").unwrap();
-            let mut reply = [0u8; 4];
-            stream.read_exact(&mut reply).unwrap();
-            assert_eq!(&reply, b"held");
-            stream
-        })
-        .unwrap()
-}
 
 /// The established connections in `pod` whose local port is `port`, as
 /// `ss -t -n -o` prints them.

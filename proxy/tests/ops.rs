@@ -19,6 +19,11 @@ use ztunnel_proxy::metrics::{Metrics, Reporter, ResponseFlags, SecurityPolicy, T
 use ztunnel_proxy::readiness::{self, Ready};
 use ztunnel_proxy::telemetry::{self, LogHandle, LogOptions};
 
+#[path = "support/wire_labels.rs"]
+mod wire_labels;
+
+use wire_labels::TRAFFIC_LABELS;
+
 /// Bounds every request, so a broken server fails the test instead of hanging it.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
@@ -162,38 +167,7 @@ async fn metrics_show_wire_names_and_labels_in_order() {
             .split("\",")
             .map(|pair| pair.split_once('=').unwrap().0)
             .collect();
-        assert_eq!(
-            names,
-            [
-                "reporter",
-                "source_workload",
-                "source_canonical_service",
-                "source_canonical_revision",
-                "source_workload_namespace",
-                "source_principal",
-                "source_app",
-                "source_version",
-                "source_cluster",
-                "destination_service",
-                "destination_service_namespace",
-                "destination_service_name",
-                "destination_workload",
-                "destination_canonical_service",
-                "destination_canonical_revision",
-                "destination_workload_namespace",
-                "destination_principal",
-                "destination_app",
-                "destination_version",
-                "destination_cluster",
-                "request_protocol",
-                "response_flags",
-                "connection_security_policy",
-                "source_region",
-                "source_zone",
-                "destination_region",
-                "destination_zone",
-            ]
-        );
+        assert_eq!(names, TRAFFIC_LABELS);
         assert!(opened.contains("source_principal=\"spiffe://cluster.local/ns/a/sa/client\""));
         assert!(text.contains("istio_build{component=\"ztunnel\",tag=\"0.1.0-test\"} 1"));
         assert!(text.lines().any(|line| {

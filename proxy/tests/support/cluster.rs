@@ -6,7 +6,8 @@
 // Each test file uses its own part of this.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, tail};
@@ -121,4 +122,21 @@ pub fn one_node(tag: &str, env: &[(&str, &str)]) -> Option<Cluster> {
     }
     cluster.wait_synced().unwrap();
     Some(cluster)
+}
+
+/// Opens a connection from `pod` to `target`, proven carried by one echoed
+/// exchange, and returns it open.
+pub fn hold(cluster: &Cluster, pod: &str, target: SocketAddr) -> TcpStream {
+    let pod = cluster.pod(pod).unwrap();
+    pod.ns
+        .run(move || {
+            let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(3)).unwrap();
+            stream.set_read_timeout(Some(PATIENCE)).unwrap();
+            stream.write_all(b"held").unwrap();
+            let mut reply = [0u8; 4];
+            stream.read_exact(&mut reply).unwrap();
+            assert_eq!(&reply, b"held");
+            stream
+        })
+        .unwrap()
 }
