@@ -83,35 +83,45 @@ impl Proxy {
         if let Some(workload) = self.local_workload() {
             return Some(workload);
         }
-        // Subscribed before looking again, so a push in between is seen.
-        let mut changes = self.state.subscribe();
         let started = tokio::time::Instant::now();
-        let deadline = started + self.config.local_workload_wait;
+        let arrived = self
+            .local_workload_within(self.config.local_workload_wait)
+            .await;
+        self.metrics
+            .record_workload_wait(reporter, arrived.is_some());
+        match &arrived {
+            Some(_) => tracing::debug!(
+                namespace = %self.workload.namespace,
+                name = %self.workload.name,
+                waited = ?started.elapsed(),
+                "the local workload arrived"
+            ),
+            None => tracing::warn!(
+                namespace = %self.workload.namespace,
+                name = %self.workload.name,
+                waited = ?self.config.local_workload_wait,
+                "the control plane has not described this pod's workload yet; connection refused"
+            ),
+        }
+        arrived
+    }
+
+    /// The served workload once the state describes it, waiting at most
+    /// `wait`; neither logged nor counted, which is the caller's part.
+    pub async fn local_workload_within(&self, wait: Duration) -> Option<Arc<Workload>> {
+        // Subscribed before looking, so a push in between is seen.
+        let mut changes = self.state.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(workload) = self.local_workload() {
-                self.metrics.record_workload_wait(reporter, true);
-                tracing::debug!(
-                    namespace = %self.workload.namespace,
-                    name = %self.workload.name,
-                    waited = ?started.elapsed(),
-                    "the local workload arrived"
-                );
                 return Some(workload);
             }
             match tokio::time::timeout_at(deadline, changes.changed()).await {
                 Ok(Ok(())) => {}
                 // The deadline, or the state's sender gone (shutting down).
-                Ok(Err(_)) | Err(_) => break,
+                Ok(Err(_)) | Err(_) => return None,
             }
         }
-        self.metrics.record_workload_wait(reporter, false);
-        tracing::warn!(
-            namespace = %self.workload.namespace,
-            name = %self.workload.name,
-            waited = ?self.config.local_workload_wait,
-            "the control plane has not described this pod's workload yet; connection refused"
-        );
-        None
     }
 
     /// Whether `workload` is the one this proxy serves.

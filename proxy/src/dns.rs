@@ -24,9 +24,6 @@
 //! - The search list is fixed (`<ns>.svc.<d>`, `svc.<d>`, `<d>`), as
 //!   istio/ztunnel has it; reading the pod's own resolv.conf would also
 //!   strip the suffixes of a pod with a custom `dnsConfig`.
-//! - A query from a workload the state does not know yet is answered
-//!   SERVFAIL at once (the client retries); istio/ztunnel waits up to 5 s
-//!   for the workload.
 
 use std::net::SocketAddr;
 use std::path::Path;

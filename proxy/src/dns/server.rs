@@ -267,6 +267,21 @@ pub async fn respond(
             return wire::format_error(query);
         }
     };
+    // A new pod asks for names as soon as its network is up, which can be
+    // before the push that describes it: the query waits for it as a
+    // connection does (LOCAL_WORKLOAD_WAIT, Istio's 5 s), then is answered
+    // SERVFAIL if it is still unknown.
+    let unknown = proxy.local_workload().is_none()
+        && proxy
+            .state
+            .read()
+            .workload_by_address("", source.ip())
+            .is_none();
+    if unknown {
+        proxy
+            .local_workload_within(proxy.config.local_workload_wait)
+            .await;
+    }
     let (decision, labels) = {
         let state = proxy.state.read();
         let workload = proxy
