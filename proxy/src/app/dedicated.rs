@@ -60,6 +60,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         pool: Pool::new(app::pool_config(config)),
         resolver: node.resolver.clone(),
         tracker: Tracker::default(),
+        outbound_tracker: Tracker::default(),
         capacity: Arc::clone(&node.capacity),
         workload,
         drain: node.drain.clone(),

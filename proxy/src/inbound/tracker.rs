@@ -1,9 +1,13 @@
-//! Open inbound connections, kept so that a policy change can re-check them
-//! and close the ones no longer allowed. Closing cancels the connection's
-//! stop token, which its copy waits on: the copy ends, reports its close,
-//! and drops both sides.
+//! Open connections of one pod's proxy: inbound ones, kept so that a
+//! policy change can re-check them and close the ones no longer allowed,
+//! and outbound ones, kept only to be listed. Closing cancels the
+//! connection's stop token, which its copy waits on: the copy ends, reports
+//! its close, and drops both sides. Each entry also carries what
+//! `/config_dump` lists of it ([`Shown`]); how that is rendered is the
+//! dump's business.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -13,7 +17,7 @@ use crate::inbound::decision::still_allowed;
 use crate::rbac::{Connection, DenyReason};
 use crate::state::State;
 
-/// The open connections.
+/// The open connections of one direction.
 #[derive(Debug, Clone, Default)]
 pub struct Tracker {
     /// Boxed entries: the table keeps spare slots as it grows, and a slot
@@ -24,6 +28,15 @@ pub struct Tracker {
 
 #[derive(Debug)]
 struct Tracked {
+    /// What a policy re-check needs; `None` for an outbound connection,
+    /// which no policy of this pod governs.
+    recheck: Option<Recheck>,
+    /// What `/config_dump` lists.
+    shown: Shown,
+}
+
+#[derive(Debug)]
+struct Recheck {
     connection: Connection,
     /// What the connection's copy waits on.
     stop: CancellationToken,
@@ -31,19 +44,60 @@ struct Tracked {
     closed_by: Arc<OnceLock<DenyReason>>,
 }
 
+/// An open connection as `/config_dump`'s `connections` lists it
+/// (AMBIENT.md §6.6). Addresses are kept, not strings: the text is made
+/// only when the dump is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shown {
+    /// The client's address.
+    pub src: SocketAddr,
+    /// What the client asked for, where that differs from where it went:
+    /// inbound, the HBONE CONNECT's target (`None` on plaintext); outbound,
+    /// the captured original destination.
+    pub original_dst: Option<SocketAddr>,
+    /// Where the connection goes: inbound, the application's address;
+    /// outbound, the address dialled (a ztunnel's or gateway's HBONE port,
+    /// or the destination itself over TCP).
+    pub actual_dst: SocketAddr,
+    /// How it is carried.
+    pub protocol: ShownProtocol,
+}
+
+/// How a connection is carried, by the names `/config_dump` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShownProtocol {
+    /// Plain TCP.
+    Tcp,
+    /// One HBONE tunnel.
+    Hbone,
+    /// An HBONE tunnel inside another, through a network gateway.
+    DoubleHbone,
+}
+
+impl ShownProtocol {
+    /// The name `/config_dump` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShownProtocol::Tcp => "TCP",
+            ShownProtocol::Hbone => "HBONE",
+            ShownProtocol::DoubleHbone => "DOUBLEHBONE",
+        }
+    }
+}
+
 /// Keeps a connection tracked; dropping it forgets the connection.
 #[derive(Debug)]
 pub struct TrackedGuard {
     tracker: Tracker,
     id: u64,
-    closed_by: Arc<OnceLock<DenyReason>>,
+    closed_by: Option<Arc<OnceLock<DenyReason>>>,
 }
 
 impl TrackedGuard {
     /// Why a policy re-check closed the connection, if one did: what its
     /// close reports instead of the copy's broken pipe.
     pub fn closed_by_policy(&self) -> Option<&DenyReason> {
-        self.closed_by.get()
+        self.closed_by.as_deref().and_then(OnceLock::get)
     }
 }
 
@@ -57,18 +111,36 @@ pub struct Closed {
 }
 
 impl Tracker {
-    /// Tracks `connection`, whose copy stops when `stop` is cancelled.
-    pub fn track(&self, connection: Connection, stop: CancellationToken) -> TrackedGuard {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
+    /// Tracks the inbound `connection`, whose copy stops when `stop` is
+    /// cancelled.
+    pub fn track(
+        &self,
+        connection: Connection,
+        shown: Shown,
+        stop: CancellationToken,
+    ) -> TrackedGuard {
         let closed_by = Arc::new(OnceLock::new());
-        self.lock().insert(
-            id,
-            Box::new(Tracked {
-                connection,
-                stop,
-                closed_by: Arc::clone(&closed_by),
-            }),
-        );
+        let recheck = Recheck {
+            connection,
+            stop,
+            closed_by: Arc::clone(&closed_by),
+        };
+        self.insert(Some(recheck), shown, Some(closed_by))
+    }
+
+    /// Tracks an outbound connection, only to list it.
+    pub fn track_listed(&self, shown: Shown) -> TrackedGuard {
+        self.insert(None, shown, None)
+    }
+
+    fn insert(
+        &self,
+        recheck: Option<Recheck>,
+        shown: Shown,
+        closed_by: Option<Arc<OnceLock<DenyReason>>>,
+    ) -> TrackedGuard {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, Box::new(Tracked { recheck, shown }));
         TrackedGuard {
             tracker: self.clone(),
             id,
@@ -76,25 +148,33 @@ impl Tracker {
         }
     }
 
+    /// What `/config_dump` lists of every open connection, in no order.
+    pub fn shown(&self) -> Vec<Shown> {
+        self.lock().values().map(|tracked| tracked.shown).collect()
+    }
+
     /// Re-checks every open connection against `state` and closes the ones
     /// it no longer allows.
     pub fn recheck(&self, state: &State) -> Vec<Closed> {
         let mut closed = Vec::new();
         let mut open = self.lock();
-        open.retain(
-            |_, tracked| match still_allowed(state, &tracked.connection) {
+        open.retain(|_, tracked| {
+            let Some(recheck) = &tracked.recheck else {
+                return true;
+            };
+            match still_allowed(state, &recheck.connection) {
                 Ok(()) => true,
                 Err(reason) => {
-                    let _ = tracked.closed_by.set(reason.clone());
-                    tracked.stop.cancel();
+                    let _ = recheck.closed_by.set(reason.clone());
+                    recheck.stop.cancel();
                     closed.push(Closed {
-                        connection: tracked.connection.clone(),
+                        connection: recheck.connection.clone(),
                         reason,
                     });
                     false
                 }
-            },
-        );
+            }
+        });
         closed
     }
 

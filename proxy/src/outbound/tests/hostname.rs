@@ -127,6 +127,7 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
         pool: Pool::new(PoolConfig::default()),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
         tracker: Tracker::default(),
+        outbound_tracker: Tracker::default(),
         capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),
@@ -160,7 +161,8 @@ fn lines<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
 
 async fn open(proxy: &Proxy, dst: &str) -> Option<(Report, Connected)> {
     let opened = open_to(proxy, PEER.parse().unwrap(), dst.parse().unwrap());
-    tokio::time::timeout(PATIENCE, opened).await.unwrap()
+    let opened = tokio::time::timeout(PATIENCE, opened).await.unwrap();
+    opened.map(|(report, upstream, _shown)| (report, upstream))
 }
 
 #[tokio::test]

@@ -351,6 +351,7 @@ async fn topology() -> Topology {
         }),
         resolver: Resolver::with_nameservers(&[], true).unwrap(),
         tracker: Tracker::default(),
+        outbound_tracker: Tracker::default(),
         capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),
