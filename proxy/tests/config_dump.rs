@@ -62,7 +62,7 @@ fn a_held_connection_is_listed_outbound_in_the_client_and_inbound_in_the_server(
     ) else {
         return;
     };
-    let client = cluster.pod("client").unwrap().ip;
+    let client = IpAddr::from(cluster.pod("client").unwrap().ip);
     let server = cluster.pod("server").unwrap().ip;
     let app = SocketAddr::from((server, APP_PORT));
     let _held = hold(&cluster, "client", app);
