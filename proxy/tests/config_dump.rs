@@ -48,7 +48,7 @@ fn item_is(
     let original = original_dst.map_or(Value::Null, |addr| Value::from(addr.to_string()));
     src.is_some_and(|src| src.ip() == src_ip)
         && item["originalDst"] == original
-        && item["actualDst"] == Value::from(actual_dst.to_string())
+        && item["actualDst"] == actual_dst.to_string()
         && item["protocol"] == protocol
 }
 
