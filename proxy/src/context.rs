@@ -16,7 +16,7 @@ use crate::config::{Config, WorkloadInfo};
 use crate::drain::DrainWatcher;
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
-use crate::inbound::tracker::{Shown, Tracker};
+use crate::inbound::tracker::{OutboundTracker, Shown, Tracker};
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::Pool;
 use crate::resolve::Resolver;
@@ -52,7 +52,7 @@ pub struct Proxy {
     /// Open inbound connections, for policy re-checks and `/config_dump`.
     pub tracker: Tracker,
     /// Open outbound connections, for `/config_dump`.
-    pub outbound_tracker: Tracker,
+    pub outbound_tracker: OutboundTracker,
     /// The bound on connections the process carries, shared by every
     /// pod's proxy.
     pub capacity: Arc<Capacity>,

@@ -17,26 +17,48 @@ use crate::inbound::decision::still_allowed;
 use crate::rbac::{Connection, DenyReason};
 use crate::state::State;
 
-/// The open connections of one direction.
-#[derive(Debug, Clone, Default)]
-pub struct Tracker {
+/// The open connections of one direction: `E` is what each entry keeps
+/// beside what is listed, [`Recheck`] inbound and nothing outbound, where
+/// no policy of this pod governs the connection.
+#[derive(Debug)]
+pub struct Tracker<E = Recheck> {
     /// Boxed entries: the table keeps spare slots as it grows, and a slot
     /// of a pointer is cheaper to keep spare than one of a whole entry.
-    inner: Arc<Mutex<HashMap<u64, Box<Tracked>>>>,
+    inner: Arc<Mutex<HashMap<u64, Box<Tracked<E>>>>>,
     next: Arc<AtomicU64>,
 }
 
+/// The open outbound connections, kept only to be listed.
+pub type OutboundTracker = Tracker<()>;
+
+impl<E> Clone for Tracker<E> {
+    fn clone(&self) -> Self {
+        Tracker {
+            inner: Arc::clone(&self.inner),
+            next: Arc::clone(&self.next),
+        }
+    }
+}
+
+impl<E> Default for Tracker<E> {
+    fn default() -> Self {
+        Tracker {
+            inner: Arc::default(),
+            next: Arc::default(),
+        }
+    }
+}
+
 #[derive(Debug)]
-struct Tracked {
-    /// What a policy re-check needs; `None` for an outbound connection,
-    /// which no policy of this pod governs.
-    recheck: Option<Recheck>,
+struct Tracked<E> {
+    entry: E,
     /// What `/config_dump` lists.
     shown: Shown,
 }
 
+/// What a policy re-check of an inbound connection needs.
 #[derive(Debug)]
-struct Recheck {
+pub struct Recheck {
     connection: Connection,
     /// What the connection's copy waits on.
     stop: CancellationToken,
@@ -87,13 +109,14 @@ impl ShownProtocol {
 
 /// Keeps a connection tracked; dropping it forgets the connection.
 #[derive(Debug)]
-pub struct TrackedGuard {
-    tracker: Tracker,
+pub struct TrackedGuard<E = Recheck> {
+    tracker: Tracker<E>,
     id: u64,
+    /// Set inbound only.
     closed_by: Option<Arc<OnceLock<DenyReason>>>,
 }
 
-impl TrackedGuard {
+impl<E> TrackedGuard<E> {
     /// Why a policy re-check closed the connection, if one did: what its
     /// close reports instead of the copy's broken pipe.
     pub fn closed_by_policy(&self) -> Option<&DenyReason> {
@@ -125,32 +148,7 @@ impl Tracker {
             stop,
             closed_by: Arc::clone(&closed_by),
         };
-        self.insert(Some(recheck), shown, Some(closed_by))
-    }
-
-    /// Tracks an outbound connection, only to list it.
-    pub fn track_listed(&self, shown: Shown) -> TrackedGuard {
-        self.insert(None, shown, None)
-    }
-
-    fn insert(
-        &self,
-        recheck: Option<Recheck>,
-        shown: Shown,
-        closed_by: Option<Arc<OnceLock<DenyReason>>>,
-    ) -> TrackedGuard {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, Box::new(Tracked { recheck, shown }));
-        TrackedGuard {
-            tracker: self.clone(),
-            id,
-            closed_by,
-        }
-    }
-
-    /// What `/config_dump` lists of every open connection, in no order.
-    pub fn shown(&self) -> Vec<Shown> {
-        self.lock().values().map(|tracked| tracked.shown).collect()
+        self.insert(recheck, shown, Some(closed_by))
     }
 
     /// Re-checks every open connection against `state` and closes the ones
@@ -159,9 +157,7 @@ impl Tracker {
         let mut closed = Vec::new();
         let mut open = self.lock();
         open.retain(|_, tracked| {
-            let Some(recheck) = &tracked.recheck else {
-                return true;
-            };
+            let recheck = &tracked.entry;
             match still_allowed(state, &recheck.connection) {
                 Ok(()) => true,
                 Err(reason) => {
@@ -177,6 +173,35 @@ impl Tracker {
         });
         closed
     }
+}
+
+impl OutboundTracker {
+    /// Tracks an outbound connection, only to list it.
+    pub fn track_listed(&self, shown: Shown) -> TrackedGuard<()> {
+        self.insert((), shown, None)
+    }
+}
+
+impl<E> Tracker<E> {
+    fn insert(
+        &self,
+        entry: E,
+        shown: Shown,
+        closed_by: Option<Arc<OnceLock<DenyReason>>>,
+    ) -> TrackedGuard<E> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, Box::new(Tracked { entry, shown }));
+        TrackedGuard {
+            tracker: self.clone(),
+            id,
+            closed_by,
+        }
+    }
+
+    /// What `/config_dump` lists of every open connection, in no order.
+    pub fn shown(&self) -> Vec<Shown> {
+        self.lock().values().map(|tracked| tracked.shown).collect()
+    }
 
     /// How many connections are open.
     pub fn len(&self) -> usize {
@@ -188,14 +213,14 @@ impl Tracker {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Box<Tracked>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Box<Tracked<E>>>> {
         self.inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-impl Drop for TrackedGuard {
+impl<E> Drop for TrackedGuard<E> {
     fn drop(&mut self) {
         self.tracker.lock().remove(&self.id);
     }

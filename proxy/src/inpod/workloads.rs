@@ -25,7 +25,7 @@ use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
@@ -191,7 +191,7 @@ impl Workloads {
             pool: Pool::new(app::pool_config(config)),
             resolver: self.node.resolver.clone(),
             tracker: Tracker::default(),
-            outbound_tracker: Tracker::default(),
+            outbound_tracker: OutboundTracker::default(),
             capacity: Arc::clone(&self.node.capacity),
             workload: pod.workload.clone(),
             drain: watcher.clone(),

@@ -20,7 +20,7 @@ use crate::drain::{self, DrainTrigger};
 use crate::hbone::H2Settings;
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::metrics::{Metrics, encode};
 use crate::pool::{Pool, PoolConfig};
 use crate::resolve::Resolver;
@@ -127,7 +127,7 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
         pool: Pool::new(PoolConfig::default()),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
         tracker: Tracker::default(),
-        outbound_tracker: Tracker::default(),
+        outbound_tracker: OutboundTracker::default(),
         capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),
