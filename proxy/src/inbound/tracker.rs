@@ -225,3 +225,29 @@ impl<E> Drop for TrackedGuard<E> {
         self.tracker.lock().remove(&self.id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shown(port: u16) -> Shown {
+        Shown {
+            src: SocketAddr::from(([10, 0, 0, 1], port)),
+            original_dst: Some(SocketAddr::from(([10, 96, 0, 10], 80))),
+            actual_dst: SocketAddr::from(([10, 0, 0, 2], 15008)),
+            protocol: ShownProtocol::Hbone,
+        }
+    }
+
+    #[test]
+    fn an_outbound_connection_is_listed_until_its_guard_drops() {
+        let tracker = OutboundTracker::default();
+        let first = tracker.track_listed(shown(50000));
+        let second = tracker.track_listed(shown(50001));
+        drop(first);
+        assert_eq!(tracker.shown(), vec![shown(50001)]);
+        assert!(second.closed_by_policy().is_none());
+        drop(second);
+        assert!(tracker.is_empty());
+    }
+}
