@@ -16,7 +16,7 @@ use crate::config::{Config, WorkloadInfo};
 use crate::drain::DrainWatcher;
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Shown, Tracker};
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::Pool;
 use crate::resolve::Resolver;
@@ -49,8 +49,10 @@ pub struct Proxy {
     /// Looks up the addresses of endpoints known by hostname; one for the
     /// process, shared by every pod's proxy.
     pub resolver: Resolver,
-    /// Open inbound connections, for policy re-checks.
+    /// Open inbound connections, for policy re-checks and `/config_dump`.
     pub tracker: Tracker,
+    /// Open outbound connections, for `/config_dump`.
+    pub outbound_tracker: OutboundTracker,
     /// The bound on connections the process carries, shared by every
     /// pod's proxy.
     pub capacity: Arc<Capacity>,
@@ -63,7 +65,24 @@ pub struct Proxy {
     pub local_pods: Option<Arc<LocalPods>>,
 }
 
+/// A proxy's open connections as `/config_dump` lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectionsShown {
+    /// Connections to the served workload.
+    pub inbound: Vec<Shown>,
+    /// Connections from it.
+    pub outbound: Vec<Shown>,
+}
+
 impl Proxy {
+    /// The open connections, for `/config_dump`.
+    pub fn connections(&self) -> ConnectionsShown {
+        ConnectionsShown {
+            inbound: self.tracker.shown(),
+            outbound: self.outbound_tracker.shown(),
+        }
+    }
+
     /// The served workload as the state knows it now.
     pub fn local_workload(&self) -> Option<Arc<Workload>> {
         self.local_workload_in(&self.state.read())

@@ -24,6 +24,7 @@ use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
 use crate::inbound::listeners::{self, AppConnection};
+use crate::inbound::tracker::{Shown, ShownProtocol};
 use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
@@ -134,9 +135,10 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
     // dial for a new pooled connection, the CONNECT exchange) needs far more
     // state than the copy, and an unboxed future would carry it in every
     // open connection's task for the connection's whole life.
-    let Some((report, mut upstream)) = Box::pin(open(proxy, &tcp, peer)).await else {
+    let Some((report, mut upstream, shown)) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
+    let _listed = proxy.outbound_tracker.track_listed(shown);
     // One copy for every kind of upstream, so that an open connection's
     // task holds one copy's state whichever path it took. A same-node
     // connection may leave it, quiet, to be joined in the kernel.
@@ -180,9 +182,13 @@ async fn stopped(proxy: &Proxy, destination: Option<CancellationToken>) {
     }
 }
 
+/// An opened connection: its report, its upstream, and what `/config_dump`
+/// lists of it.
+type Opened = (Report, Connected, Shown);
+
 /// Routes a captured connection and connects its upstream. `None` when it
 /// failed; the failure is logged and its report closed already.
-async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Report, Connected)> {
+async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<Opened> {
     let target = match original_destination(tcp) {
         Ok(target) => target,
         Err(error) => {
@@ -195,11 +201,7 @@ async fn open(proxy: &Proxy, tcp: &TcpStream, peer: SocketAddr) -> Option<(Repor
 
 /// Routes a connection from `peer` to the original destination `target`
 /// and connects its upstream; [`open`] once the destination is known.
-async fn open_to(
-    proxy: &Proxy,
-    peer: SocketAddr,
-    target: SocketAddr,
-) -> Option<(Report, Connected)> {
+async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<Opened> {
     // The route depends on the source workload (its network and locality
     // rank a service's endpoints). A new pod may send before the control
     // plane's push describing it arrives: its first connections wait for
@@ -223,6 +225,12 @@ async fn open_to(
     };
     log_route(&route, peer, target);
     let source = Some(&*source);
+    let mut shown = Shown {
+        src: peer,
+        original_dst: Some(target),
+        actual_dst: target,
+        protocol: ShownProtocol::Tcp,
+    };
     let (report, connected) = match route {
         Route::Refuse(refusal) => {
             access_log::failed(peer, target, Direction::Outbound, &refusal);
@@ -233,6 +241,7 @@ async fn open_to(
             workload,
             service,
         } => {
+            shown.actual_dst = target;
             open_tcp(
                 proxy,
                 peer,
@@ -243,15 +252,25 @@ async fn open_to(
             )
             .await
         }
-        Route::Hbone(route) => open_hbone(proxy, peer, source, &route).await,
-        Route::DoubleHbone(route) => open_double_hbone(proxy, peer, source, target, &route).await,
+        Route::Hbone(route) => {
+            (shown.actual_dst, shown.protocol) = (route.dial, ShownProtocol::Hbone);
+            open_hbone(proxy, peer, source, &route).await
+        }
+        Route::DoubleHbone(route) => {
+            (shown.actual_dst, shown.protocol) = (route.dial, ShownProtocol::DoubleHbone);
+            open_double_hbone(proxy, peer, source, target, &route).await
+        }
         Route::Resolve(pending) => match resolve(proxy, peer, source, &pending).await {
-            Ok(Direct::Hbone(route)) => open_hbone(proxy, peer, source, &route).await,
+            Ok(Direct::Hbone(route)) => {
+                (shown.actual_dst, shown.protocol) = (route.dial, ShownProtocol::Hbone);
+                open_hbone(proxy, peer, source, &route).await
+            }
             Ok(Direct::Tcp {
                 target,
                 workload,
                 service,
             }) => {
+                shown.actual_dst = target;
                 open_tcp(
                     proxy,
                     peer,
@@ -277,7 +296,7 @@ async fn open_to(
         },
     };
     match connected {
-        Ok(upstream) => Some((report, upstream)),
+        Ok(upstream) => Some((report, upstream, shown)),
         Err(error) => {
             let flags = flags(&error);
             if flags == ResponseFlags::CertRevoked {

@@ -13,7 +13,7 @@ use crate::context::{self, Proxy};
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::outbound;
 use crate::pool::Pool;
 use crate::socket::LocalSockets;
@@ -60,6 +60,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         pool: Pool::new(app::pool_config(config)),
         resolver: node.resolver.clone(),
         tracker: Tracker::default(),
+        outbound_tracker: OutboundTracker::default(),
         capacity: Arc::clone(&node.capacity),
         workload,
         drain: node.drain.clone(),

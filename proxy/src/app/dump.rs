@@ -18,7 +18,9 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::admin::ConfigDump;
 use crate::config::{Config, ProxyMode, local};
+use crate::context::ConnectionsShown;
 use crate::identity::manager::{CertificateSummary, IdentityManager};
+use crate::inbound::tracker::Shown;
 use crate::inpod::PodInfo;
 use crate::inpod::workloads::Workloads;
 use crate::state::{SharedState, State};
@@ -78,7 +80,7 @@ fn render(
     state: &State,
     file: Option<&State>,
     certificates: &[CertificateSummary],
-    pods: Option<&[PodInfo]>,
+    pods: Option<&[(PodInfo, Option<ConnectionsShown>)]>,
     config: &Config,
 ) -> Value {
     let static_config = match file {
@@ -107,20 +109,50 @@ fn render(
     dump
 }
 
-/// `workloadState`: each pod served, by its uid from ZDS.
-fn workload_state(pods: &[PodInfo]) -> Value {
+/// `workloadState`: each pod served, by its uid from ZDS, with its
+/// proxy's open connections while the proxy runs.
+fn workload_state(pods: &[(PodInfo, Option<ConnectionsShown>)]) -> Value {
     let pods: BTreeMap<&str, Value> = pods
         .iter()
-        .map(|pod| {
+        .map(|(pod, connections)| {
             let info = json!({
                 "name": &*pod.workload.name,
                 "namespace": &*pod.workload.namespace,
                 "serviceAccount": &*pod.workload.service_account,
             });
-            (&*pod.uid, json!({"info": info, "state": "Up"}))
+            let mut entry = json!({"info": info, "state": "Up"});
+            if let (Some(connections), Value::Object(entry)) = (connections, &mut entry) {
+                entry.insert("connections".to_owned(), connections_shown(connections));
+            }
+            (&*pod.uid, entry)
         })
         .collect();
     json!(pods)
+}
+
+/// A proxy's `connections`: each direction's items sorted by source,
+/// then destination, so that the dump reads the same between requests.
+fn connections_shown(connections: &ConnectionsShown) -> Value {
+    let items = |shown: &[Shown]| {
+        let mut shown = shown.to_vec();
+        shown.sort_by_key(|item| (item.src, item.actual_dst, item.original_dst));
+        shown.iter().map(connection_item).collect::<Vec<Value>>()
+    };
+    json!({
+        "inbound": items(&connections.inbound),
+        "outbound": items(&connections.outbound),
+    })
+}
+
+/// One item: `{src, originalDst, actualDst, protocol}`, addresses as
+/// `ip:port` and `originalDst` `null` when there is none.
+fn connection_item(shown: &Shown) -> Value {
+    json!({
+        "actualDst": shown.actual_dst.to_string(),
+        "originalDst": shown.original_dst.map(|addr| addr.to_string()),
+        "protocol": shown.protocol.name(),
+        "src": shown.src.to_string(),
+    })
 }
 
 /// The settings an operator asks about first, under istio/ztunnel's names.

@@ -29,7 +29,7 @@ use crate::hbone::{
 };
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
-use crate::inbound::tracker::TrackedGuard;
+use crate::inbound::tracker::{Shown, ShownProtocol, TrackedGuard};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
@@ -199,9 +199,18 @@ async fn open_upstream_for(
             return Err(answer.refusal);
         }
     };
+    let shown = Shown {
+        src: SocketAddr::new(arrival.source_ip, arrival.source_port),
+        original_dst: arrival.peer_identity.as_ref().map(|_| arrival.target),
+        actual_dst: admitted.upstream,
+        protocol: match arrival.peer_identity {
+            Some(_) => ShownProtocol::Hbone,
+            None => ShownProtocol::Tcp,
+        },
+    };
     let connection = admitted.connection;
     let stop = proxy.drain.stop_token();
-    let tracked = proxy.tracker.track(connection, stop.clone());
+    let tracked = proxy.tracker.track(connection, shown, stop.clone());
     Ok(AppConnection {
         stream: Some(stream),
         report: Some(report),

@@ -19,13 +19,13 @@ use ztunnel_certs::identity::Identity;
 use crate::app;
 use crate::capacity::Capacity;
 use crate::config::Config;
-use crate::context::{self, LocalPods, Proxy};
+use crate::context::{self, ConnectionsShown, LocalPods, Proxy};
 use crate::dns::{self, server::Dns};
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
@@ -105,14 +105,20 @@ impl Workloads {
         }
     }
 
-    /// The pods served, sorted by uid, for `/config_dump`.
-    pub fn pods(&self) -> Vec<PodInfo> {
-        let mut pods: Vec<PodInfo> = self
+    /// The pods served, sorted by uid, each with its proxy's open
+    /// connections (`None` once the proxy has stopped), for `/config_dump`.
+    pub fn pods(&self) -> Vec<(PodInfo, Option<ConnectionsShown>)> {
+        let served: Vec<(PodInfo, Weak<Proxy>)> = self
             .lock()
             .values()
-            .map(|served| served.info.clone())
+            .map(|served| (served.info.clone(), Weak::clone(&served.proxy)))
             .collect();
-        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        // Each proxy's trackers are locked after the pods' lock is let go.
+        let mut pods: Vec<_> = served
+            .into_iter()
+            .map(|(info, proxy)| (info, proxy.upgrade().map(|proxy| proxy.connections())))
+            .collect();
+        pods.sort_by(|(a, _), (b, _)| a.uid.cmp(&b.uid));
         pods
     }
 
@@ -185,6 +191,7 @@ impl Workloads {
             pool: Pool::new(app::pool_config(config)),
             resolver: self.node.resolver.clone(),
             tracker: Tracker::default(),
+            outbound_tracker: OutboundTracker::default(),
             capacity: Arc::clone(&self.node.capacity),
             workload: pod.workload.clone(),
             drain: watcher.clone(),

@@ -17,14 +17,16 @@ use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_ro
 use super::*;
 use crate::config::WorkloadInfo;
 use crate::identity::manager::CertificateState;
+use crate::inbound::tracker::ShownProtocol;
 
 mod reader;
 
 use reader::{
-    ActionRead, ApplicationTunnelRead, CidrVipRead, EndpointRead, GatewayRead, HealthPolicyRead,
-    IpFamiliesRead, LoadBalancerRead, LocalityRead, MatchRead, ModeRead, NetworkModeRead,
-    PodInfoRead, PodStateName, PolicyScopeRead, Protocol, ScopeRead, ServiceAccountRead, Sorted,
-    Status, StringMatchRead, Top, VisibilityRead, WeightedWaypointRead, WorkloadTypeRead,
+    ActionRead, ApplicationTunnelRead, CidrVipRead, ConnectionProtocolRead, ConnectionRead,
+    ConnectionsRead, EndpointRead, GatewayRead, HealthPolicyRead, IpFamiliesRead, LoadBalancerRead,
+    LocalityRead, MatchRead, ModeRead, NetworkModeRead, PodInfoRead, PodStateName, PolicyScopeRead,
+    Protocol, ScopeRead, ServiceAccountRead, Sorted, Status, StringMatchRead, Top, VisibilityRead,
+    WeightedWaypointRead, WorkloadTypeRead,
 };
 
 // ---- The mesh under test. ----
@@ -180,15 +182,62 @@ fn summaries() -> Vec<CertificateSummary> {
     ]
 }
 
-fn pods() -> Vec<PodInfo> {
-    vec![PodInfo {
-        uid: "0d2c-pod-uid".into(),
+/// The running pod's connections: inbound over HBONE and plaintext,
+/// outbound each way a connection leaves.
+fn connections() -> ConnectionsShown {
+    let item = |src: &str, original_dst: Option<&str>, actual_dst: &str, protocol| Shown {
+        src: src.parse().unwrap(),
+        original_dst: original_dst.map(|addr| addr.parse().unwrap()),
+        actual_dst: actual_dst.parse().unwrap(),
+        protocol,
+    };
+    ConnectionsShown {
+        inbound: vec![
+            item("10.0.0.9:41000", None, "10.0.0.1:8080", ShownProtocol::Tcp),
+            item(
+                "10.0.0.7:40000",
+                Some("10.0.0.1:8080"),
+                "10.0.0.1:8080",
+                ShownProtocol::Hbone,
+            ),
+        ],
+        outbound: vec![
+            item(
+                "10.0.0.1:50002",
+                Some("10.96.0.30:80"),
+                "10.0.0.30:80",
+                ShownProtocol::Tcp,
+            ),
+            item(
+                "10.0.0.1:50001",
+                Some("10.96.0.20:80"),
+                "172.16.0.1:15008",
+                ShownProtocol::DoubleHbone,
+            ),
+            item(
+                "10.0.0.1:50000",
+                Some("10.96.0.10:80"),
+                "10.0.0.2:15008",
+                ShownProtocol::Hbone,
+            ),
+        ],
+    }
+}
+
+/// A running pod and one whose proxy has stopped.
+fn pods() -> Vec<(PodInfo, Option<ConnectionsShown>)> {
+    let pod = |uid: &str, name: &str| PodInfo {
+        uid: uid.into(),
         workload: WorkloadInfo {
             namespace: "default".into(),
-            name: "server-0".into(),
+            name: name.into(),
             service_account: "server".into(),
         },
-    }]
+    };
+    vec![
+        (pod("0d2c-pod-uid", "server-0"), Some(connections())),
+        (pod("1e3f-pod-uid", "server-1"), None),
+    ]
 }
 
 fn config() -> Config {
@@ -199,12 +248,15 @@ fn config() -> Config {
 }
 
 /// The dump as the admin server sends it, read strictly.
-fn read(pods: Option<&[PodInfo]>) -> (Top, String) {
+fn read(pods: Option<&[(PodInfo, Option<ConnectionsShown>)]>) -> (Top, String) {
     read_with_file(pods, None)
 }
 
 /// [`read`], with `file` as the local file's content.
-fn read_with_file(pods: Option<&[PodInfo]>, file: Option<&State>) -> (Top, String) {
+fn read_with_file(
+    pods: Option<&[(PodInfo, Option<ConnectionsShown>)]>,
+    file: Option<&State>,
+) -> (Top, String) {
     let rendered = render(&state(), file, &summaries(), pods, &config());
     let text = serde_json::to_string_pretty(&rendered).unwrap();
     serde_json::from_str::<Sorted>(&text).unwrap_or_else(|error| panic!("unsorted: {error}"));
@@ -497,7 +549,87 @@ fn the_top_level_has_istios_keys_and_pods_only_in_shared_mode() {
         }
     );
     assert_eq!(pod.state, PodStateName::Up);
-    assert!(pod.connections.is_none());
+    assert!(
+        pod.connections.is_some(),
+        "a running proxy lists its connections"
+    );
+    assert!(
+        state["1e3f-pod-uid"].connections.is_none(),
+        "a stopped proxy has none"
+    );
+}
+
+#[test]
+fn a_pods_connections_are_listed_by_direction_sorted_by_source() {
+    let pods = pods();
+    let (shared, _) = read(Some(&pods));
+    let state = shared.workload_state.expect("workloadState in shared mode");
+    let item = |src: &str, original_dst: Option<&str>, actual_dst: &str, protocol| ConnectionRead {
+        src: src.parse().unwrap(),
+        original_dst: original_dst.map(|addr| addr.parse().unwrap()),
+        actual_dst: actual_dst.parse().unwrap(),
+        protocol,
+    };
+    assert_eq!(
+        state["0d2c-pod-uid"].connections,
+        Some(ConnectionsRead {
+            inbound: vec![
+                item(
+                    "10.0.0.7:40000",
+                    Some("10.0.0.1:8080"),
+                    "10.0.0.1:8080",
+                    ConnectionProtocolRead::Hbone,
+                ),
+                item(
+                    "10.0.0.9:41000",
+                    None,
+                    "10.0.0.1:8080",
+                    ConnectionProtocolRead::Tcp,
+                ),
+            ],
+            outbound: vec![
+                item(
+                    "10.0.0.1:50000",
+                    Some("10.96.0.10:80"),
+                    "10.0.0.2:15008",
+                    ConnectionProtocolRead::Hbone,
+                ),
+                item(
+                    "10.0.0.1:50001",
+                    Some("10.96.0.20:80"),
+                    "172.16.0.1:15008",
+                    ConnectionProtocolRead::DoubleHbone,
+                ),
+                item(
+                    "10.0.0.1:50002",
+                    Some("10.96.0.30:80"),
+                    "10.0.0.30:80",
+                    ConnectionProtocolRead::Tcp,
+                ),
+            ],
+        })
+    );
+}
+
+#[test]
+fn a_connection_item_must_have_every_key_and_no_other() {
+    let pods = pods();
+    let (_, text) = read(Some(&pods));
+    let value: Value = serde_json::from_str(&text).unwrap();
+    let inbound = &value["workloadState"]["0d2c-pod-uid"]["connections"]["inbound"];
+    assert_eq!(inbound[1]["originalDst"], Value::Null, "shown as null");
+
+    let mut extra = value.clone();
+    extra["workloadState"]["0d2c-pod-uid"]["connections"]["inbound"][0]["surprise"] = json!(1);
+    assert!(serde_json::from_value::<Top>(extra).is_err());
+
+    let mut missing = value;
+    if let Some(item) =
+        missing["workloadState"]["0d2c-pod-uid"]["connections"]["inbound"][1].as_object_mut()
+    {
+        item.remove("originalDst");
+    }
+    assert!(serde_json::from_value::<Top>(missing).is_err());
 }
 
 #[test]

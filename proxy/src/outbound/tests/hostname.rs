@@ -20,7 +20,7 @@ use crate::drain::{self, DrainTrigger};
 use crate::hbone::H2Settings;
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::metrics::{Metrics, encode};
 use crate::pool::{Pool, PoolConfig};
 use crate::resolve::Resolver;
@@ -127,6 +127,7 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
         pool: Pool::new(PoolConfig::default()),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
         tracker: Tracker::default(),
+        outbound_tracker: OutboundTracker::default(),
         capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),
@@ -160,7 +161,8 @@ fn lines<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
 
 async fn open(proxy: &Proxy, dst: &str) -> Option<(Report, Connected)> {
     let opened = open_to(proxy, PEER.parse().unwrap(), dst.parse().unwrap());
-    tokio::time::timeout(PATIENCE, opened).await.unwrap()
+    let opened = tokio::time::timeout(PATIENCE, opened).await.unwrap();
+    opened.map(|(report, upstream, _shown)| (report, upstream))
 }
 
 #[tokio::test]

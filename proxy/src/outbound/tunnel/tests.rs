@@ -38,7 +38,7 @@ use crate::hbone::{
 };
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::Tracker;
+use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::metrics::Metrics;
 use crate::outbound::route::{Route, route};
 use crate::pool::{Pool, PoolConfig};
@@ -351,6 +351,7 @@ async fn topology() -> Topology {
         }),
         resolver: Resolver::with_nameservers(&[], true).unwrap(),
         tracker: Tracker::default(),
+        outbound_tracker: OutboundTracker::default(),
         capacity: Arc::new(crate::capacity::Capacity::new(64)),
         workload: WorkloadInfo {
             namespace: "default".into(),

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Top {
@@ -304,8 +303,34 @@ pub(super) struct CertRead {
 pub(super) struct PodStateRead {
     pub(super) info: PodInfoRead,
     pub(super) state: PodStateName,
-    /// Only for running proxies; not yet filled by ours.
-    pub(super) connections: Option<Value>,
+    /// Only for running proxies.
+    pub(super) connections: Option<ConnectionsRead>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConnectionsRead {
+    pub(super) inbound: Vec<ConnectionRead>,
+    pub(super) outbound: Vec<ConnectionRead>,
+}
+
+/// Every key required; `originalDst` is `null` or an address.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct ConnectionRead {
+    pub(super) src: std::net::SocketAddr,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub(super) original_dst: Option<std::net::SocketAddr>,
+    pub(super) actual_dst: std::net::SocketAddr,
+    pub(super) protocol: ConnectionProtocolRead,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "UPPERCASE")]
+pub(super) enum ConnectionProtocolRead {
+    Tcp,
+    Hbone,
+    DoubleHbone,
 }
 
 #[derive(Debug, Deserialize, PartialEq)]
