@@ -1,14 +1,18 @@
 //! `deploy/dashboards/ztunnel.json` queries only metrics the proxy exports:
 //! every name in its queries is registered by the functions start-up
 //! registers with (traffic and build, xDS, process and runtime, and the
-//! shared mode's pod proxies), save the kubelet's `container_*`.
+//! shared mode's pod proxies, the DNS proxy), save the kubelet's
+//! `container_*`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: a panic is a failed test
 
+use hickory_proto::rr::RecordType;
 use prometheus_client::registry::Registry;
 use tokio::runtime::Handle;
+use ztunnel_proxy::dns::metrics::{DnsLabels, DnsMetrics};
+use ztunnel_proxy::dns::wire::Transport;
 use ztunnel_proxy::metrics::{
-    Metrics, Reporter, ResponseFlags, TrafficLabels, WorkloadManagerMetrics,
+    LabelValue, Metrics, Reporter, ResponseFlags, TrafficLabels, WorkloadManagerMetrics,
     register_process_and_runtime,
 };
 use ztunnel_proxy::xds::XdsMetrics;
@@ -61,13 +65,28 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     let xds = XdsMetrics::register(&mut registry);
     register_process_and_runtime(&mut registry, Handle::current());
     let pods = WorkloadManagerMetrics::register(&mut registry);
+    let dns = DnsMetrics::register(&mut registry);
     // Families show once they have counted something: one failed
-    // connection, one ended xDS stream, one pod proxy.
+    // connection, one ended xDS stream, one pod proxy, one DNS query of
+    // each kind.
     traffic
         .open(TrafficLabels::new(Reporter::Source))
         .close(ResponseFlags::Connect);
     xds.record_termination("test");
     pods.started(1);
+    let dns_labels = DnsLabels {
+        query_type: RecordType::A,
+        protocol: Transport::Udp,
+        canonical_service: LabelValue::unknown(),
+        canonical_revision: LabelValue::unknown(),
+    };
+    for family in [
+        &dns.requests,
+        &dns.upstream_requests,
+        &dns.upstream_failures,
+    ] {
+        family.get_or_create(&dns_labels).inc();
+    }
     let declared = declared(&registry);
 
     let queried = dashboard_metrics();
