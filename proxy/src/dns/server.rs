@@ -220,7 +220,8 @@ pub async fn serve_tcp(proxy: Arc<Proxy>, dns: Arc<Dns>, listener: TcpListener) 
 }
 
 /// Answers the length-prefixed queries of one connection, one at a time,
-/// each to arrive within the forwarder's timeout.
+/// each to arrive, and its response to be taken, within the forwarder's
+/// timeout.
 async fn serve_connection(
     proxy: &Proxy,
     dns: &Dns,
@@ -247,7 +248,11 @@ async fn serve_connection(
         let mut framed = Vec::with_capacity(response.len() + 2);
         framed.extend_from_slice(&length.to_be_bytes());
         framed.extend_from_slice(&response);
-        stream.write_all(&framed).await?;
+        // A client that stops reading gives its slot back like an idle one.
+        match tokio::time::timeout(forward::TIMEOUT, stream.write_all(&framed)).await {
+            Ok(written) => written?,
+            Err(_) => return Ok(()),
+        }
     }
 }
 
