@@ -69,25 +69,34 @@ pub struct Timing {
     /// 20 ms, since istio's ztunnel starts from 10 ms and doubles before
     /// each wait. It doubles after each failure.
     pub connect_first: Duration,
-    /// The longest wait between connect attempts: 15 s.
+    /// The longest wait between connect attempts: 500 ms ([`SHORT_MAX`]).
     pub connect_max: Duration,
     /// The first wait before connecting again after a connection ended
     /// (read error, close): 5 ms, doubling, jittered by ±20 %, and reset
     /// once the proxy is ready.
     pub reconnect_first: Duration,
-    /// The longest wait before connecting again: 15 s.
+    /// The longest wait before connecting again: 500 ms ([`SHORT_MAX`]).
     pub reconnect_max: Duration,
     /// How often pods whose proxy failed to start are tried again: 5 s.
     pub retry_interval: Duration,
 }
 
+/// The cap of both backoffs, where istio's ztunnel waits up to 15 s. A
+/// node agent that restarts (an upgrade, a crash) is back within seconds,
+/// and every pod it enrolls before ztunnel connects again fails closed
+/// until then (its rules send its traffic to ports nobody listens on yet):
+/// a 15 s cap could keep new pods refused for up to 15 s after the agent
+/// is back. A connect to a missing socket path costs one system call, so
+/// two a second while the agent is away cost nothing.
+pub const SHORT_MAX: Duration = Duration::from_millis(500);
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {
             connect_first: Duration::from_millis(20),
-            connect_max: Duration::from_secs(15),
+            connect_max: SHORT_MAX,
             reconnect_first: Duration::from_millis(5),
-            reconnect_max: Duration::from_secs(15),
+            reconnect_max: SHORT_MAX,
             retry_interval: Duration::from_secs(5),
         }
     }
