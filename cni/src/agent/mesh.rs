@@ -46,6 +46,12 @@ mod sandbox;
 /// and a slow API server must not hold it.
 const UNANNOTATE_WITHIN: Duration = Duration::from_secs(3);
 
+/// How long a pod's add waits for a ztunnel when none is connected: a
+/// ztunnel reconnecting after its own or the agent's restart comes back
+/// within its backoff's cap (500 ms) and then starts the pod's proxy; a
+/// node with no ztunnel at all delays each pod's start by this much only.
+const ZTUNNEL_WAIT: Duration = Duration::from_secs(2);
+
 /// The agent's pods and ztunnel connections.
 pub struct Mesh {
     /// Who the pods are (uid, service account, node), and where their
@@ -187,7 +193,7 @@ impl Mesh {
         match self.source.resolve(&event).await {
             Ok(record) => {
                 in_time(&event, deadline, Instant::now())?;
-                self.enroll(record, deadline).await
+                self.enroll(record, deadline, ZTUNNEL_WAIT).await
             }
             Err(ResolveError::NotEnrolled { pod, reason }) => {
                 tracing::info!(%pod, %reason, "not enrolled in ambient; left alone");
@@ -210,13 +216,34 @@ impl Mesh {
     /// `deadline` bounds the wait for ztunnel's answer and for the
     /// annotation, so the plugin hears the outcome before its own timeout;
     /// the rest runs to its end.
-    pub async fn enroll(&self, record: PodRecord, deadline: Instant) -> Result<(), MeshError> {
+    ///
+    /// With no ztunnel connected, the add waits up to `ztunnel_wait` (and
+    /// the deadline) for one to connect and be sent its snapshot, which
+    /// holds the pod: right after the agent or ztunnel restarts, ztunnel is
+    /// back within a second, and the pod then starts with its proxy in
+    /// place instead of failing closed until then.
+    pub async fn enroll(
+        &self,
+        record: PodRecord,
+        deadline: Instant,
+        ztunnel_wait: Duration,
+    ) -> Result<(), MeshError> {
         let label = format!("{}/{}", record.namespace, record.name);
         let answer = self.install_and_queue(record.clone()).await?;
         tracing::info!(pod = %label, uid = %record.uid, netns = %record.netns.display(), "pod added to the mesh");
         let told = match answer {
             Some(answer) => ZtunnelOutcome::of(tokio::time::timeout_at(deadline, answer).await),
-            None => ZtunnelOutcome::NoZtunnel,
+            None => {
+                // Subscribed after the pod was recorded: any snapshot
+                // marked from now on was built with it.
+                let mut snapshots = self.snapshots();
+                snapshots.borrow_and_update();
+                let until = deadline.min(Instant::now() + ztunnel_wait);
+                match tokio::time::timeout_at(until, snapshots.changed()).await {
+                    Ok(Ok(())) => ZtunnelOutcome::Acked,
+                    Ok(Err(_)) | Err(_) => ZtunnelOutcome::NoZtunnel,
+                }
+            }
         };
         match &told {
             ZtunnelOutcome::Acked => {}

@@ -204,7 +204,7 @@ impl Reconciler {
             return;
         }
         let deadline = Instant::now() + ACK_WITHIN;
-        if let Err(error) = self.mesh.enroll(record, deadline).await {
+        if let Err(error) = self.mesh.enroll(record, deadline, Duration::ZERO).await {
             tracing::warn!(pod = %pod.label(), error = %ErrorChain(&error), "the pod's redirection is not confirmed yet");
         }
     }
@@ -280,7 +280,7 @@ impl Reconciler {
                 tracing::info!(pod = %pod.label(), pid = netns.pid, "enrolling a running pod found through procfs");
             }
             let deadline = Instant::now() + ACK_WITHIN;
-            match self.mesh.enroll(record, deadline).await {
+            match self.mesh.enroll(record, deadline, Duration::ZERO).await {
                 Ok(()) => {}
                 Err(MeshError::AckTimeout | MeshError::Ztunnel(_)) => {
                     // Held with its rules in place; the annotation says
