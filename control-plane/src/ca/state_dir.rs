@@ -105,7 +105,7 @@ impl StateDir {
             let signer = TokenSigner::generate()?;
             create_if_absent(&key_path, signer.private_key_pem().as_bytes(), PRIVATE_MODE)?;
         }
-        let signer = TokenSigner::from_pem(&read(&key_path)?)?;
+        let signer = TokenSigner::from_pem(&SecretPem::new(read(&key_path)?))?;
         let jwks_path = self.file(TOKEN_JWKS_FILE);
         let jwks = signer.jwks_json();
         if read(&jwks_path).ok().as_deref() != Some(jwks.as_str()) {

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rcgen::KeyPair;
 use serde::Serialize;
+use ztunnel_certs::issuer::SecretPem;
 
 use super::token_keys::{TokenKeys, TokenKeysError};
 
@@ -17,8 +18,9 @@ use super::token_keys::{TokenKeys, TokenKeysError};
 pub struct TokenSigner {
     /// The jsonwebtoken form of the private key.
     key: EncodingKey,
-    /// PKCS#8 PEM of the private key, for the state directory.
-    private_key_pem: String,
+    /// PKCS#8 PEM of the private key, for the state directory; wiped when
+    /// the signer is dropped.
+    private_key_pem: SecretPem,
     /// Uncompressed public point (0x04 ‖ x ‖ y), for the JWKS.
     public_point: Vec<u8>,
     /// Key id: a digest of the public key, so tokens name the key that signed them.
@@ -30,7 +32,7 @@ impl TokenSigner {
     pub fn generate() -> Result<Self, TokenError> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
             .map_err(|e| TokenError::Key(e.to_string()))?;
-        Self::from_pem(&key.serialize_pem())
+        Self::from_pem(&SecretPem::new(key.serialize_pem()))
     }
 
     /// A signer from a PKCS#8 PEM P-256 private key.
@@ -44,7 +46,7 @@ impl TokenSigner {
         let kid = URL_SAFE_NO_PAD.encode(digest.as_ref().get(..16).unwrap_or_default());
         Ok(TokenSigner {
             key,
-            private_key_pem: private_key_pem.to_owned(),
+            private_key_pem: SecretPem::new(private_key_pem.to_owned()),
             public_point,
             kid,
         })
