@@ -26,7 +26,7 @@ mod value;
 mod workers;
 mod xds;
 
-pub use dns::{DnsSettings, DnsUpstream};
+pub use dns::{DnsAddress, DnsSettings, DnsUpstream};
 pub use value::{ValueError, WorkloadInfo, parse_duration};
 pub use xds::{DEFAULT_TOKEN_PATH, DEFAULT_XDS_ADDRESS, NodeSettings, XdsSettings};
 

@@ -26,14 +26,14 @@ use ztunnel_certs::identity::Identity;
 fn serve_dns(proxy: &Arc<Proxy>, dns: &Arc<Dns>) {
     let config = &proxy.config;
     let bound = dns::server::bind_listeners(
-        config.dns.port,
+        config.dns.address,
         config.inpod.ipv6_enabled,
         config.packet_mark,
         false,
     )
     .and_then(|listeners| dns::server::serve(proxy, dns, listeners));
     if let Err(error) = bound {
-        tracing::warn!(port = config.dns.port, error = %ErrorChain(&error), "DNS proxy not listening");
+        tracing::warn!(address = %config.dns.address, error = %ErrorChain(&error), "DNS proxy not listening");
     }
 }
 

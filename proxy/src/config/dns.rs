@@ -20,14 +20,63 @@ pub enum DnsUpstream {
     Servers(Vec<SocketAddr>),
 }
 
+/// Where the DNS proxy listens in each pod (or, in dedicated mode, in
+/// ztunnel's own namespace): istio/ztunnel's `DNS_PROXY_ADDR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsAddress {
+    /// This port on 127.0.0.1, and on ::1 when IPv6 is on and the loopback
+    /// has it (`localhost:<port>`, the default `localhost:15053`).
+    Localhost(u16),
+    /// This one address (`ip:port`).
+    Socket(SocketAddr),
+}
+
+impl DnsAddress {
+    /// Reads `localhost:<port>` (any case) or `ip:port` (`[ip]:port` for
+    /// IPv6), as istio/ztunnel reads `DNS_PROXY_ADDR`.
+    fn parse(text: &str) -> Result<DnsAddress, ConfigError> {
+        let invalid = || ConfigError::Value {
+            name: "DNS_PROXY_ADDR",
+            source: ValueError::Range(text.to_owned(), "localhost:<port> or ip:port"),
+        };
+        let text = text.trim();
+        if let Some((host, port)) = text.rsplit_once(':')
+            && host.eq_ignore_ascii_case("localhost")
+        {
+            return port
+                .parse()
+                .map(DnsAddress::Localhost)
+                .map_err(|_| invalid());
+        }
+        text.parse().map(DnsAddress::Socket).map_err(|_| invalid())
+    }
+
+    /// Its port.
+    pub fn port(self) -> u16 {
+        match self {
+            DnsAddress::Localhost(port) => port,
+            DnsAddress::Socket(address) => address.port(),
+        }
+    }
+}
+
+impl std::fmt::Display for DnsAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DnsAddress::Localhost(port) => write!(f, "localhost:{port}"),
+            DnsAddress::Socket(address) => address.fmt(f),
+        }
+    }
+}
+
 /// The DNS proxy's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsSettings {
-    /// Whether the proxy listens on [`DnsSettings::port`] in each pod.
+    /// Whether the proxy listens on [`DnsSettings::address`] in each pod.
     pub enabled: bool,
-    /// The port on 127.0.0.1 (and ::1) in each pod: istio-cni's rules
-    /// redirect to 15053, so only a test has reason to change it.
-    pub port: u16,
+    /// Where it listens: istio-cni's rules redirect to 127.0.0.1:15053, so
+    /// only a test or a custom capture has reason to change it.
+    pub address: DnsAddress,
     /// The suffix of Kubernetes service names, for the search list.
     pub cluster_domain: Arc<str>,
     /// Which namespace's service a hostname resolves to when several
@@ -47,6 +96,10 @@ pub(super) struct DnsArgs {
     /// The DNS proxy's port on the pod's loopback addresses.
     #[arg(long, env = "DNS_PROXY_PORT", default_value_t = DNS_PORT)]
     dns_proxy_port: u16,
+    /// Where the DNS proxy listens, `localhost:<port>` or `ip:port`, as
+    /// istio/ztunnel reads it; when set it replaces `DNS_PROXY_PORT`.
+    #[arg(long, env = "DNS_PROXY_ADDR")]
+    dns_proxy_addr: Option<String>,
     /// The cluster's DNS domain, the suffix of service names.
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     cluster_domain: String,
@@ -86,10 +139,14 @@ impl DnsArgs {
                 .collect::<Result<_, _>>()?;
             DnsUpstream::Servers(servers)
         };
+        let address = match self.dns_proxy_addr.as_deref() {
+            Some(text) if !text.trim().is_empty() => DnsAddress::parse(text)?,
+            _ => DnsAddress::Localhost(self.dns_proxy_port),
+        };
         let cluster_domain = self.cluster_domain.trim_matches('.').to_ascii_lowercase();
         Ok(DnsSettings {
             enabled,
-            port: self.dns_proxy_port,
+            address,
             cluster_domain: cluster_domain.into(),
             preferred_namespace: self
                 .prefered_service_namespace

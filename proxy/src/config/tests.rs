@@ -334,7 +334,7 @@ fn the_dns_proxy_is_on_unless_dns_capture_says_otherwise() {
         config.dns,
         DnsSettings {
             enabled: true,
-            port: 15053,
+            address: DnsAddress::Localhost(15053),
             cluster_domain: "cluster.local".into(),
             preferred_namespace: None,
             upstream: DnsUpstream::ResolvConf("/etc/resolv.conf".into()),
@@ -370,4 +370,51 @@ fn the_dns_proxy_is_on_unless_dns_capture_says_otherwise() {
     );
     let error = parse(&["--dns-upstreams", "nameserver"]).unwrap_err();
     assert!(error.to_string().starts_with("DNS_UPSTREAMS"), "{error}");
+}
+
+#[test]
+fn the_dns_proxy_listens_where_dns_proxy_addr_says_as_istio_reads_it() {
+    let address = |args: &[&str]| parse(args).map(|config| config.dns.address);
+    let cases: [(&[&str], DnsAddress); 6] = [
+        (&["--dns-proxy-port", "5353"], DnsAddress::Localhost(5353)),
+        (
+            &["--dns-proxy-addr", "localhost:15054"],
+            DnsAddress::Localhost(15054),
+        ),
+        (
+            &["--dns-proxy-addr", "LocalHost:53"],
+            DnsAddress::Localhost(53),
+        ),
+        (
+            &["--dns-proxy-addr", "127.0.0.53:53"],
+            DnsAddress::Socket("127.0.0.53:53".parse().unwrap()),
+        ),
+        (
+            &["--dns-proxy-addr", "[::1]:15053"],
+            DnsAddress::Socket("[::1]:15053".parse().unwrap()),
+        ),
+        (
+            &[
+                "--dns-proxy-port",
+                "5353",
+                "--dns-proxy-addr",
+                "localhost:15053",
+            ],
+            DnsAddress::Localhost(15053),
+        ),
+    ];
+    for (args, expected) in cases {
+        assert_eq!(address(args).unwrap(), expected, "{args:?}");
+    }
+    for bad in [
+        "localhost",
+        "localhost:port",
+        "dns.example:53",
+        "127.0.0.1",
+        ":53",
+        "localhost:70000",
+    ] {
+        let error = address(&["--dns-proxy-addr", bad]).unwrap_err().to_string();
+        assert!(error.starts_with("DNS_PROXY_ADDR"), "{bad}: {error}");
+    }
 }

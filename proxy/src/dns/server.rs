@@ -25,7 +25,7 @@ use super::answer::{self, Client, Decision, Settings};
 use super::forward::{self, Forwarder};
 use super::metrics::{DnsLabels, DnsMetrics};
 use super::wire::{self, Transport};
-use crate::config::{Config, DnsUpstream};
+use crate::config::{Config, DnsAddress, DnsUpstream};
 use crate::context::Proxy;
 use crate::metrics::LabelValue;
 use crate::socket::{self, Keepalive};
@@ -72,7 +72,7 @@ impl Dns {
                 })
             }
         };
-        tracing::info!(port = settings.port, upstreams = ?forwarder.upstreams(), "DNS proxy on");
+        tracing::info!(address = %settings.address, upstreams = ?forwarder.upstreams(), "DNS proxy on");
         Some(Arc::new(Dns {
             settings: Settings {
                 cluster_domain: Arc::clone(&settings.cluster_domain),
@@ -89,17 +89,19 @@ impl Dns {
 /// sockets: the caller registers them with the data-plane runtime.
 #[derive(Debug)]
 pub struct Listeners {
-    /// 127.0.0.1, then ::1 when bound.
+    /// The address asked for; for `localhost`, 127.0.0.1 then ::1 when
+    /// bound.
     pub udp: Vec<std::net::UdpSocket>,
     /// The same addresses.
     pub tcp: Vec<std::net::TcpListener>,
 }
 
-/// Binds UDP and TCP `port` on 127.0.0.1, and on ::1 when `ipv6` is on and
-/// the namespace's loopback has it (WIRE.md §1), in the calling thread's
-/// namespace, each with `mark` and, when `reuse_port`, SO_REUSEPORT.
+/// Binds UDP and TCP at `address` in the calling thread's namespace, each
+/// socket with `mark` and, when `reuse_port`, SO_REUSEPORT (WIRE.md §1).
+/// `localhost:<port>` is 127.0.0.1, and ::1 when `ipv6` is on and the
+/// namespace's loopback has it.
 pub fn bind_listeners(
-    port: u16,
+    address: DnsAddress,
     ipv6: bool,
     mark: Option<u32>,
     reuse_port: bool,
@@ -109,12 +111,17 @@ pub fn bind_listeners(
         tcp: Vec::new(),
     };
     let options = |socket: &socket2::Socket| socket.set_reuse_port(reuse_port);
-    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    listeners.udp.push(socket::udp_listen(v4, mark, options)?);
+    let (first, port) = match address {
+        DnsAddress::Localhost(port) => (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), port),
+        DnsAddress::Socket(address) => (address, address.port()),
+    };
+    listeners
+        .udp
+        .push(socket::udp_listen(first, mark, options)?);
     listeners
         .tcp
-        .push(socket::listen(v4, mark, Keepalive::OFF, options)?);
-    if ipv6 {
+        .push(socket::listen(first, mark, Keepalive::OFF, options)?);
+    if ipv6 && matches!(address, DnsAddress::Localhost(_)) {
         let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
         match socket::udp_listen(v6, mark, options) {
             Ok(udp) => {
@@ -363,5 +370,44 @@ fn labels(request: &Message, workload: Option<&Workload>, transport: Transport) 
         protocol: transport,
         canonical_service: value(|workload| &workload.group.canonical_name),
         canonical_revision: value(|workload| &workload.group.canonical_revision),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(listeners: &Listeners) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
+        let udp = listeners
+            .udp
+            .iter()
+            .map(|s| s.local_addr().unwrap())
+            .collect();
+        let tcp = listeners
+            .tcp
+            .iter()
+            .map(|s| s.local_addr().unwrap())
+            .collect();
+        (udp, tcp)
+    }
+
+    #[test]
+    fn localhost_binds_both_loopbacks_and_an_address_binds_only_itself() {
+        let port = ztunnel_test_support::ports::unused_loopback_port()
+            .unwrap()
+            .port();
+        let listeners = bind_listeners(DnsAddress::Localhost(port), true, None, false).unwrap();
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+        let (udp, tcp) = bound(&listeners);
+        assert_eq!(udp.first(), Some(&v4));
+        assert_eq!(udp, tcp);
+        // ::1 when this host's loopback has it.
+        assert!(udp.len() == 1 || udp.get(1) == Some(&v6), "{udp:?}");
+        drop(listeners);
+
+        let other = SocketAddr::from(([127, 0, 0, 53], port));
+        let listeners = bind_listeners(DnsAddress::Socket(other), true, None, false).unwrap();
+        assert_eq!(bound(&listeners), (vec![other], vec![other]));
     }
 }

@@ -226,10 +226,10 @@ impl Workloads {
     /// SO_REUSEPORT as the others).
     fn bind_dns(&self, netns: &PodNetns) -> Result<dns::server::Listeners, StartError> {
         let config = &self.node.config;
-        let (port, ipv6) = (config.dns.port, config.inpod.ipv6_enabled);
+        let (address, ipv6) = (config.dns.address, config.inpod.ipv6_enabled);
         let (mark, reuse_port) = (config.packet_mark, config.inpod.port_reuse);
         netns
-            .run_on_thread(|| dns::server::bind_listeners(port, ipv6, mark, reuse_port))
+            .run_on_thread(|| dns::server::bind_listeners(address, ipv6, mark, reuse_port))
             .map_err(StartError::Netns)?
             .map_err(|source| StartError::Bind {
                 what: "DNS",
