@@ -441,12 +441,14 @@ impl Cluster {
 
     /// Waits until every ztunnel is ready and knows exactly the workloads
     /// of the mesh file (pushed over xDS, or read from the local file,
-    /// which ztunnel reloads about once a second).
+    /// which ztunnel reloads about once a second), and every service set
+    /// with [`MeshFile::set_services`].
     pub fn wait_synced(&self) -> anyhow::Result<()> {
         let wanted = match &self.kube {
             None => self.mesh.workload_uids(),
             Some(_) => self.mesh.workload_uids_by(ClusterApi::workload_uid),
         };
+        let services = self.mesh.service_hostnames();
         for node in &self.nodes {
             node.wait_ready()?;
             let synced = wait::until(START_TIMEOUT, || {
@@ -459,6 +461,17 @@ impl Cluster {
                     "{}: ztunnel knows {:?}, not {wanted:?}",
                     node.name,
                     node.known_workloads()
+                );
+            }
+            let has_services = || {
+                let known = node.known_services();
+                services.iter().all(|hostname| known.contains(hostname))
+            };
+            if !wait::until(START_TIMEOUT, has_services) {
+                bail!(
+                    "{}: ztunnel knows the services {:?}, not all of {services:?}",
+                    node.name,
+                    node.known_services()
                 );
             }
         }

@@ -257,6 +257,18 @@ impl MeshFile {
         self.write()
     }
 
+    /// The hostnames of the services set with [`MeshFile::set_services`].
+    pub(super) fn service_hostnames(&self) -> Vec<String> {
+        let Ok(serde_yaml_ng::Value::Sequence(services)) = serde_yaml_ng::from_str(&self.services)
+        else {
+            return Vec::new();
+        };
+        services
+            .iter()
+            .filter_map(|service| service.get("hostname")?.as_str().map(str::to_owned))
+            .collect()
+    }
+
     /// Puts the pods of `node` on `network` (the default network when
     /// empty). Only with xDS: the control plane gives workloads their
     /// network.

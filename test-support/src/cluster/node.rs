@@ -157,18 +157,29 @@ impl Node {
 
     /// The workload uids ztunnel's `/config_dump` lists.
     pub fn known_workloads(&self) -> Vec<String> {
+        self.config_dump_strings("workloads", "uid")
+    }
+
+    /// The service hostnames ztunnel's `/config_dump` lists.
+    pub fn known_services(&self) -> Vec<String> {
+        self.config_dump_strings("services", "hostname")
+    }
+
+    /// The string `field` of each entry of the `/config_dump` list `list`;
+    /// nothing when ztunnel does not answer.
+    fn config_dump_strings(&self, list: &str, field: &str) -> Vec<String> {
         let Ok((200, body)) = self.http_get(15000, "/config_dump") else {
             return Vec::new();
         };
         let Ok(dump) = serde_json::from_str::<serde_json::Value>(&body) else {
             return Vec::new();
         };
-        dump.get("workloads")
+        dump.get(list)
             .and_then(serde_json::Value::as_array)
-            .map(|workloads| {
-                workloads
+            .map(|entries| {
+                entries
                     .iter()
-                    .filter_map(|workload| workload.get("uid")?.as_str().map(str::to_owned))
+                    .filter_map(|entry| entry.get(field)?.as_str().map(str::to_owned))
                     .collect()
             })
             .unwrap_or_default()
