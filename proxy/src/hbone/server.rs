@@ -299,7 +299,8 @@ where
                         Arc::clone(&handler),
                         dialing,
                     ));
-                    streams.spawn(serve_stream(opening, Arc::clone(&handler), context.revocation.clone()));
+                    let revocation = context.revocation.clone();
+                    streams.spawn(serve_stream(opening, Arc::clone(&handler), revocation));
                 }
                 Some(Err(error)) => return Err(ServerError::H2(error)),
                 None => break,
