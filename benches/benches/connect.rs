@@ -128,7 +128,7 @@ async fn connection() -> Connection {
         let addresses = (CLIENT_ADDR, SERVER_ADDR);
         serve_connection(
             server_io,
-            peer,
+            peer.into(),
             addresses,
             &server_settings,
             server_handler,

@@ -141,7 +141,7 @@ where
         tokio::spawn(async move {
             let addresses = (PEER_ADDR, LOCAL_ADDR);
             let _ =
-                serve_connection(server_io, peer(), addresses, &settings, handler, watcher).await;
+                serve_connection(server_io, peer().into(), addresses, &settings, handler, watcher).await;
         });
         tokio::time::timeout(DEADLINE, client(client_io))
             .await

@@ -30,7 +30,8 @@ pub use headers::{
     connect_headers, forwarded, traceparent,
 };
 pub use server::{
-    InboundHandler, InboundRefusal, InboundRequest, ServerError, accept_tls, serve_connection,
+    AcceptedClient, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,
+    accept_tls, serve_connection,
 };
 pub use stream::{ActiveStream, H2Stream};
 

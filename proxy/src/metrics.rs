@@ -156,6 +156,7 @@ pub struct Metrics {
     joins: Family<JoinLabels, Counter>,
     on_demand_dns: Family<OnDemandDnsLabels, Counter>,
     crl_rejections: Family<ReporterLabels, Counter>,
+    crl_untracked: Family<ReporterLabels, Counter>,
     /// One shared copy of each label set that open connections carry (a
     /// set is ~400 bytes).
     labels: Interner<TrafficLabels>,
@@ -189,6 +190,7 @@ impl Metrics {
             joins: Family::default(),
             on_demand_dns: Family::default(),
             crl_rejections: Family::default(),
+            crl_untracked: Family::default(),
             labels: Interner::default(),
         };
         let build = Family::<BuildLabels, Gauge>::default();
@@ -244,8 +246,13 @@ impl Metrics {
         );
         istio_registry(registry).register(
             "crl_policy_rejections",
-            "Handshakes refused because a revocation list (CRL_PATH) revokes the peer",
+            "Connections refused at the handshake, or closed once open, because a revocation list (CRL_PATH) revokes the peer",
             metrics.crl_rejections.clone(),
+        );
+        istio_registry(registry).register(
+            "crl_untracked_connections",
+            "Connections left unwatched for revocation lists installed while they are open",
+            metrics.crl_untracked.clone(),
         );
         registry.register(
             "ztunnel_policy_closed_connections",
@@ -350,9 +357,18 @@ impl Metrics {
         }
     }
 
-    /// Counts a handshake refused because the peer's chain is revoked.
+    /// Counts a handshake refused, or an open connection closed, because
+    /// the peer's chain is revoked.
     pub fn record_crl_rejection(&self, reporter: Reporter) {
         self.crl_rejections
+            .get_or_create(&ReporterLabels { reporter })
+            .inc();
+    }
+
+    /// Counts a connection that could not be watched for revocation lists
+    /// installed while it is open.
+    pub fn record_crl_untracked(&self, reporter: Reporter) {
+        self.crl_untracked
             .get_or_create(&ReporterLabels { reporter })
             .inc();
     }

@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
+use ztunnel_certs::tls::revocation::Revocation;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
@@ -130,14 +131,21 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
 }
 
 /// One captured connection: set up, then copy until both sides close.
-async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
+async fn handle(proxy: &Proxy, tcp: TcpStream, peer: SocketAddr) {
     // Boxed and gone before the copy: the set-up (routing, a TLS and h2
     // dial for a new pooled connection, the CONNECT exchange) needs far more
     // state than the copy, and an unboxed future would carry it in every
     // open connection's task for the connection's whole life.
-    let Some((report, mut upstream, shown)) = Box::pin(open(proxy, &tcp, peer)).await else {
+    let Some(opened) = Box::pin(open(proxy, &tcp, peer)).await else {
         return;
     };
+    carry(proxy, tcp, opened).await;
+}
+
+/// Copies an opened connection until both sides close or it must stop,
+/// then closes its reports.
+async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
+    let (report, mut upstream, shown) = opened;
     let _listed = proxy.outbound_tracker.track_listed(shown);
     // One copy for every kind of upstream, so that an open connection's
     // task holds one copy's state whichever path it took. A same-node
@@ -146,7 +154,11 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
         Either::Left(_) => (None, None),
         Either::Right(app) => (Some(app.stop().clone()), same_node::join_after(proxy)),
     };
-    let mut stop = pin!(stopped(proxy, destination_stop));
+    let revocation = match &upstream {
+        Either::Left(Either::Right(stream)) => stream.revocation().cloned(),
+        Either::Left(Either::Left(_)) | Either::Right(_) => None,
+    };
+    let mut stop = pin!(stopped(proxy, destination_stop, revocation.as_ref()));
     let copied =
         copy_bidirectional_until_quiet(&mut tcp, &mut upstream, stop.as_mut(), join_after).await;
     let result = match (copied, &mut upstream) {
@@ -157,7 +169,11 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
         (Ok(Ended::Closed(moved) | Ended::Quiet(moved)), _) => Ok(moved),
         (Err(error), _) => Err(error),
     };
-    report.close_with(&result);
+    if revocation::revoked_while_open(revocation.as_ref()) {
+        report.close_revoked(&result);
+    } else {
+        report.close_with(&result);
+    }
     if let Either::Right(app) = &mut upstream {
         listeners::close_report(app, &result);
     }
@@ -170,11 +186,19 @@ async fn handle(proxy: &Proxy, mut tcp: TcpStream, peer: SocketAddr) {
 type Connected = Either<OutboundStream, AppConnection>;
 
 /// Resolves when a connection's copy must stop: the proxy's drain is
-/// forced, or, on the same-node path, the destination stops it (its pod
-/// left, its drain was forced, or a policy re-check no longer allows it).
-async fn stopped(proxy: &Proxy, destination: Option<CancellationToken>) {
+/// forced; on the same-node path, the destination stops it (its pod left,
+/// its drain was forced, or a policy re-check no longer allows it); over
+/// HBONE, the server of the tunnel's connection is revoked.
+async fn stopped(
+    proxy: &Proxy,
+    destination: Option<CancellationToken>,
+    revocation: Option<&Revocation>,
+) {
     match destination {
-        None => proxy.drain.forced().await,
+        None => tokio::select! {
+            () = proxy.drain.forced() => {}
+            () = revocation::until_revoked(revocation) => {}
+        },
         Some(destination) => tokio::select! {
             () = proxy.drain.forced() => {}
             () = destination.cancelled() => {}

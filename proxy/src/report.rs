@@ -17,6 +17,7 @@ use crate::metrics::{
     ConnectionMetrics, Metrics, PeerLabels, Reporter, ResponseFlags, SecurityPolicy, ServiceLabels,
     TrafficLabels,
 };
+use crate::revocation::PeerRevoked;
 use crate::state::{Service, Workload};
 
 /// One end of a connection.
@@ -113,6 +114,17 @@ impl Report {
             Ok(moved) => self.close(*moved, ResponseFlags::None, None),
             Err(error) => self.close(error.transferred(), ResponseFlags::None, Some(error)),
         }
+    }
+
+    /// Closes the report of a connection stopped because a revocation list
+    /// revokes the peer of the HBONE connection it ran on: `CERT_REVOKED`,
+    /// whatever the copy saw as it was cut.
+    pub fn close_revoked(self, result: &Result<Transferred, CopyError>) {
+        let moved = match result {
+            Ok(moved) => *moved,
+            Err(error) => error.transferred(),
+        };
+        self.close(moved, ResponseFlags::CertRevoked, Some(&PeerRevoked));
     }
 
     /// Counts the bytes (`moved.a_to_b` is what the client sent, received

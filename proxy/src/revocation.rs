@@ -1,8 +1,11 @@
 //! Istio's `CRL_PATH`: the revocation lists peers are checked against,
-//! read at start-up and read again whenever the file's content changes, so
-//! that a revoked peer is refused from the next handshake on. Parsing and
-//! checking are `ztunnel_certs::tls::revocation`'s; this module reads the
-//! file. Connections already open stay open.
+//! read at start-up and read again whenever the file's content changes.
+//! From the next handshake on a revoked peer is refused, and every open
+//! HBONE connection (inbound on 15008, outbound in the pool) whose peer the
+//! new lists revoke is closed at once, its streams with it
+//! (`revocation/peer.rs`). Parsing, checking and tracking the open
+//! connections are `ztunnel_certs::tls::revocation`'s; this module reads
+//! the file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +15,10 @@ use ztunnel_certs::tls::record::HandshakeError;
 use ztunnel_certs::tls::revocation::{self, RevocationError, RevocationLists};
 
 use crate::drain::DrainWatcher;
+
+mod peer;
+
+pub use peer::{PeerRevoked, RevocationWatch, WatchedPeer, revoked_while_open, until_revoked};
 
 /// How often the file is read for changes: a revocation applies within
 /// this long, for a read of a small file.
@@ -51,8 +58,11 @@ pub fn revoked(error: &HandshakeError) -> bool {
 
 /// Reads and installs the lists at start-up; a missing file installs none
 /// (it is looked for again at every poll), a malformed one is an error.
-/// Returns the content installed.
+/// Returns the content installed. From here on handshakes keep their
+/// peer's chain, so that open connections can be judged against the lists
+/// to come.
 pub fn load(path: &Path) -> Result<Option<Vec<u8>>, CrlError> {
+    revocation::track_connections();
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
@@ -106,30 +116,4 @@ pub async fn watch(path: PathBuf, mut installed: Option<Vec<u8>>, drain: DrainWa
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_file_revokes_nothing_yet_and_a_malformed_one_stops_start_up() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("crl.pem");
-        assert!(matches!(load(&path), Ok(None)));
-
-        std::fs::write(
-            &path,
-            "-----BEGIN X509 CRL-----\n!!!!\n-----END X509 CRL-----\n",
-        )
-        .unwrap();
-        assert!(matches!(load(&path), Err(CrlError::Parse { .. })));
-        std::fs::write(&path, "not a list").unwrap();
-        let error = load(&path).unwrap_err();
-        assert!(
-            ErrorChain(&error).to_string().contains("crl.pem"),
-            "{error}"
-        );
-
-        // An empty file is a valid file that revokes nothing.
-        std::fs::write(&path, "").unwrap();
-        assert_eq!(load(&path).unwrap(), Some(Vec::new()));
-    }
-}
+mod tests;

@@ -95,7 +95,7 @@ async fn open_tunnel(
             let tcp = tokio::net::TcpStream::connect(inbound).await.ok()?;
             let local = tcp.local_addr().ok()?;
             let connection: HboneConnection =
-                ztunnel_proxy::hbone::connect(tcp, Arc::clone(&tls), &H2Settings::default())
+                ztunnel_proxy::hbone::connect(tcp, Arc::clone(&tls), &H2Settings::default(), None)
                     .await
                     .ok()?;
             let stream = connection

@@ -153,9 +153,15 @@ impl Mesh {
                     (Arc::clone(&config), Arc::clone(&handler), drain.clone());
                 let (settings, outcomes) = (settings.clone(), outcomes.clone());
                 tokio::spawn(async move {
-                    let (tls, identity) = accept_tls(tcp, config, PATIENCE).await.unwrap();
-                    let served =
-                        serve_connection(tls, identity, (peer, local), &settings, handler, drain);
+                    let (tls, client) = accept_tls(tcp, config, PATIENCE).await.unwrap();
+                    let served = serve_connection(
+                        tls,
+                        client.identity.into(),
+                        (peer, local),
+                        &settings,
+                        handler,
+                        drain,
+                    );
                     let _ = outcomes.send(served.await);
                 });
             }

@@ -15,6 +15,7 @@ use webpki::KeyUsage;
 
 use crate::cert::WorkloadCertificate;
 use crate::identity::Identity;
+use crate::tls::revocation;
 use crate::tls::verify::{PeerError, leaf_identity, verify_chain};
 use crate::tls::{ALPN_H2, TlsError, TrustRoots, provider};
 
@@ -82,6 +83,7 @@ impl ServerCertVerifier for ServerIdentityVerifier {
             now,
             KeyUsage::server_auth(),
             &self.algorithms,
+            revocation::in_force().as_ref(),
         )?;
         let identity = leaf_identity(end_entity)?;
         if !self.expected.contains(&identity) {

@@ -1,22 +1,32 @@
 //! Certificate revocation lists (Istio's `CRL_PATH`): peers whose
 //! certificate, or an intermediate of its chain, a loaded list revokes are
-//! refused by both verifiers (`verify.rs`). A certificate whose issuer has
-//! no list loaded is judged as before, and a list past its nextUpdate still
-//! applies: a stale list must not turn every peer away.
+//! refused by both verifiers (`verify.rs`), and connections already open
+//! to such a peer are told so when the list is installed
+//! (`revocation/open.rs`). A certificate whose issuer has no list loaded is
+//! judged as before, and a list past its nextUpdate still applies: a stale
+//! list must not turn every peer away.
 //!
 //! The lists in force are process-wide: the verifiers live inside TLS
 //! configurations built once per workload certificate, while the lists
 //! change on their own schedule (the proxy re-reads the file). Reading and
-//! watching the file is the proxy's business; this module parses and holds.
+//! watching the file, and closing a connection whose peer is revoked, are
+//! the proxy's business; this module parses, holds and judges.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 
-use rustls_pki_types::CertificateRevocationListDer;
 use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer};
 use webpki::{CertRevocationList, OwnedCertRevocationList};
 
-/// The lists the verifiers check against; empty until [`install`].
-static IN_FORCE: RwLock<Option<RevocationLists>> = RwLock::new(None);
+mod open;
+
+pub use open::{PeerChain, PeerRole, Revocation, Tracked};
+
+use open::OpenConnections;
+
+/// The process's lists and the connections judged against them.
+static PROCESS: LazyLock<Arc<Revocations>> = LazyLock::new(Arc::default);
 
 /// Why a revocation file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -70,151 +80,131 @@ impl RevocationLists {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-}
 
-/// Puts `lists` in force for every verification from now on.
-pub fn install(lists: RevocationLists) {
-    *IN_FORCE.write().unwrap_or_else(PoisonError::into_inner) = Some(lists);
-}
-
-/// The lists in force, if any.
-pub(crate) fn in_force() -> Option<RevocationLists> {
-    IN_FORCE
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-        .filter(|lists| !lists.is_empty())
-}
-
-impl RevocationLists {
     /// References to each list, as webpki's options take them.
     pub(crate) fn refs(&self) -> Vec<&CertRevocationList<'static>> {
         self.0.iter().collect()
     }
+
+    /// Whether a list names `certificate`: one of its issuer's name lists
+    /// its serial. A cheap sieve before webpki judges the whole chain,
+    /// which also checks the list's signature; a certificate that does not
+    /// parse is left to webpki too.
+    pub(crate) fn names(&self, certificate: &CertificateDer<'_>) -> bool {
+        let Ok(parsed) = webpki::EndEntityCert::try_from(certificate) else {
+            return false;
+        };
+        self.0.iter().any(|list| {
+            list.issuer() == parsed.issuer()
+                && matches!(list.find_serial(parsed.serial()), Ok(Some(_)))
+        })
+    }
 }
+
+/// Puts `lists` in force for every verification from now on, and tells
+/// each tracked open connection whose peer they revoke.
+pub fn install(lists: RevocationLists) {
+    PROCESS.install(lists);
+}
+
+/// Makes every handshake from now on keep its peer's chain, so that the
+/// connection can be tracked: called once `CRL_PATH` is configured, before
+/// any list is read. Without it a handshake keeps nothing.
+pub fn track_connections() {
+    PROCESS.tracking.store(true, Ordering::SeqCst);
+}
+
+/// Watches an open connection whose peer presented `chain`, verified
+/// against `roots` as `role`: its [`Revocation`] fires once a list
+/// installed after its handshake began revokes the chain. Dropping the
+/// handle stops the watch.
+pub fn track(chain: PeerChain, roots: crate::tls::TrustRoots, role: PeerRole) -> Tracked {
+    Revocations::track(&PROCESS, chain, roots, role)
+}
+
+/// The lists in force, if any.
+pub(crate) fn in_force() -> Option<RevocationLists> {
+    PROCESS.in_force()
+}
+
+/// Where a handshake starting now is in the sequence of installed lists,
+/// when connections are tracked; `None` otherwise.
+pub(crate) fn watch_point() -> Option<u64> {
+    PROCESS
+        .tracking
+        .load(Ordering::Relaxed)
+        .then(|| PROCESS.generation.load(Ordering::SeqCst))
+}
+
+/// Lists in force, their generation, and the open connections tracked
+/// against them. One per process ([`PROCESS`]); tests make their own.
+#[derive(Default)]
+pub(crate) struct Revocations {
+    lists: RwLock<Option<RevocationLists>>,
+    /// Counts installs. A connection whose handshake began in an earlier
+    /// generation may have been verified against lists older than the
+    /// latest, and missed by the re-check of the open connections too (it
+    /// was not tracked yet): it is judged again when tracked.
+    generation: AtomicU64,
+    /// Whether handshakes keep their peer's chain ([`track_connections`]).
+    tracking: AtomicBool,
+    open: OpenConnections,
+}
+
+impl Revocations {
+    /// See [`install`]. The lists are in force before the generation moves
+    /// on, and the generation moves on before the open connections are
+    /// listed: a connection tracked meanwhile is either listed, or sees the
+    /// new generation and judges itself.
+    pub(crate) fn install(&self, lists: RevocationLists) {
+        *self.lists.write().unwrap_or_else(PoisonError::into_inner) = Some(lists.clone());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        if !lists.is_empty() {
+            self.open.judge_all(&lists);
+        }
+    }
+
+    /// See [`in_force`].
+    pub(crate) fn in_force(&self) -> Option<RevocationLists> {
+        self.lists
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|lists| !lists.is_empty())
+    }
+
+    /// See [`track`].
+    pub(crate) fn track(
+        this: &Arc<Self>,
+        chain: PeerChain,
+        roots: crate::tls::TrustRoots,
+        role: PeerRole,
+    ) -> Tracked {
+        let began = chain.generation();
+        let (tracked, entry) = this.open.insert(Arc::clone(this), chain, roots, role);
+        // SeqCst, after the insert: see `install`.
+        if this.generation.load(Ordering::SeqCst) != began
+            && let Some(lists) = this.in_force()
+        {
+            entry.judge(&lists);
+        }
+        tracked
+    }
+
+    /// See [`watch_point`], for this instance.
+    #[cfg(test)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Stops tracking connection `id`.
+    fn untrack(&self, id: u64) {
+        self.open.remove(id);
+    }
+}
+
+/// The chain of certificates a peer presented, leaf first.
+pub(crate) type Chain = Arc<[CertificateDer<'static>]>;
 
 #[cfg(test)]
-mod tests {
-    use std::time::{Duration, SystemTime};
-
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
-        DnType, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
-        RevokedCertParams, SanType, SerialNumber,
-    };
-    use rustls_pki_types::{CertificateDer, UnixTime};
-    use webpki::KeyUsage;
-
-    use super::*;
-    use crate::tls::TrustRoots;
-    use crate::tls::verify::verify_chain;
-
-    /// A CA of its own, with a name no other CA has (a list applies to the
-    /// CAs of its issuer's name, so the lists installed here change no other
-    /// test's verdict), and leaves it signs.
-    struct Ca {
-        der: CertificateDer<'static>,
-        issuer: Issuer<'static, KeyPair>,
-    }
-
-    fn ca() -> Ca {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let number = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("revocation test CA {number}"));
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            der: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(ca: &Ca, serial: u8) -> CertificateDer<'static> {
-        let mut params = CertificateParams::default();
-        params.serial_number = Some(SerialNumber::from_slice(&[serial]));
-        params.subject_alt_names = vec![SanType::URI(
-            "spiffe://cluster.local/ns/a/sa/b".try_into().unwrap(),
-        )];
-        let key = KeyPair::generate().unwrap();
-        params.signed_by(&key, &ca.issuer).unwrap().der().clone()
-    }
-
-    fn crl_pem(ca: &Ca, revoked: u8) -> String {
-        let now = time::OffsetDateTime::now_utc();
-        CertificateRevocationListParams {
-            this_update: now - time::Duration::hours(1),
-            // Already past: a stale list still revokes.
-            next_update: now - time::Duration::minutes(1),
-            crl_number: SerialNumber::from_slice(&[1]),
-            issuing_distribution_point: None,
-            revoked_certs: vec![RevokedCertParams {
-                serial_number: SerialNumber::from_slice(&[revoked]),
-                revocation_time: now - time::Duration::hours(1),
-                reason_code: Some(RevocationReason::KeyCompromise),
-                invalidity_date: None,
-            }],
-            key_identifier_method: KeyIdMethod::Sha256,
-        }
-        .signed_by(&ca.issuer)
-        .unwrap()
-        .pem()
-        .unwrap()
-    }
-
-    fn verify(ca: &Ca, leaf: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        let roots = TrustRoots::from_der(vec![ca.der.clone()]).unwrap();
-        let now = UnixTime::since_unix_epoch(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or(Duration::ZERO),
-        );
-        let algorithms = crate::tls::provider().signature_verification_algorithms;
-        verify_chain(leaf, &[], &roots, now, KeyUsage::client_auth(), &algorithms)
-    }
-
-    #[test]
-    fn a_revoked_peer_is_refused_and_the_others_pass() {
-        let ca = ca();
-        let (revoked, kept) = (leaf(&ca, 7), leaf(&ca, 8));
-        assert!(verify(&ca, &revoked).is_ok(), "before any list");
-
-        let lists = RevocationLists::parse(crl_pem(&ca, 7).as_bytes()).unwrap();
-        assert_eq!(lists.len(), 1);
-        install(lists);
-        let error = verify(&ca, &revoked).unwrap_err();
-        assert_eq!(
-            error,
-            rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)
-        );
-        assert!(verify(&ca, &kept).is_ok());
-        // A peer of a CA without a list is judged as before.
-        let other = self::ca();
-        assert!(verify(&other, &leaf(&other, 7)).is_ok());
-        install(RevocationLists::default());
-        assert!(verify(&ca, &revoked).is_ok(), "lists taken out of force");
-    }
-
-    #[test]
-    fn revocation_files_parse_as_pem_der_or_empty() {
-        let ca = ca();
-        let pem = crl_pem(&ca, 1);
-        assert_eq!(RevocationLists::parse(pem.as_bytes()).unwrap().len(), 1);
-        let der = CertificateRevocationListDer::pem_slice_iter(pem.as_bytes())
-            .next()
-            .unwrap()
-            .unwrap();
-        assert_eq!(RevocationLists::parse(der.as_ref()).unwrap().len(), 1);
-        assert!(RevocationLists::parse(b"").unwrap().is_empty());
-        assert!(RevocationLists::parse(b"not a list").is_err());
-    }
-}
+mod tests;

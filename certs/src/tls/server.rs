@@ -14,6 +14,7 @@ use rustls_pki_types::{CertificateDer, UnixTime};
 use webpki::KeyUsage;
 
 use crate::cert::WorkloadCertificate;
+use crate::tls::revocation;
 use crate::tls::verify::{PeerError, leaf_identity, verify_chain};
 use crate::tls::{ALPN_H2, TlsError, TrustRoots, provider};
 
@@ -75,6 +76,7 @@ impl ClientCertVerifier for ClientIdentityVerifier {
             now,
             KeyUsage::client_auth(),
             &self.algorithms,
+            revocation::in_force().as_ref(),
         )?;
         let identity = leaf_identity(end_entity)?;
         if identity.trust_domain() != self.trust_domain {

@@ -16,7 +16,7 @@ use crate::cert::{CertError, Certificate};
 use crate::error_chain::ErrorChain;
 use crate::identity::Identity;
 use crate::tls::TrustRoots;
-use crate::tls::revocation::{self, RevocationLists};
+use crate::tls::revocation::RevocationLists;
 
 /// Why a peer whose chain verified was still refused. It reaches rustls as
 /// `CertificateError::Other`, so a caller can downcast the handshake error to
@@ -68,7 +68,9 @@ pub fn peer_identity(conn: &CommonState) -> Option<Identity> {
 }
 
 /// Verifies that `end_entity` chains through `intermediates` to one of
-/// `roots` at `now`, for `usage` (serverAuth or clientAuth).
+/// `roots` at `now`, for `usage` (serverAuth or clientAuth), and that none
+/// of `lists` revokes a certificate of the chain. The handshakes pass the
+/// lists in force; an open connection is judged again against new ones.
 pub(crate) fn verify_chain(
     end_entity: &CertificateDer<'_>,
     intermediates: &[CertificateDer<'_>],
@@ -76,10 +78,10 @@ pub(crate) fn verify_chain(
     now: UnixTime,
     usage: KeyUsage,
     algorithms: &WebPkiSupportedAlgorithms,
+    lists: Option<&RevocationLists>,
 ) -> Result<(), rustls::Error> {
     let cert = webpki::EndEntityCert::try_from(end_entity).map_err(pki_error)?;
-    let lists = revocation::in_force();
-    let refs = lists.as_ref().map(RevocationLists::refs);
+    let refs = lists.map(RevocationLists::refs);
     let revocation = match &refs {
         Some(refs) => Some(
             RevocationOptionsBuilder::new(refs)

@@ -3,6 +3,10 @@
 //! client handshake with our settings, the connection driver with its PING
 //! keepalive, and CONNECT requests on the result.
 //!
+//! A connection whose server certificate a revocation list revokes while
+//! it is open (`revocation.rs`) is dropped at once by its driver: it leaves
+//! the pool, and its streams stop and report why.
+//!
 //! Which connection to reuse for which destination is `pool.rs`'s decision;
 //! the tunnel inside a tunnel is `hbone/double.rs`.
 
@@ -19,11 +23,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::record::{self, HandshakeError};
+use ztunnel_certs::tls::revocation::Revocation;
 use ztunnel_certs::tls::{ALPN_H2, dummy_server_name};
 
 use crate::hbone::Authority;
 use crate::hbone::stream::{ActiveStream, H2Stream};
 use crate::hbone::{H2Settings, keepalive};
+use crate::revocation::RevocationWatch;
 
 /// Why an HBONE connection or a CONNECT on it failed.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +84,8 @@ struct Shared {
     peer: Identity,
     /// Largest DATA chunk one write hands to h2.
     max_write: usize,
+    /// Fires when the server is revoked; each stream holds a copy.
+    revocation: Option<Revocation>,
 }
 
 impl std::fmt::Debug for HboneConnection {
@@ -95,12 +103,15 @@ impl std::fmt::Debug for HboneConnection {
 /// connection driver with its keepalive. The server's identity is checked
 /// by `tls`, built with `ztunnel_certs::tls::client_config`; after the
 /// handshake, records are sealed and opened by `ztunnel_certs::tls::record`.
+/// With `watch` (where `CRL_PATH` is configured), the driver drops the
+/// connection once a revocation list revokes the server.
 ///
 /// Not bounded in time by itself: the caller wraps it in its connect timeout.
 pub async fn connect<IO>(
     io: IO,
     tls: Arc<ClientConfig>,
     settings: &H2Settings,
+    watch: Option<RevocationWatch>,
 ) -> Result<HboneConnection, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -112,6 +123,7 @@ where
         return Err(HboneError::NoAlpnH2);
     }
     let peer = negotiated.peer_identity.ok_or(HboneError::NoPeerIdentity)?;
+    let watched = watch.and_then(|watch| watch.watch(negotiated.peer_chain, &peer));
 
     let (send_request, mut connection) = h2::client::Builder::new()
         .initial_window_size(settings.stream_window)
@@ -129,6 +141,7 @@ where
         active: Arc::new(AtomicUsize::new(0)),
         peer,
         max_write: settings.max_frame_size as usize,
+        revocation: watched.as_ref().map(|watched| watched.revocation().clone()),
     });
     let driver_shared = Arc::clone(&shared);
     let (interval, timeout) = (settings.keepalive_interval, settings.keepalive_timeout);
@@ -140,6 +153,12 @@ where
                 None => std::future::pending().await,
             }
         };
+        let revoked = async {
+            match &watched {
+                Some(watched) => watched.revoked().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = connection => {
                 if let Err(error) = result {
@@ -147,6 +166,10 @@ where
                 }
             }
             () = keepalive => {}
+            // Warned and counted already. Out of the pool before the
+            // connection goes, which fails every stream still on it; the
+            // streams' copies stop on the same signal.
+            () = revoked => driver_shared.closed.store(true, Ordering::Release),
         }
         driver_shared.closed.store(true, Ordering::Release);
     });
@@ -202,7 +225,8 @@ impl HboneConnection {
             response.into_body(),
             self.shared.max_write,
             Some(slot),
-        ))
+        )
+        .with_revocation(self.shared.revocation.clone()))
     }
 
     /// Whether new streams can be opened: the driver is running and no

@@ -15,12 +15,14 @@ use rustls::ClientConfig;
 use crate::hbone::client::{HboneError, connect};
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings};
+use crate::revocation::RevocationWatch;
 
 /// Runs TLS with `tls` (the source's certificate, expecting the service's
 /// identities) and the h2 handshake over `outer`, then sends the inner
 /// CONNECT to `authority` with `headers`, which carry
 /// `x-forwarded-network`. The inner connection's driver runs until the
-/// returned stream and the outer stream under it are done.
+/// returned stream and the outer stream under it are done, or until a
+/// revocation list revokes the destination (with `watch`).
 ///
 /// Not bounded in time by itself: the caller wraps it in its connect timeout.
 pub async fn connect_inner(
@@ -29,7 +31,8 @@ pub async fn connect_inner(
     settings: &H2Settings,
     authority: &Authority,
     headers: HeaderMap,
+    watch: Option<RevocationWatch>,
 ) -> Result<H2Stream, HboneError> {
-    let inner = connect(outer, tls, settings).await?;
+    let inner = connect(outer, tls, settings, watch).await?;
     inner.send_connect(authority, headers).await
 }

@@ -23,6 +23,10 @@
 //!   100 empty ones (END_STREAM aside) and when small ones buffered outrun
 //!   a budget, so their framing cannot cost more than the data they carry.
 //!
+//! A connection whose client certificate a revocation list revokes while
+//! it is open (`revocation.rs`) is closed at once with a GOAWAY, and its
+//! streams stop with it.
+//!
 //! What the tunnel may reach (authorization, the upstream dial) is the
 //! [`InboundHandler`]'s decision; this module only speaks h2.
 
@@ -44,11 +48,13 @@ use tokio_util::task::TaskTracker;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::record::{self, HandshakeError, RecordStream};
+use ztunnel_certs::tls::revocation::{PeerChain, Revocation};
 
 use crate::copy::{CopyError, Side, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
+use crate::revocation::{WatchedPeer, until_revoked};
 
 /// How long a forced drain waits for a connection's streams to report their
 /// close: their copies stop at the same signal, so this only bounds a
@@ -81,6 +87,39 @@ pub enum ServerError {
     /// The h2 handshake or the connection failed.
     #[error("HTTP/2")]
     H2(#[from] h2::Error),
+    /// A revocation list installed while the connection was open revokes
+    /// the client's certificate: the connection was closed.
+    #[error("the client's certificate was revoked while the connection was open")]
+    Revoked,
+}
+
+/// The client of an accepted connection, as its handshake verified it.
+#[derive(Debug)]
+pub struct AcceptedClient {
+    /// Its SPIFFE identity.
+    pub identity: Identity,
+    /// Its chain, kept where open connections are judged against new
+    /// revocation lists.
+    pub chain: Option<PeerChain>,
+}
+
+/// The client of a served connection.
+#[derive(Debug)]
+pub struct ServedClient {
+    /// Its SPIFFE identity, which every request carries to the handler.
+    pub identity: Identity,
+    /// Its tracking against the revocation lists, where `CRL_PATH` is
+    /// configured: the connection closes once a list revokes it.
+    pub watched: Option<WatchedPeer>,
+}
+
+impl From<Identity> for ServedClient {
+    fn from(identity: Identity) -> Self {
+        ServedClient {
+            identity,
+            watched: None,
+        }
+    }
 }
 
 /// A CONNECT that passed the protocol checks, for the handler to admit.
@@ -97,6 +136,9 @@ pub struct InboundRequest {
     pub local_addr: SocketAddr,
     /// The request headers (`baggage`, `forwarded`, `traceparent`, ...).
     pub headers: HeaderMap,
+    /// Fires when the client's certificate is revoked while the connection
+    /// is open, which stops the stream; `None` where nothing is watched.
+    pub revocation: Option<Revocation>,
 }
 
 /// Why the handler refused a tunnel; each maps to one `:status`.
@@ -155,14 +197,14 @@ pub trait InboundHandler: Send + Sync + 'static {
 }
 
 /// Accepts TLS on `tcp` within `timeout` and returns the stream and the
-/// client's identity. `config` (from `ztunnel_certs::tls::server_config`)
-/// requires and verifies the client certificate; after the handshake,
-/// records are sealed and opened by `ztunnel_certs::tls::record`.
+/// client. `config` (from `ztunnel_certs::tls::server_config`) requires and
+/// verifies the client certificate; after the handshake, records are
+/// sealed and opened by `ztunnel_certs::tls::record`.
 pub async fn accept_tls(
     tcp: TcpStream,
     config: Arc<ServerConfig>,
     timeout: Duration,
-) -> Result<(RecordStream<TcpStream>, Identity), ServerError> {
+) -> Result<(RecordStream<TcpStream>, AcceptedClient), ServerError> {
     let (stream, negotiated) = tokio::time::timeout(timeout, record::accept(config, tcp))
         .await
         .map_err(|_elapsed| ServerError::HandshakeTimeout(timeout))?
@@ -170,15 +212,21 @@ pub async fn accept_tls(
     let identity = negotiated
         .peer_identity
         .ok_or(ServerError::NoPeerIdentity)?;
-    Ok((stream, identity))
+    let client = AcceptedClient {
+        identity,
+        chain: negotiated.peer_chain,
+    };
+    Ok((stream, client))
 }
 
 /// Serves HBONE on an accepted TLS connection until the client closes it,
 /// or the drain ends it: on the drain signal GOAWAY goes out and open
-/// streams finish; when the drain is forced, the rest are cut.
+/// streams finish; when the drain is forced, the rest are cut. A revoked
+/// client is cut at once: GOAWAY, every stream stopped, and
+/// [`ServerError::Revoked`].
 pub async fn serve_connection<S, H>(
     tls: S,
-    peer_identity: Identity,
+    client: ServedClient,
     addresses: (SocketAddr, SocketAddr),
     settings: &H2Settings,
     handler: Arc<H>,
@@ -200,11 +248,20 @@ where
         }
     };
     tokio::pin!(keepalive);
+    let ServedClient { identity, watched } = client;
+    let revoked = async {
+        match &watched {
+            Some(watched) => watched.revoked().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(revoked);
     let context = Arc::new(StreamContext {
-        peer_identity,
+        peer_identity: identity,
         peer_addr,
         local_addr,
         max_write: settings.max_frame_size as usize,
+        revocation: watched.as_ref().map(|watched| watched.revocation().clone()),
     });
     // Tracked, not joined: a join set keeps an entry per stream (120 bytes
     // of every open tunnel); the tracker only counts them. Streams left
@@ -242,7 +299,8 @@ where
                         Arc::clone(&handler),
                         dialing,
                     ));
-                    streams.spawn(serve_stream(opening, Arc::clone(&handler)));
+                    let revocation = context.revocation.clone();
+                    streams.spawn(serve_stream(opening, Arc::clone(&handler), revocation));
                 }
                 Some(Err(error)) => return Err(ServerError::H2(error)),
                 None => break,
@@ -263,6 +321,12 @@ where
                 streams.close();
                 let _ = tokio::time::timeout(FORCED_STREAM_GRACE, streams.wait()).await;
                 break;
+            }
+            // Warned and counted already. The streams stop on the same
+            // signal and report their close.
+            () = &mut revoked => {
+                send_away(&mut connection).await;
+                return Err(ServerError::Revoked);
             }
             () = &mut keepalive => break,
         }
@@ -316,24 +380,36 @@ struct StreamContext {
     peer_addr: SocketAddr,
     local_addr: SocketAddr,
     max_write: usize,
+    revocation: Option<Revocation>,
 }
 
 /// A stream's set-up: the request checked and admitted, the upstream
 /// connected and the 200 sent; `None` once it was answered otherwise.
 type Opening<U> = Pin<Box<dyn Future<Output = Option<(H2Stream, U)>> + Send>>;
 
-/// Runs one stream: its set-up, then the copy until both sides close.
+/// Runs one stream: its set-up, then the copy until both sides close, the
+/// handler stops it, or the client is revoked.
 ///
 /// Everything an async fn takes lives in its task until the end, and the
 /// set-up (the request with its headers, the policy check, the upstream
 /// dial) needs far more than the copy; so it comes in boxed, and is freed
 /// when it is done.
-async fn serve_stream<H: InboundHandler>(opening: Opening<H::Upstream>, handler: Arc<H>) {
+async fn serve_stream<H: InboundHandler>(
+    opening: Opening<H::Upstream>,
+    handler: Arc<H>,
+    revocation: Option<Revocation>,
+) {
     let Some((mut tunnel, mut upstream)) = opening.await else {
         return;
     };
     let stop = H::stop(&upstream);
-    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, stop.cancelled()).await;
+    let stopped = async {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = until_revoked(revocation.as_ref()) => {}
+        }
+    };
+    let result = copy_bidirectional_until(&mut tunnel, &mut upstream, stopped).await;
     handler.closed(upstream, result);
 }
 
@@ -362,6 +438,7 @@ async fn open_stream<H: InboundHandler>(
         peer_addr: context.peer_addr,
         local_addr: context.local_addr,
         headers: parts.headers,
+        revocation: context.revocation.clone(),
     };
     let opened = tokio::select! {
         opened = handler.open(&inbound) => Some(opened),

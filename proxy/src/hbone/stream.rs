@@ -17,6 +17,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use ztunnel_certs::tls::revocation::Revocation;
 
 use crate::copy::{ReadBuffer, Side};
 
@@ -34,6 +35,9 @@ pub struct H2Stream {
     write_closed: bool,
     /// Counts this stream on its connection while it lives, for the pool.
     _active: Option<ActiveStream>,
+    /// Fires when the client connection this stream runs on is closed for
+    /// its server's revocation; `None` where nothing is watched.
+    revocation: Option<Revocation>,
 }
 
 /// Marks one stream as open on its connection; dropping it releases the slot.
@@ -71,7 +75,21 @@ impl H2Stream {
             max_write: max_write.max(1),
             write_closed: false,
             _active: active,
+            revocation: None,
         }
+    }
+
+    /// Marks the stream as running on a connection watched for its peer's
+    /// revocation.
+    pub(crate) fn with_revocation(mut self, revocation: Option<Revocation>) -> H2Stream {
+        self.revocation = revocation;
+        self
+    }
+
+    /// What fires when the connection this stream runs on is closed for its
+    /// peer's revocation: the copy stops on it, and reports it.
+    pub fn revocation(&self) -> Option<&Revocation> {
+        self.revocation.as_ref()
     }
 
     /// Resets the stream with `reason`, e.g. CANCEL when a policy change

@@ -15,8 +15,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
+use ztunnel_certs::tls::revocation::Revocation;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
@@ -24,8 +26,8 @@ use crate::capacity::Slot;
 use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
 use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, ServerError, X_FORWARDED_NETWORK,
-    accept_tls, serve_connection,
+    Authority, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,
+    X_FORWARDED_NETWORK, accept_tls, serve_connection,
 };
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
@@ -33,7 +35,7 @@ use crate::inbound::tracker::{Shown, ShownProtocol, TrackedGuard};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
-use crate::revocation;
+use crate::revocation::{self, RevocationWatch};
 use crate::socket::{canonical, original_destination};
 
 /// An admitted, connected application socket with what its close reports.
@@ -48,6 +50,9 @@ pub struct AppConnection {
     /// An HBONE stream's slot in the process's connection bound; a
     /// connection accepted on a listener holds its own there instead.
     slot: Option<Slot>,
+    /// Fires when the HBONE connection the stream came on is closed for
+    /// its client's revocation, which the close then reports.
+    revocation: Option<Revocation>,
 }
 
 impl AsyncRead for AppConnection {
@@ -217,6 +222,7 @@ async fn open_upstream_for(
         stop,
         tracked,
         slot: None,
+        revocation: None,
     })
 }
 
@@ -307,6 +313,10 @@ pub(crate) fn close_report(upstream: &mut AppConnection, result: &Result<Transfe
     let Some(report) = upstream.report.take() else {
         return;
     };
+    if revocation::revoked_while_open(upstream.revocation.as_ref()) {
+        report.close_revoked(result);
+        return;
+    }
     // Closed by a policy re-check: the policy's reason, not the broken
     // copy it caused.
     if let Some(reason) = upstream.tracked.closed_by_policy() {
@@ -365,6 +375,7 @@ impl InboundHandler for HboneInbound {
         let mut upstream =
             open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await?;
         upstream.slot = Some(slot);
+        upstream.revocation = request.revocation.clone();
         Ok(upstream)
     }
 
@@ -496,9 +507,12 @@ async fn handshake_and_serve(
         return;
     };
     let certificate = proxy.identities.fetch_certificate(&workload.identity).await;
-    let config = match certificate.map(|cert| cert.server_config()) {
-        Ok(Ok(config)) => config,
-        Ok(Err(error)) => {
+    let watch = |cert: &WorkloadCertificate| {
+        RevocationWatch::for_proxy(&proxy, Reporter::Destination, cert.roots())
+    };
+    let (config, watch) = match certificate.map(|cert| (cert.server_config(), watch(&cert))) {
+        Ok((Ok(config), watch)) => (config, watch),
+        Ok((Err(error), _)) => {
             tracing::warn!(error = %ErrorChain(&error), "cannot build the HBONE server TLS config");
             return;
         }
@@ -509,7 +523,7 @@ async fn handshake_and_serve(
     };
     let accepted = accept_tls(tcp, config, TLS_HANDSHAKE_TIMEOUT).await;
     drop(waiting);
-    let (tls, peer_identity) = match accepted {
+    let (tls, client) = match accepted {
         Ok(accepted) => accepted,
         Err(error) => {
             if let ServerError::Tls(handshake) = &error
@@ -521,9 +535,14 @@ async fn handshake_and_serve(
             return;
         }
     };
+    let watched = watch.and_then(|watch| watch.watch(client.chain, &client.identity));
+    let client = ServedClient {
+        identity: client.identity,
+        watched,
+    };
     let drain = proxy.drain.clone();
     if let Err(error) =
-        serve_connection(tls, peer_identity, (peer, local), &proxy.h2, handler, drain).await
+        serve_connection(tls, client, (peer, local), &proxy.h2, handler, drain).await
     {
         tracing::debug!(%peer, error = %ErrorChain(&error), "HBONE connection ended with an error");
     }

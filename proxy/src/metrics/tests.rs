@@ -122,9 +122,14 @@ fn build_and_policy_close_have_their_exact_names() {
     let (registry, metrics) = registry_with_metrics();
     metrics.record_policy_close(Reporter::Destination);
     metrics.record_crl_rejection(Reporter::Source);
+    metrics.record_crl_untracked(Reporter::Destination);
     let text = encode(&registry).unwrap();
     assert!(
         text.contains("istio_crl_policy_rejections_total{reporter=\"source\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("istio_crl_untracked_connections_total{reporter=\"destination\"} 1"),
         "{text}"
     );
     assert!(

@@ -1,6 +1,7 @@
 //! The one mapping of outbound failures to metrics' response flags; a
 //! connection to an endpoint known by hostname, end to end, in
-//! `tests/hostname.rs`.
+//! `tests/hostname.rs`; open connections closed when a revocation list
+//! revokes their peer, in both directions, in `tests/revocation.rs`.
 
 use std::io;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use http::StatusCode;
 use super::*;
 
 mod hostname;
+mod revocation;
 
 fn io_error() -> io::Error {
     io::ErrorKind::ConnectionRefused.into()

@@ -18,7 +18,9 @@ use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::hbone::{
     self, Authority, HboneError, WorkloadLabels, X_FORWARDED_NETWORK, connect_headers,
 };
+use crate::metrics::Reporter;
 use crate::pool::{Checkout, PoolKey};
+use crate::revocation::RevocationWatch;
 use crate::state::Workload;
 
 /// Opens a CONNECT stream to `route` on a pooled HBONE connection.
@@ -83,12 +85,14 @@ pub(super) async fn double_tunnel(
         .send_connect(&route.authority, headers)
         .await
         .map_err(tunnel)?;
+    let watch = RevocationWatch::for_proxy(proxy, Reporter::Source, certificate.roots());
     let inner = hbone::connect_inner(
         outer,
         Arc::new(inner_tls),
         &proxy.h2,
         &route.authority,
         inner_headers,
+        watch,
     );
     tokio::time::timeout(CONNECT_TIMEOUT, inner)
         .await
@@ -149,7 +153,8 @@ async fn checkout(
             let tcp = super::dial(proxy, dial)
                 .await
                 .map_err(HboneError::Connect)?;
-            hbone::connect(tcp, Arc::new(tls), &proxy.h2).await
+            let watch = RevocationWatch::for_proxy(proxy, Reporter::Source, certificate.roots());
+            hbone::connect(tcp, Arc::new(tls), &proxy.h2, watch).await
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await

@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::{HEADER_LEN, Kernel, RecordError, RecordStream};
 use crate::identity::Identity;
 use crate::tls::peer_identity;
+use crate::tls::revocation::{self, PeerChain};
 
 /// What one read during the handshake asks for at least: a flight of
 /// certificates takes a few.
@@ -65,6 +66,11 @@ pub struct Negotiated {
     /// the peer sent none (a client the server config does not require a
     /// certificate of).
     pub peer_identity: Option<Identity>,
+    /// The peer's verified chain, to track the connection against the
+    /// revocation lists installed later; kept only once
+    /// [`revocation::track_connections`] was called, and `None` when the
+    /// peer sent none.
+    pub peer_chain: Option<PeerChain>,
 }
 
 /// Runs a client handshake with `config` to `name` over `io`, and returns
@@ -164,6 +170,10 @@ where
     C: Unbuffered,
     IO: AsyncRead + AsyncWrite + Unpin,
 {
+    // Read before the peer is verified: a list installed from here on may
+    // have been missed by the verifier, and is checked when the connection
+    // is tracked.
+    let watch_point = revocation::watch_point();
     // Bytes read: `received[..fed]` is given to rustls, whole records
     // only; the rest is not yet.
     let mut received = Vec::new();
@@ -233,6 +243,8 @@ where
     let negotiated = Negotiated {
         alpn_protocol: connection.alpn_protocol().map(<[u8]>::to_vec),
         peer_identity: peer_identity(&connection),
+        peer_chain: watch_point
+            .and_then(|generation| PeerChain::capture(connection.peer_certificates(), generation)),
     };
     let (secrets, kernel) = connection.into_kernel()?;
     let stream = RecordStream::new(io, kernel, secrets, &received)?;

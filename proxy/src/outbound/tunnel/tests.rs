@@ -173,11 +173,12 @@ async fn serve_gateway(listener: TcpListener, gateway: Arc<Gateway>, cert: Workl
         let local = tcp.local_addr().unwrap();
         let (config, gateway, drain) = (Arc::clone(&config), Arc::clone(&gateway), drain.clone());
         tokio::spawn(async move {
-            let Ok((tls, identity)) = accept_tls(tcp, config, PATIENCE).await else {
+            let Ok((tls, client)) = accept_tls(tcp, config, PATIENCE).await else {
                 return;
             };
             let settings = H2Settings::default();
-            let _ = serve_connection(tls, identity, (peer, local), &settings, gateway, drain).await;
+            let client = client.identity.into();
+            let _ = serve_connection(tls, client, (peer, local), &settings, gateway, drain).await;
         });
     }
 }
