@@ -10,7 +10,8 @@
 //! shared, noisy machine that ratio is the comparison to trust.
 //!
 //! Topology in `harness/topology.rs`, runs and sampling in
-//! `harness/scenario.rs`, `/proc` reading in `harness/process.rs`, derived
+//! `harness/scenario.rs`, the DNS scenarios' nameserver and queries in
+//! `harness/dns.rs`, `/proc` reading in `harness/process.rs`, derived
 //! figures and targets in `harness/figures.rs`, outputs in
 //! `harness/report.rs` and `harness/plot.rs`.
 
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+mod dns;
 mod figures;
 mod plot;
 mod process;
@@ -33,9 +35,9 @@ pub use scenario::{ProxyCost, Run, Scenario, Sizing};
 pub use topology::{Path3, ProxyRole, Topology};
 
 /// The warm-up before each run: a few request/response exchanges on the
-/// path, so the first connection's one-off costs (the workload
-/// certificate, the pooled HBONE connection) are not billed to the
-/// scenario. Bounded by count, with time to spare for proxies still
+/// path (DNS queries before a DNS scenario), so the first connection's
+/// one-off costs (the workload certificate, the pooled HBONE connection)
+/// are not billed to the scenario. Bounded by count, with time to spare for proxies still
 /// closing the previous run's ten thousand connections.
 const WARM_UP_REQUESTS: &str = "100";
 /// The longest a warm-up may run before it counts as failed.
@@ -239,18 +241,23 @@ fn run_round(
                 topology.restart_ztunnels()?;
             }
             scenario::announce(index, label, *scenario, path);
-            warm_up(topology, path)?;
+            warm_up(topology, *scenario, path)?;
             runs.push(scenario::run(topology, *scenario, path, &options.sizing)?);
         }
     }
     Ok(runs)
 }
 
-/// A short request/response run on `path` that must succeed.
-fn warm_up(topology: &Topology, path: Path3) -> anyhow::Result<()> {
+/// A short run on `path` that must succeed: request/response, or before a
+/// DNS scenario, its queries one at a time.
+fn warm_up(topology: &Topology, scenario: Scenario, path: Path3) -> anyhow::Result<()> {
     let (mut command, target) = topology.client(path)?;
-    let mut child = command
-        .args([
+    if scenario.is_dns() {
+        command
+            .args(["dns", "--quiet", "--max-queries", WARM_UP_REQUESTS])
+            .args(dns::loadgen_args(scenario, 1));
+    } else {
+        command.args([
             "rr",
             "--target",
             &target.to_string(),
@@ -259,13 +266,12 @@ fn warm_up(topology: &Topology, path: Path3) -> anyhow::Result<()> {
             "--connections",
             "1",
             "--quiet",
-        ])
-        .args([
-            "--duration",
-            WARM_UP_SECONDS,
             "--max-requests",
             WARM_UP_REQUESTS,
-        ])
+        ]);
+    }
+    let mut child = command
+        .args(["--duration", WARM_UP_SECONDS])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -312,6 +318,7 @@ mod tests {
                 idle_connections: 1,
                 idle_hold_s: 0.0,
                 mesh_size: 0,
+                dns_in_flight: 1,
             },
             ztunnel_env: Vec::new(),
             env_a: env(env_a),

@@ -1,16 +1,18 @@
 //! The load generator `ztunnel-loadgen`: a server that answers every mode on
 //! one port, and five client modes (stream, rr, connect, idle, soak) that
-//! print one JSON result each, and `resolve`, which looks names up. The benchmark harness runs the server in one
-//! pod's network namespace and a client in another, and parses the result
-//! with the [`Report`] type; the cluster tests run soak, which prints its
-//! counts every second, through a rollout. What goes over the wire is
-//! decided here alone.
+//! print one JSON result each; `resolve`, which looks names up; and `dns`,
+//! a closed loop of DNS queries, with `dns-server`, a nameserver for it.
+//! The benchmark harness runs the server in one pod's network namespace
+//! and a client in another, and parses the result with the [`Report`]
+//! type; the cluster tests run soak, which prints its counts every second,
+//! through a rollout. What goes over the wire is decided here alone.
 //!
 //! Layout: `cli` parses the command line, `protocol` is the wire header and
 //! messages, `server` serves, `dial` opens client connections, one module
-//! per client mode, `latency` holds the histograms, `report` the JSON lines,
-//! `progress` the shared counters and stderr progress, `limits` the
-//! open-file check, `shutdown` the stop signals.
+//! per client mode (`dns` with its nameserver and DNS messages),
+//! `latency` holds the histograms, `report` the JSON lines, `progress` the
+//! shared counters and stderr progress, `limits` the open-file check,
+//! `shutdown` the stop signals.
 
 use std::io;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 mod cli;
 mod connect;
 mod dial;
+mod dns;
 mod idle;
 mod latency;
 mod limits;
@@ -33,7 +36,9 @@ mod stream;
 
 pub use cli::{Cli, Close, Command, Direction};
 pub use latency::Latency;
-pub use report::{ConnectReport, Event, IdleReport, Outcome, Report, RrReport, StreamReport};
+pub use report::{
+    ConnectReport, DnsReport, Event, IdleReport, Outcome, Report, RrReport, StreamReport,
+};
 pub use soak::{
     Break, FailureCounts, FailureKind, LongLived, MAX_BREAKS_LISTED, NewConnections, SoakReport,
 };
@@ -58,6 +63,12 @@ pub enum Error {
     /// A latency histogram could not be built or merged.
     #[error(transparent)]
     Latency(#[from] latency::LatencyError),
+    /// The dns mode could not run.
+    #[error(transparent)]
+    Dns(#[from] dns::DnsError),
+    /// The DNS nameserver could not run.
+    #[error(transparent)]
+    Nameserver(#[from] dns::nameserver::NameserverError),
     /// The result could not be written to stdout.
     #[error("writing the result to stdout")]
     Output(#[source] io::Error),
@@ -103,6 +114,8 @@ async fn dispatch(cli: Cli) -> Result<(), Error> {
         Command::Resolve(args) => {
             return report::print(&resolve::run(args).await).map_err(Error::Output);
         }
+        Command::Dns(args) => Report::Dns(dns::run(args, quiet, &counters).await?),
+        Command::DnsServer(args) => return Ok(dns::nameserver::serve(args).await?),
     };
     let outcome = report::Outcome {
         report,

@@ -1,6 +1,7 @@
 //! The harness's quick mode as a smoke test: the whole scenario set runs on
-//! every path of the real two-node topology and yields numbers. It asserts
-//! that every scenario completed and was measured, never a speed.
+//! every path of the real two-node topology (the DNS scenarios on theirs)
+//! and yields numbers. It asserts that every scenario completed and was
+//! measured, never a speed.
 
 use std::path::Path;
 use std::process::Command;
@@ -84,6 +85,52 @@ fn quick_mode_runs_every_scenario_on_every_path_and_writes_results() {
     }
     // The tunnelled idle connections were all held.
     assert_eq!(figures["hbone.idle.held"].as_f64(), Some(200.0));
+    // DNS from the meshed client pod through its proxy, answered by the
+    // proxy (the Service's VIP) or forwarded to the nameserver (its
+    // address), and from the pod outside the mesh to the nameserver
+    // itself: every query answered, none lost or malformed.
+    for (scenario, path, address) in [
+        ("dns-answered", "hbone", "198.18.254.10"),
+        ("dns-forwarded", "hbone", "198.18.250.1"),
+        ("dns-forwarded", "direct", "198.18.250.1"),
+    ] {
+        let run = runs
+            .iter()
+            .find(|run| run["scenario"] == scenario && run["path"] == path)
+            .unwrap_or_else(|| panic!("{scenario} did not run on {path}"));
+        let load = &run["load"];
+        let answered = load["answered"].as_u64().unwrap();
+        assert!(answered > 0, "{scenario} on {path}: {load}");
+        assert_eq!(load["errors"], 0, "{scenario} on {path}: {load}");
+        assert_eq!(
+            load["with_address"], answered,
+            "{scenario} on {path}: {load}"
+        );
+        assert_eq!(
+            load["rcodes"]["NOERROR"], answered,
+            "{scenario} on {path}: {load}"
+        );
+        assert_eq!(
+            load["addresses"],
+            serde_json::json!([address]),
+            "{scenario} on {path}"
+        );
+        for name in ["queries_per_s", "p50_us", "p99_us"] {
+            let value = figures[&format!("{path}.{scenario}.{name}")]
+                .as_f64()
+                .unwrap();
+            assert!(value > 0.0, "{path}.{scenario}.{name} = {value}");
+        }
+    }
+    // The meshed client's proxy did the work, and only it is read.
+    for name in [
+        "hbone.dns-answered.client.cpu_us_per_query",
+        "hbone.dns-forwarded.client.cpu_us_per_query",
+    ] {
+        let value = figures[name].as_f64().unwrap();
+        assert!(value > 0.0 && value.is_finite(), "{name} = {value}");
+    }
+    assert!(!figures.contains_key("hbone.dns-answered.server.cpu_us_per_query"));
     let markdown = std::fs::read_to_string(out.path().join("smoke.md")).unwrap();
     assert!(markdown.contains("## Targets") && markdown.contains("hbone"));
     let svg = std::fs::read_to_string(out.path().join("smoke.svg")).unwrap();

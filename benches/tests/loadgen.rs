@@ -48,6 +48,25 @@ fn line_reader(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
     received
 }
 
+/// Starts a server command (`serve`, `dns-server`) and waits for the
+/// address it reports listening on.
+fn listening(args: &[&str]) -> (Running, SocketAddr) {
+    let mut child = loadgen()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_reader(child.stdout.take().unwrap());
+    let process = Running(child);
+    let line = lines.recv_timeout(LINE_LIMIT).unwrap();
+    let Event::Listening { addr } = serde_json::from_str(&line).unwrap() else {
+        panic!("expected the listening event, got {line}");
+    };
+    (process, addr)
+}
+
 /// A `serve` process on 127.0.0.1 with an ephemeral port.
 struct Server {
     process: Running,
@@ -61,19 +80,8 @@ impl Server {
 
     /// A server on `ip`, a loopback address.
     fn start_at(ip: IpAddr) -> Server {
-        let mut child = loadgen()
-            .args(["serve", "--listen", &SocketAddr::new(ip, 0).to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let lines = line_reader(child.stdout.take().unwrap());
-        let process = Running(child);
-        let line = lines.recv_timeout(LINE_LIMIT).unwrap();
-        let Event::Listening { addr } = serde_json::from_str(&line).unwrap() else {
-            panic!("expected the listening event, got {line}");
-        };
+        let (process, addr) =
+            listening(&["serve", "--listen", &SocketAddr::new(ip, 0).to_string()]);
         assert_eq!(addr.ip(), ip);
         assert_ne!(addr.port(), 0, "the real port is reported");
         Server { process, addr }
@@ -403,11 +411,131 @@ fn a_run_where_everything_fails_exits_non_zero_after_its_report() {
 }
 
 #[test]
+fn dns_queries_are_answered_by_the_dns_server_with_its_address() {
+    let (_server, addr) = listening(&["dns-server", "--listen", "127.0.0.1:0"]);
+    let server = addr.to_string();
+    let args = [
+        "dns",
+        "--server",
+        &server,
+        "--name",
+        "outside.example",
+        "--name",
+        "a.outside.example.",
+        "--in-flight",
+        "4",
+        "--duration",
+        "0.5",
+    ];
+    let Report::Dns(dns) = report(&args) else {
+        panic!("not a dns report")
+    };
+    assert_eq!(dns.server, addr);
+    assert!(dns.answered > 0, "{dns:?}");
+    assert_eq!(dns.with_address, dns.answered, "{dns:?}");
+    assert_eq!(dns.rcodes.get("NOERROR"), Some(&dns.answered), "{dns:?}");
+    assert_eq!(
+        (dns.errors, dns.malformed, dns.timeouts),
+        (0, 0, 0),
+        "{dns:?}"
+    );
+    // At most the queries in flight at the end went unanswered.
+    assert!(dns.sent - dns.answered <= 4, "{dns:?}");
+    assert!(
+        dns.queries_per_s > 0.0 && dns.latency_us.p50 > 0.0,
+        "{dns:?}"
+    );
+
+    // The count bound ends the run before its time.
+    let bounded = [
+        "dns",
+        "--server",
+        &server,
+        "--name",
+        "outside.example",
+        "--duration",
+        "20",
+        "--max-queries",
+        "50",
+    ];
+    let Report::Dns(dns) = report(&bounded) else {
+        panic!("not a dns report")
+    };
+    assert_eq!((dns.sent, dns.answered), (50, 50), "{dns:?}");
+    assert!(dns.duration_s < 20.0);
+}
+
+#[test]
+fn dns_counts_garbage_and_silence_without_failing() {
+    // A "nameserver" that answers every datagram with noise, and one
+    // request in three not at all.
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let server = socket.local_addr().unwrap().to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let noise = thread::spawn(move || {
+        let mut buffer = [0u8; 512];
+        let mut seen = 0u64;
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((length, client)) = socket.recv_from(&mut buffer) else {
+                continue;
+            };
+            seen += 1;
+            if seen.is_multiple_of(3) {
+                continue;
+            }
+            // The query's own id, then bytes that are no DNS message.
+            let mut reply = buffer[..2.min(length)].to_vec();
+            reply.extend_from_slice(&[0x81, 0x80, 0xff, 0xff, 0, 9]);
+            socket.send_to(&reply, client).unwrap();
+        }
+    });
+    let output = run(&[
+        "dns",
+        "--server",
+        &server,
+        "--name",
+        "outside.example",
+        "--in-flight",
+        "2",
+        "--duration",
+        "0.6",
+        "--timeout",
+        "0.1",
+    ]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    noise.join().unwrap();
+    // Nothing was answered: the report, then a failed exit, no panic.
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("nothing succeeded"), "{stderr}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let Report::Dns(dns) = serde_json::from_str(stdout.lines().last().unwrap()).unwrap() else {
+        panic!("not a dns report: {stdout}")
+    };
+    assert_eq!(dns.answered, 0, "{dns:?}");
+    assert!(dns.malformed > 0 && dns.timeouts > 0, "{dns:?}");
+    assert_eq!(dns.errors, dns.malformed + dns.timeouts, "{dns:?}");
+}
+
+#[test]
 fn help_documents_every_mode() {
     let output = loadgen().arg("--help").output().unwrap();
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
-    for mode in ["serve", "stream", "rr", "connect", "idle", "soak"] {
+    for mode in [
+        "serve",
+        "stream",
+        "rr",
+        "connect",
+        "idle",
+        "soak",
+        "dns",
+        "dns-server",
+    ] {
         assert!(help.contains(mode), "{mode} missing from:\n{help}");
     }
 }

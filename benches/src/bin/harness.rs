@@ -39,7 +39,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "idle,connect,stream1,stream8,rr"
+        default_value = "idle,connect,stream1,stream8,rr,dns-answered,dns-forwarded"
     )]
     scenarios: Vec<String>,
     /// Comma-separated paths: direct, tcp, hbone, same-node. Figures
@@ -75,6 +75,10 @@ struct Args {
     /// costs and memory are measured.
     #[arg(long, default_value_t = 0)]
     mesh_size: usize,
+    /// DNS queries outstanding at once in the DNS scenarios (at most 64:
+    /// the DNS proxy drops a pod's UDP queries beyond that many).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    dns_in_flight: u32,
     /// Directory for the results.
     #[arg(long, default_value = "benches/results")]
     out: PathBuf,
@@ -111,6 +115,7 @@ fn run() -> anyhow::Result<()> {
             idle_connections: 200,
             idle_hold_s: 0.5,
             mesh_size: args.mesh_size,
+            dns_in_flight: args.dns_in_flight,
         }
     } else {
         Sizing {
@@ -118,6 +123,7 @@ fn run() -> anyhow::Result<()> {
             idle_connections: args.idle_connections,
             idle_hold_s: 1.0,
             mesh_size: args.mesh_size,
+            dns_in_flight: args.dns_in_flight,
         }
     };
     let options = Options {

@@ -97,9 +97,9 @@ pub fn of_round(runs: &[Run]) -> Figures {
             &format!("{path}.stream8.gbit_per_s"),
             &format!("{path}.stream1.gbit_per_s"),
         );
-        let added = match (
-            figures.get(&format!("{path}.rr.p50_us")),
-            figures.get("direct.rr.p50_us"),
+        let added = |scenario: &str| match (
+            figures.get(&format!("{path}.{scenario}.p50_us")),
+            figures.get(&format!("direct.{scenario}.p50_us")),
         ) {
             (Some(through), Some(direct)) => Some(through - direct),
             _ => None,
@@ -107,7 +107,8 @@ pub fn of_round(runs: &[Run]) -> Figures {
         for (name, value) in [
             ("stream1.share_of_direct", share),
             ("stream8.vs_stream1", parallel),
-            ("rr.added_p50_us", added),
+            ("rr.added_p50_us", added("rr")),
+            ("dns-forwarded.added_p50_us", added("dns-forwarded")),
         ] {
             if let Some(value) = value {
                 figures.insert(format!("{path}.{name}"), value);
@@ -151,6 +152,13 @@ fn of_run(run: &Run, figures: &mut Figures) {
         Scenario::Idle => {
             put("held", field("held"));
             None
+        }
+        Scenario::DnsAnswered | Scenario::DnsForwarded => {
+            put("queries_per_s", field("queries_per_s"));
+            put("p50_us", latency("latency_us", "p50"));
+            put("p99_us", latency("latency_us", "p99"));
+            put("errors", field("errors"));
+            field("answered").map(|answered| (answered, "cpu_us_per_query", 1e6))
         }
     };
     let held = field("held");
@@ -421,6 +429,48 @@ mod tests {
                 .any(|name| name.contains(".client.") || name.contains(".server.")),
             "{figures:?}"
         );
+    }
+
+    #[test]
+    fn dns_runs_give_queries_per_second_and_the_client_proxys_cpu_per_query() {
+        let forwarded = |path: Path3, p50: f64, cpu_s: f64| Run {
+            scenario: Scenario::DnsForwarded,
+            path,
+            load: json!({
+                "answered": 20_000.0,
+                "queries_per_s": 10_000.0,
+                "errors": 0.0,
+                "latency_us": {"p50": p50, "p99": p50 * 2.0},
+            }),
+            // The server side's proxy is not read for a DNS run.
+            proxies: vec![cost(ProxyRole::Client, cpu_s)],
+            endpoints: Endpoints {
+                server_cpu_s: Some(0.1),
+                ..Endpoints::default()
+            },
+        };
+        let figures = of_round(&[
+            forwarded(Path3::Direct, 50.0, 0.0),
+            forwarded(Path3::Hbone, 80.0, 0.4),
+        ]);
+        assert_eq!(figures["hbone.dns-forwarded.queries_per_s"], 10_000.0);
+        assert_eq!(figures["hbone.dns-forwarded.p99_us"], 160.0);
+        assert_eq!(figures["hbone.dns-forwarded.errors"], 0.0);
+        assert!(close(
+            figures["hbone.dns-forwarded.client.cpu_us_per_query"],
+            20.0
+        ));
+        assert!(close(
+            figures["hbone.dns-forwarded.client.cpu_us_per_query.sys"],
+            5.0
+        ));
+        // The nameserver's own cost per query, on both paths.
+        assert!(close(
+            figures["direct.dns-forwarded.app_server.cpu_us_per_query"],
+            5.0
+        ));
+        assert_eq!(figures["hbone.dns-forwarded.added_p50_us"], 30.0);
+        assert!(!figures.contains_key("hbone.dns-forwarded.server.cpu_us_per_query"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::harness::dns;
 use crate::harness::process::{CpuTime, Memory, Process};
 use crate::harness::topology::{Path3, ProxyRole, Topology};
 
@@ -43,6 +44,15 @@ pub enum Scenario {
     Connect,
     /// Open and hold idle connections.
     Idle,
+    /// DNS queries for the mesh's Service names, which the client pod's
+    /// proxy answers itself.
+    #[serde(rename = "dns-answered")]
+    DnsAnswered,
+    /// DNS queries for names outside the mesh, which the client pod's
+    /// proxy relays to the nameserver (on the direct path the pod asks the
+    /// nameserver itself).
+    #[serde(rename = "dns-forwarded")]
+    DnsForwarded,
 }
 
 impl Scenario {
@@ -52,12 +62,15 @@ impl Scenario {
     /// for 60 s, and 10k new idle connections colliding with them stalled
     /// for over a minute when the next round's idle followed connect
     /// directly. With the stream and rr runs between, they have expired.
-    pub const ALL: [Scenario; 5] = [
+    /// The DNS runs open no connection and go last.
+    pub const ALL: [Scenario; 7] = [
         Scenario::Idle,
         Scenario::Connect,
         Scenario::Stream1,
         Scenario::Stream8,
         Scenario::Rr,
+        Scenario::DnsAnswered,
+        Scenario::DnsForwarded,
     ];
 
     /// Its name on the command line and in reports.
@@ -68,6 +81,8 @@ impl Scenario {
             Scenario::Rr => "rr",
             Scenario::Connect => "connect",
             Scenario::Idle => "idle",
+            Scenario::DnsAnswered => "dns-answered",
+            Scenario::DnsForwarded => "dns-forwarded",
         }
     }
 
@@ -79,9 +94,23 @@ impl Scenario {
     }
 
     /// Whether it runs on `path`: idle connections cost nothing to measure
-    /// without a proxy.
+    /// without a proxy. A DNS query goes from the client pod to its own
+    /// node's proxy and no further, whatever the path's server, so the DNS
+    /// scenarios run from one meshed client pod, the hbone path's; the
+    /// forwarded one also from the direct path's pod outside the mesh,
+    /// which asks the nameserver itself: the same answer without a proxy.
     pub fn runs_on(self, path: Path3) -> bool {
-        !(self == Scenario::Idle && path == Path3::Direct)
+        match self {
+            Scenario::Idle => path != Path3::Direct,
+            Scenario::DnsAnswered => path == Path3::Hbone,
+            Scenario::DnsForwarded => matches!(path, Path3::Hbone | Path3::Direct),
+            Scenario::Stream1 | Scenario::Stream8 | Scenario::Rr | Scenario::Connect => true,
+        }
+    }
+
+    /// Whether it is one of the DNS scenarios.
+    pub fn is_dns(self) -> bool {
+        matches!(self, Scenario::DnsAnswered | Scenario::DnsForwarded)
     }
 }
 
@@ -98,6 +127,8 @@ pub struct Sizing {
     /// pods: the size of the mesh, which no per-connection cost should
     /// follow.
     pub mesh_size: usize,
+    /// DNS queries outstanding at once in the DNS scenarios.
+    pub dns_in_flight: u32,
 }
 
 /// What one proxy spent during a run.
@@ -131,7 +162,8 @@ pub struct Endpoints {
     /// CPU seconds of the client, from its start to its report (its own
     /// `getrusage`); `None` from a load generator that does not report it.
     pub client_cpu_s: Option<f64>,
-    /// CPU seconds of the server during the run, from `/proc`.
+    /// CPU seconds of the server during the run, from `/proc`: the
+    /// load-generator server, or in the DNS scenarios the nameserver.
     pub server_cpu_s: Option<f64>,
     /// CPU seconds of the whole machine during the run (`/proc/stat`, every
     /// CPU's time out of idle): the applications, the proxies, and the
@@ -165,12 +197,18 @@ pub fn run(
     path: Path3,
     sizing: &Sizing,
 ) -> anyhow::Result<Run> {
-    let (roles, proxies): (Vec<ProxyRole>, Vec<Process>) =
-        topology.proxies(path)?.into_iter().unzip();
+    let (roles, proxies): (Vec<ProxyRole>, Vec<Process>) = topology
+        .proxies(path)?
+        .into_iter()
+        // A DNS query never leaves the client's node: the server side's
+        // proxy has no part in it.
+        .filter(|(role, _)| !(scenario.is_dns() && *role == ProxyRole::Server))
+        .unzip();
     let (mut command, target) = topology.client(path)?;
-    command
-        .arg(scenario.name_for_loadgen())
-        .args(["--target", &target.to_string(), "--quiet"]);
+    command.args([scenario.name_for_loadgen(), "--quiet"]);
+    if !scenario.is_dns() {
+        command.args(["--target", &target.to_string()]);
+    }
     let duration = format!("{}", sizing.duration_s);
     match scenario {
         Scenario::Stream1 | Scenario::Stream8 => {
@@ -206,8 +244,17 @@ pub fn run(
             let hold = format!("{}", sizing.idle_hold_s.max(60.0));
             command.args(["--connections", &connections, "--hold", &hold]);
         }
+        Scenario::DnsAnswered | Scenario::DnsForwarded => {
+            command
+                .args(dns::loadgen_args(scenario, sizing.dns_in_flight))
+                .args(["--duration", &duration]);
+        }
     }
-    let server = topology.server(path);
+    let server = if scenario.is_dns() {
+        Some(topology.nameserver())
+    } else {
+        topology.server(path)
+    };
     let server_before = server.and_then(|server| server.cpu().ok());
     let machine_before = machine_busy_s();
     let before_cpu = cpu(&proxies)?;
@@ -283,6 +330,7 @@ impl Scenario {
             Scenario::Rr => "rr",
             Scenario::Connect => "connect",
             Scenario::Idle => "idle",
+            Scenario::DnsAnswered | Scenario::DnsForwarded => "dns",
         }
     }
 }

@@ -17,6 +17,9 @@
 //! stay in its pod's namespace and do not slow the next path's connects
 //! (tens of thousands of them after a `connect` run made the tunnel's
 //! connect p99 15 ms instead of 0.8 ms when both shared one pod).
+//!
+//! For the DNS scenarios, a nameserver behind node-a is the ztunnels'
+//! upstream and the nameserver of every client pod (`harness/dns.rs`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,7 @@ use ztunnel_proto::ports::HBONE_PORT;
 use ztunnel_test_support::cluster::{Binaries, Cluster, ConfigSource, Pod, PodSpec};
 use ztunnel_test_support::wait;
 
+use crate::harness::dns::{self, Nameserver};
 use crate::harness::process::Process;
 
 /// The port the load-generator servers listen on.
@@ -132,6 +136,8 @@ pub struct Topology {
     loadgen: PathBuf,
     /// The load-generator server of each path.
     servers: Vec<(Path3, Child)>,
+    /// The DNS scenarios' nameserver.
+    nameserver: Nameserver,
 }
 
 /// The ztunnels' log filter unless `--env RUST_LOG=...` says otherwise.
@@ -171,6 +177,9 @@ impl Topology {
         // connection ("connection complete"). The test clusters' default
         // also logs every open at DEBUG, which is not what is measured.
         cluster.set_ztunnel_env("RUST_LOG", PRODUCTION_LOG_LEVEL);
+        // The DNS proxy's upstream: names outside the mesh go to the
+        // harness's nameserver, never to this machine's resolvers.
+        cluster.set_ztunnel_env("DNS_UPSTREAMS", &dns::NAMESERVER.to_string());
         for (key, value) in env {
             cluster.set_ztunnel_env(key, value);
         }
@@ -183,10 +192,16 @@ impl Topology {
         let (spec, ip) = (tcp_server.spec.clone(), tcp_server.ip);
         cluster.mesh().set_workload(&spec, ip, false)?;
         cluster.mesh().set_remote_workloads(mesh_size)?;
+        cluster.mesh().set_services(&dns::service(MESHED))?;
+        let mut nameserver = Nameserver::start(&cluster.node(CLIENT_NODE)?.ns, loadgen)?;
+        for path in Path3::ALL {
+            nameserver.configure_pod(cluster.pod(path.pods().0)?)?;
+        }
         let mut topology = Topology {
             cluster,
             loadgen: loadgen.to_path_buf(),
             servers: Vec::new(),
+            nameserver,
         };
         topology.restart_ztunnels()?;
         for path in Path3::ALL {
@@ -236,6 +251,11 @@ impl Topology {
             .iter()
             .find(|(served, _)| *served == path)
             .map(|(_, child)| Process { pid: child.id() })
+    }
+
+    /// The DNS scenarios' nameserver.
+    pub fn nameserver(&self) -> Process {
+        self.nameserver.process()
     }
 
     /// A load-generator client command inside the client pod of `path`,

@@ -1,9 +1,10 @@
-//! The command line: one `serve` command and five client modes, parsed once
-//! into typed values (addresses, destinations, durations, sizes). What each
-//! mode does with them lives in its own module.
+//! The command line: the `serve` and `dns-server` commands and the client
+//! modes, parsed once into typed values (addresses, destinations, names,
+//! durations, sizes). What each mode does with them lives in its own
+//! module.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +28,15 @@ const MAX_NAME: usize = 253;
 /// The longest label of a DNS name (RFC 1035).
 const MAX_LABEL: usize = 63;
 
+/// The most DNS queries outstanding at once: far more than one client
+/// needs to saturate a proxy, and few enough that ids (16 bits) are found
+/// free at once.
+const MAX_IN_FLIGHT: i64 = 4096;
+
 /// Load generator for ztunnel benchmarks: a server and five client modes
 /// that measure throughput, latency, connection set-up and idle connections,
-/// and count what a rollout disturbs (soak).
+/// and count what a rollout disturbs (soak); `resolve` and `dns` ask a
+/// pod's DNS, and `dns-server` is a nameserver for `dns`.
 ///
 /// Run `serve` on the far side and a client mode on the near side; between
 /// them there may be nothing, proxies, or a tunnel. Each client connection
@@ -136,6 +143,32 @@ pub enum Command {
     /// name that does not resolve is a result, not a failure of the
     /// program: judging the results is the caller's part.
     Resolve(ResolveArgs),
+    /// DNS A queries over UDP to one nameserver, closed loop, with
+    /// --in-flight queries outstanding, round robin over the names.
+    ///
+    /// Without --server it asks the first nameserver of /etc/resolv.conf
+    /// (port 53), as an application in a pod would, so a DNS proxy that
+    /// captures the pod's port 53 answers. A query with no reply within
+    /// --timeout is a timeout. Ends at --duration or after --max-queries
+    /// were sent and answered or timed out, whichever comes first; queries
+    /// still open at the end are not counted.
+    ///
+    /// Prints `{"mode":"dns","server":"IP:PORT","in_flight":N,
+    /// "duration_s":F,"sent":N,"answered":N,"with_address":N,
+    /// "timeouts":N,"malformed":N,"unmatched":N,"errors":N,
+    /// "rcodes":{"NOERROR":N,...},"addresses":[IP,...],"queries_per_s":F,
+    /// "latency_us":{...}}`: answered counts replies to open queries
+    /// (with_address those with an A record; addresses lists the first 16
+    /// distinct ones), malformed what is no DNS response or answers another
+    /// question than its id asked, unmatched replies to no open query
+    /// (late ones); errors = timeouts + malformed + socket errors.
+    Dns(DnsArgs),
+    /// A nameserver for `dns`: answers every A query over UDP with
+    /// --address (other types with no records) until SIGTERM or SIGINT.
+    ///
+    /// Prints `{"event":"listening","addr":"IP:PORT"}` once bound. What is
+    /// not a standard query is dropped.
+    DnsServer(DnsServerArgs),
 }
 
 /// Arguments of `serve`.
@@ -287,6 +320,43 @@ pub struct ResolveArgs {
     pub names: Vec<String>,
 }
 
+/// Arguments of `dns`.
+#[derive(Debug, Args)]
+pub struct DnsArgs {
+    /// Nameserver, IP:PORT [default: the first nameserver of
+    /// /etc/resolv.conf, port 53].
+    #[arg(long)]
+    pub server: Option<SocketAddr>,
+    /// A name to ask for (its A records); repeat for more, asked in turn.
+    #[arg(long = "name", required = true, value_parser = dns_name)]
+    pub names: Vec<hickory_proto::rr::Name>,
+    /// Queries outstanding at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_IN_FLIGHT))]
+    pub in_flight: u32,
+    /// Seconds to run for (fractions allowed).
+    #[arg(long, default_value = "10", value_parser = positive_seconds)]
+    pub duration: Duration,
+    /// Stop after sending this many queries.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queries: u64,
+    /// Seconds a reply may take before its query counts as timed out
+    /// (fractions allowed).
+    #[arg(long, default_value = "1", value_parser = positive_seconds)]
+    pub timeout: Duration,
+}
+
+/// Arguments of `dns-server`.
+#[derive(Debug, Args)]
+pub struct DnsServerArgs {
+    /// Address to listen on (UDP), e.g. 198.18.53.2:53; port 0 picks a
+    /// free port.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The address every A query is answered with.
+    #[arg(long, default_value_t = Ipv4Addr::new(198, 18, 250, 1))]
+    pub address: Ipv4Addr,
+}
+
 /// Arguments of `soak`.
 #[derive(Debug, Args)]
 pub struct SoakArgs {
@@ -352,6 +422,18 @@ fn destination(text: &str) -> Result<Destination, String> {
         host: Host::Name(Arc::from(name)),
         port,
     })
+}
+
+/// Parses a DNS name, taken as fully qualified (the `dns` mode asks for
+/// exactly the name given; search lists are a resolver's business).
+fn dns_name(text: &str) -> Result<hickory_proto::rr::Name, String> {
+    let mut name = hickory_proto::rr::Name::from_ascii(text)
+        .map_err(|error| format!("{text:?} is not a DNS name: {error}"))?;
+    if name.num_labels() == 0 {
+        return Err(format!("{text:?}: the root is not a name to ask for"));
+    }
+    name.set_fqdn(true);
+    Ok(name)
 }
 
 /// Parses seconds (fractions allowed), zero included.

@@ -27,6 +27,8 @@ pub enum Unit {
     Requests,
     /// Connections completed; shown per second.
     Connections,
+    /// DNS queries answered; shown per second.
+    Queries,
     /// Connections opened so far; shown as a running total.
     Opened,
 }
@@ -113,6 +115,10 @@ impl Progress {
                     ),
                     Unit::Connections => eprintln!(
                         "[{elapsed:5.0} s] {:.0} connections/s, {errors} errors",
+                        delta / seconds
+                    ),
+                    Unit::Queries => eprintln!(
+                        "[{elapsed:5.0} s] {:.0} queries/s, {errors} errors",
                         delta / seconds
                     ),
                     Unit::Opened => {

@@ -3,8 +3,9 @@
 //! types are public so that the harness parses exactly what is printed.
 //! Progress for people goes to stderr and lives in `progress.rs`.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +48,8 @@ pub enum Report {
     Idle(IdleReport),
     /// Traffic counted through a rollout.
     Soak(SoakReport),
+    /// DNS queries.
+    Dns(DnsReport),
 }
 
 /// The result of `stream`.
@@ -113,6 +116,42 @@ pub struct IdleReport {
     pub open_s: f64,
 }
 
+/// The result of `dns`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DnsReport {
+    /// The nameserver asked.
+    pub server: SocketAddr,
+    /// Queries outstanding at once.
+    pub in_flight: u64,
+    /// Seconds from the first query to the end of the run.
+    pub duration_s: f64,
+    /// Queries sent.
+    pub sent: u64,
+    /// Replies that answered an open query, whatever their response code.
+    pub answered: u64,
+    /// Of those, the replies with at least one A record.
+    pub with_address: u64,
+    /// Queries with no reply within the timeout.
+    pub timeouts: u64,
+    /// Replies that are no DNS response, or answer another question than
+    /// the one their id asked.
+    pub malformed: u64,
+    /// Responses to no open query: late (after their query timed out) or
+    /// stray.
+    pub unmatched: u64,
+    /// Timeouts, malformed replies and socket errors together.
+    pub errors: u64,
+    /// Answered replies by response code (`NOERROR`, `NXDOMAIN`, ...).
+    pub rcodes: BTreeMap<String, u64>,
+    /// The distinct addresses the answers carried, the first 16 seen:
+    /// whose answer it was (a DNS proxy's VIP or the nameserver's).
+    pub addresses: Vec<Ipv4Addr>,
+    /// `answered` over `duration_s`.
+    pub queries_per_s: f64,
+    /// From a query's send to its answer.
+    pub latency_us: Latency,
+}
+
 impl Report {
     /// Whether anything succeeded; a run where every attempt failed exits
     /// non-zero after printing its report.
@@ -123,6 +162,7 @@ impl Report {
             Report::Connect(report) => report.connections_made > 0,
             Report::Idle(report) => report.held > 0,
             Report::Soak(report) => report.succeeded(),
+            Report::Dns(report) => report.answered > 0,
         }
     }
 
@@ -134,6 +174,7 @@ impl Report {
             Report::Connect(report) => report.errors,
             Report::Idle(report) => report.errors,
             Report::Soak(report) => report.failures(),
+            Report::Dns(report) => report.errors,
         }
     }
 }

@@ -8,7 +8,7 @@
 //!   services are as the test sets them.
 //! - Local file: the CA's registry stays the pod list it started with, and
 //!   every ztunnel loads a file of its own (`LOCAL_XDS_PATH`, WIRE.md §11)
-//!   of workloads and policies.
+//!   of workloads, services and policies.
 //!
 //! Either way [`MeshFile`] is rewritten, atomically, as pods come and go
 //! and as policies change. Tokens are written by `cluster.rs`.
@@ -247,12 +247,13 @@ impl MeshFile {
         self.write()
     }
 
-    /// Replaces the `services:` list (YAML list items of the CA's mesh
-    /// file). Only with xDS: the local file spells services another way.
+    /// Replaces the `services:` list: YAML list items in the form of the
+    /// file's source, the CA's mesh file's with xDS, WIRE.md §11's in a
+    /// local file. The two share `name`, `namespace`, `hostname`, `vips`
+    /// and `ports`; a local file takes a service's endpoints from the
+    /// workloads whose `services` name it and ignores an `endpoints` key,
+    /// so there a service has none unless a workload says so.
     pub fn set_services(&mut self, services: &str) -> anyhow::Result<()> {
-        if self.source != ConfigSource::Xds {
-            bail!("services are only written to the control plane's mesh file");
-        }
         services.clone_into(&mut self.services);
         self.write()
     }
@@ -369,7 +370,8 @@ impl MeshFile {
         text
     }
 
-    /// The ztunnels' local file (WIRE.md §11): workloads and policies.
+    /// The ztunnels' local file (WIRE.md §11): workloads, services and
+    /// policies.
     fn render_local(&self) -> String {
         let workloads: Vec<(&PodSpec, Workload)> = self
             .pods
@@ -405,6 +407,9 @@ impl MeshFile {
                 node = index % REMOTE_NODES,
                 service = index % REMOTE_SERVICES,
             );
+        }
+        if !self.services.trim().is_empty() {
+            let _ = write!(text, "services:\n{}", self.services);
         }
         if !self.policies.trim().is_empty() {
             let _ = write!(text, "policies:\n{}", self.policies);
@@ -490,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn the_local_file_lists_workloads_only_and_refuses_services() {
+    fn the_local_file_lists_workloads_and_services_and_no_registry() {
         let dir = tempfile::tempdir().unwrap();
         let client = PodSpec::new("client", "default", "client", "node-a");
         let mut mesh = local_file(&dir, &client);
@@ -502,7 +507,10 @@ mod tests {
         assert!(text.contains("workloadIps: [198.18.10.2]"), "{text}");
         assert!(text.contains("protocol: HBONE"), "{text}");
         assert!(!text.contains("ztunnel"), "no registry in it: {text}");
-        assert!(mesh.set_services("- {}").is_err());
+        let service = "- {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"198.18.254.10\"], ports: {80: 9000}}\n";
+        mesh.set_services(service).unwrap();
+        let text = read(&mesh);
+        assert!(text.contains(&format!("services:\n{service}")), "{text}");
     }
 
     #[test]
