@@ -36,6 +36,8 @@ use crate::state::{Service, Workload};
 
 pub mod route;
 mod same_node;
+#[cfg(test)]
+mod test_proxy;
 mod tunnel;
 
 use route::{Direct, DoubleHboneRoute, HboneRoute, ResolveRoute, Route};

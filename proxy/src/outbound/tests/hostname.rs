@@ -14,19 +14,17 @@ use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::identity::Identity;
 
 use super::*;
-use crate::config::{Config, WorkloadInfo, local};
+use crate::config::local;
 use crate::copy::Transferred;
-use crate::drain::{self, DrainTrigger};
-use crate::hbone::H2Settings;
+use crate::drain::DrainTrigger;
 use crate::identity::ca_client::CaClientError;
-use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::{OutboundTracker, Tracker};
-use crate::metrics::{Metrics, encode};
-use crate::pool::{Pool, PoolConfig};
+use crate::identity::manager::CertificateSource;
+use crate::metrics::encode;
+use crate::outbound::test_proxy::TestProxy;
+use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
 use crate::resolve::tests::Nameserver;
-use crate::socket::LocalSockets;
-use crate::state::{SharedState, State};
+use crate::state::State;
 
 /// How long any step may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -105,39 +103,14 @@ services:
 /// A proxy for the client whose resolver asks `nameserver` only, A
 /// records only, and the registry of its metrics.
 fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigger) {
-    let config = Config::from_args([
-        "ztunnel",
-        "--proxy-mode",
-        "dedicated",
-        "--proxy-workload-info",
-        "default/client-0/client",
-    ])
-    .unwrap();
-    let (identities, manager) = IdentityManager::new(NoCa, std::future::pending());
-    tokio::spawn(manager);
-    let (trigger, drain) = drain::channel();
-    let mut registry = Registry::default();
-    let proxy = Proxy {
-        config: Arc::new(config),
-        state: SharedState::new(state),
-        identities,
-        metrics: Arc::new(Metrics::register(&mut registry, "test")),
-        sockets: Arc::new(LocalSockets::default()),
-        h2: H2Settings::default(),
-        pool: Pool::new(PoolConfig::default()),
+    TestProxy {
+        name: "client-0",
+        service_account: "client",
+        args: &[],
+        pool: PoolConfig::default(),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
-        tracker: Tracker::default(),
-        outbound_tracker: OutboundTracker::default(),
-        capacity: Arc::new(crate::capacity::Capacity::new(64)),
-        workload: WorkloadInfo {
-            namespace: "default".into(),
-            name: "client-0".into(),
-            service_account: "client".into(),
-        },
-        drain,
-        local_pods: None,
-    };
-    (proxy, registry, trigger)
+    }
+    .build(NoCa, state)
 }
 
 /// Accepts up to [`MOST_CONNECTIONS`] connections and echoes each until it

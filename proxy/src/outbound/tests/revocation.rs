@@ -26,17 +26,14 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_root};
 
 use super::*;
-use crate::config::{Config, WorkloadInfo, local};
-use crate::drain::{self, DrainTrigger};
-use crate::hbone::H2Settings;
+use crate::config::local;
+use crate::drain::DrainTrigger;
 use crate::identity::ca_client::CaClientError;
-use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::{OutboundTracker, Tracker};
-use crate::metrics::{Metrics, encode};
-use crate::pool::{Pool, PoolConfig};
+use crate::identity::manager::CertificateSource;
+use crate::metrics::encode;
+use crate::outbound::test_proxy::TestProxy;
+use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
-use crate::socket::LocalSockets;
-use crate::state::SharedState;
 
 /// How long any step may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -172,45 +169,17 @@ struct Node {
 
 impl Node {
     fn new(ca: &Ca, crl: &Path, name: &str, service_account: &str) -> Node {
-        let workload = format!("default/{name}/{service_account}");
-        let crl = crl.to_str().unwrap();
-        let config = Config::from_args([
-            "ztunnel",
-            "--proxy-mode",
-            "dedicated",
-            "--proxy-workload-info",
-            &workload,
-            "--crl-path",
-            crl,
-        ])
-        .unwrap();
-        let (identities, manager) = IdentityManager::new(ca.clone(), std::future::pending());
-        tokio::spawn(manager);
-        let (trigger, drain) = drain::channel();
-        let mut registry = Registry::default();
         let state = local::parse(MESH, "test.yaml".as_ref())
             .unwrap()
             .into_state();
-        let proxy = Proxy {
-            config: Arc::new(config),
-            state: SharedState::new(state),
-            identities,
-            metrics: Arc::new(Metrics::register(&mut registry, "test")),
-            sockets: Arc::new(LocalSockets::default()),
-            h2: H2Settings::default(),
-            pool: Pool::new(PoolConfig::default()),
+        let (proxy, registry, trigger) = TestProxy {
+            name,
+            service_account,
+            args: &["--crl-path", crl.to_str().unwrap()],
+            pool: PoolConfig::default(),
             resolver: Resolver::with_nameservers(&[], false).unwrap(),
-            tracker: Tracker::default(),
-            outbound_tracker: OutboundTracker::default(),
-            capacity: Arc::new(crate::capacity::Capacity::new(64)),
-            workload: WorkloadInfo {
-                namespace: "default".into(),
-                name: name.into(),
-                service_account: service_account.into(),
-            },
-            drain,
-            local_pods: None,
-        };
+        }
+        .build(ca.clone(), state);
         Node {
             proxy: Arc::new(proxy),
             registry,

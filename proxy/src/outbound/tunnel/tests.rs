@@ -20,7 +20,6 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -30,21 +29,19 @@ use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_ro
 use ztunnel_certs::tls::{peer_identity, server_config};
 
 use super::*;
-use crate::config::{Config, WorkloadInfo, local};
+use crate::config::local;
 use crate::copy::{CopyError, Transferred};
 use crate::drain::{self, DrainTrigger};
 use crate::hbone::{
     H2Settings, InboundHandler, InboundRefusal, InboundRequest, accept_tls, serve_connection,
 };
 use crate::identity::ca_client::CaClientError;
-use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::{OutboundTracker, Tracker};
-use crate::metrics::Metrics;
+use crate::identity::manager::CertificateSource;
 use crate::outbound::route::{Route, route};
-use crate::pool::{Pool, PoolConfig};
+use crate::outbound::test_proxy::TestProxy;
+use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
-use crate::socket::LocalSockets;
-use crate::state::{SharedState, State};
+use crate::state::State;
 
 /// How long any step may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -325,43 +322,18 @@ async fn topology() -> Topology {
         ca.issue(&id("istio-system", "eastwest")),
     ));
 
-    let config = Config::from_args([
-        "ztunnel",
-        "--proxy-mode",
-        "dedicated",
-        "--proxy-workload-info",
-        "default/client-0/client",
-        "--network",
-        "network-a",
-    ])
-    .unwrap();
-    let (identities, manager) = IdentityManager::new(ca, std::future::pending());
-    tokio::spawn(manager);
-    let (trigger, drain) = drain::channel();
-    let proxy = Proxy {
-        config: Arc::new(config),
-        state: SharedState::new(mesh(gateway_addr)),
-        identities,
-        metrics: Arc::new(Metrics::register(&mut Registry::default(), "test")),
-        sockets: Arc::new(LocalSockets::default()),
-        h2: H2Settings::default(),
+    let (proxy, _registry, trigger) = TestProxy {
+        name: "client-0",
+        service_account: "client",
+        args: &["--network", "network-a"],
         // One connection per key, as istio/ztunnel pools.
-        pool: Pool::new(PoolConfig {
+        pool: PoolConfig {
             max_connections_per_key: 1,
             ..PoolConfig::default()
-        }),
-        resolver: Resolver::with_nameservers(&[], true).unwrap(),
-        tracker: Tracker::default(),
-        outbound_tracker: OutboundTracker::default(),
-        capacity: Arc::new(crate::capacity::Capacity::new(64)),
-        workload: WorkloadInfo {
-            namespace: "default".into(),
-            name: "client-0".into(),
-            service_account: "client".into(),
         },
-        drain,
-        local_pods: None,
-    };
+        resolver: Resolver::with_nameservers(&[], true).unwrap(),
+    }
+    .build(ca, mesh(gateway_addr));
     Topology {
         proxy,
         gateway: gateway_log,

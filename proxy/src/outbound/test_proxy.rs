@@ -1,0 +1,82 @@
+//! The proxy of the outbound path's socket tests (`tests/hostname.rs`,
+//! `tests/revocation.rs`, `tunnel/tests.rs`): dedicated mode for one
+//! workload of `default`, its certificates from the test's source; each
+//! test varies only what this takes.
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+
+use crate::capacity::Capacity;
+use crate::config::{Config, WorkloadInfo};
+use crate::context::Proxy;
+use crate::drain::{self, DrainTrigger};
+use crate::hbone::H2Settings;
+use crate::identity::manager::{CertificateSource, IdentityManager};
+use crate::inbound::tracker::{OutboundTracker, Tracker};
+use crate::metrics::Metrics;
+use crate::pool::{Pool, PoolConfig};
+use crate::resolve::Resolver;
+use crate::socket::LocalSockets;
+use crate::state::{SharedState, State};
+
+/// What a test's proxy differs by.
+pub(crate) struct TestProxy<'a> {
+    /// The workload's name, in `default`.
+    pub name: &'a str,
+    /// Its service account.
+    pub service_account: &'a str,
+    /// Arguments after the mode and the workload.
+    pub args: &'a [&'a str],
+    /// The pool's limits.
+    pub pool: PoolConfig,
+    /// Where hostname endpoints are looked up.
+    pub resolver: Resolver,
+}
+
+impl TestProxy<'_> {
+    /// The proxy over `state`, certificates from `source`, and the
+    /// registry of its metrics; it drains when the trigger is dropped.
+    pub(crate) fn build(
+        self,
+        source: impl CertificateSource,
+        state: State,
+    ) -> (Proxy, Registry, DrainTrigger) {
+        let workload = format!("default/{}/{}", self.name, self.service_account);
+        let args = [
+            "ztunnel",
+            "--proxy-mode",
+            "dedicated",
+            "--proxy-workload-info",
+            &workload,
+        ]
+        .into_iter()
+        .chain(self.args.iter().copied());
+        let config = Config::from_args(args).unwrap();
+        let (identities, manager) = IdentityManager::new(source, std::future::pending());
+        tokio::spawn(manager);
+        let (trigger, drain) = drain::channel();
+        let mut registry = Registry::default();
+        let proxy = Proxy {
+            config: Arc::new(config),
+            state: SharedState::new(state),
+            identities,
+            metrics: Arc::new(Metrics::register(&mut registry, "test")),
+            sockets: Arc::new(LocalSockets::default()),
+            h2: H2Settings::default(),
+            pool: Pool::new(self.pool),
+            resolver: self.resolver,
+            tracker: Tracker::default(),
+            outbound_tracker: OutboundTracker::default(),
+            capacity: Arc::new(Capacity::new(64)),
+            workload: WorkloadInfo {
+                namespace: "default".into(),
+                name: self.name.into(),
+                service_account: self.service_account.into(),
+            },
+            drain,
+            local_pods: None,
+        };
+        (proxy, registry, trigger)
+    }
+}
