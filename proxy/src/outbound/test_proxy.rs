@@ -4,8 +4,13 @@
 //! test varies only what this takes.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::registry::Registry;
+use ztunnel_certs::cert::WorkloadCertificate;
+use ztunnel_certs::csr::CertRequest;
+use ztunnel_certs::identity::Identity;
+use ztunnel_certs::issuer::{Issuer, SigningRequest};
 
 use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
@@ -79,4 +84,16 @@ impl TestProxy<'_> {
         };
         (proxy, registry, trigger)
     }
+}
+
+/// A certificate for `identity` signed by `issuer` for an hour, with a
+/// fresh key, as the CA would answer the proxy.
+pub(crate) fn issue(issuer: &Issuer, identity: &Identity) -> WorkloadCertificate {
+    let request = CertRequest::generate(identity).unwrap();
+    let signing = SigningRequest::from_pem(request.csr_pem()).unwrap();
+    let ttl = Duration::from_secs(3600);
+    let chain = issuer
+        .sign_workload(&signing, identity, ttl, SystemTime::now())
+        .unwrap();
+    WorkloadCertificate::from_ca_response(&chain, request.private_key(), Some(identity)).unwrap()
 }

@@ -21,9 +21,8 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use ztunnel_certs::cert::WorkloadCertificate;
-use ztunnel_certs::csr::CertRequest;
 use ztunnel_certs::identity::Identity;
-use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_root};
+use ztunnel_certs::issuer::{Issuer, SigningMaterial, generate_root};
 
 use super::*;
 use crate::config::local;
@@ -31,7 +30,7 @@ use crate::drain::DrainTrigger;
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::CertificateSource;
 use crate::metrics::encode;
-use crate::outbound::test_proxy::TestProxy;
+use crate::outbound::test_proxy::{self, TestProxy};
 use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
 
@@ -83,16 +82,7 @@ impl Ca {
     }
 
     fn issue(&self, identity: &Identity) -> WorkloadCertificate {
-        let request = CertRequest::generate(identity).unwrap();
-        let signing = SigningRequest::from_pem(request.csr_pem()).unwrap();
-        let ttl = Duration::from_secs(3600);
-        let chain = self
-            .issuer
-            .sign_workload(&signing, identity, ttl, SystemTime::now())
-            .unwrap();
-        let cert =
-            WorkloadCertificate::from_ca_response(&chain, request.private_key(), Some(identity))
-                .unwrap();
+        let cert = test_proxy::issue(&self.issuer, identity);
         let serial = serial_number(cert.leaf().serial());
         self.issued.lock().unwrap().push((identity.clone(), serial));
         cert

@@ -24,8 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use ztunnel_certs::csr::CertRequest;
-use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_root};
+use ztunnel_certs::issuer::{Issuer, SigningMaterial, generate_root};
 use ztunnel_certs::tls::{peer_identity, server_config};
 
 use super::*;
@@ -38,7 +37,7 @@ use crate::hbone::{
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::CertificateSource;
 use crate::outbound::route::{Route, route};
-use crate::outbound::test_proxy::TestProxy;
+use crate::outbound::test_proxy::{self, TestProxy};
 use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
 use crate::state::State;
@@ -102,15 +101,7 @@ impl Ca {
     }
 
     fn issue(&self, identity: &Identity) -> WorkloadCertificate {
-        let request = CertRequest::generate(identity).unwrap();
-        let signing = SigningRequest::from_pem(request.csr_pem()).unwrap();
-        let ttl = Duration::from_secs(3600);
-        let chain = self
-            .0
-            .sign_workload(&signing, identity, ttl, SystemTime::now())
-            .unwrap();
-        WorkloadCertificate::from_ca_response(&chain, request.private_key(), Some(identity))
-            .unwrap()
+        test_proxy::issue(&self.0, identity)
     }
 }
 
