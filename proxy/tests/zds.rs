@@ -168,8 +168,14 @@ impl Agent {
     /// One datagram from ztunnel; empty once ztunnel has closed.
     fn recv(&self) -> Vec<u8> {
         let mut buffer = vec![0; 1024];
-        let length = socket::recv(self.socket.as_raw_fd(), &mut buffer, MsgFlags::empty())
-            .expect("ztunnel did not answer in time");
+        // A signal to the test process (a child exiting) cuts a wait short
+        // with nothing read: wait again.
+        let length = loop {
+            match socket::recv(self.socket.as_raw_fd(), &mut buffer, MsgFlags::empty()) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                received => break received.expect("ztunnel did not answer in time"),
+            }
+        };
         buffer.truncate(length);
         buffer
     }

@@ -89,13 +89,17 @@ impl FakeZtunnel {
         let mut buf = [0u8; 1024];
         let mut cmsg = nix::cmsg_space!([RawFd; 4]);
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let message = recvmsg::<UnixAddr>(
+        let message = match recvmsg::<UnixAddr>(
             self.socket.as_raw_fd(),
             &mut iov,
             Some(&mut cmsg),
             MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(|error| format!("receiving a ZDS request: {error}"))?;
+        ) {
+            // A signal to the test process (a plugin child exiting) cut the
+            // wait short; nothing was read.
+            Err(nix::errno::Errno::EINTR) => return self.next(),
+            received => received.map_err(|error| format!("receiving a ZDS request: {error}"))?,
+        };
         let mut fds = Vec::new();
         for control in message.cmsgs().unwrap() {
             if let ControlMessageOwned::ScmRights(raw) = control {
