@@ -13,7 +13,9 @@
 //! by listener and kind; the log has one warning when a run of errors
 //! starts and one line when accepting works again, with the run's count.
 //! A connection accepted while the process carries its most connections
-//! (`capacity.rs`) is closed at once.
+//! (`capacity.rs`) is closed at once. When the drain starts, the
+//! connections already queued on the listener are taken before it closes,
+//! which would reset them.
 
 use std::io;
 use std::net::SocketAddr;
@@ -99,7 +101,10 @@ pub async fn serve<H>(
     let (mut errors, mut repeated) = (0u64, 0u32);
     loop {
         let accepted = tokio::select! {
-            () = drain.signaled() => return,
+            () = drain.signaled() => {
+                take_queued(&listener, name, capacity, &mut handle);
+                return;
+            }
             accepted = listener.accept() => accepted,
         };
         let error = match accepted {
@@ -138,9 +143,99 @@ pub async fn serve<H>(
     }
 }
 
+/// The most connections [`take_queued`] takes: more than a listener's
+/// backlog holds.
+const MOST_QUEUED: usize = 8192;
+
+/// Hands on the connections the kernel completed for `listener` but nobody
+/// accepted yet. Closing a listener resets them; in a rollout the new
+/// ztunnel's listener beside this one (SO_REUSEPORT) takes only those that
+/// arrive later, so without this the few queued at the drain would fail.
+/// They are served like any connection accepted before the drain.
+fn take_queued<H>(listener: &TcpListener, name: &'static str, capacity: &Capacity, handle: &mut H)
+where
+    H: FnMut(TcpStream, SocketAddr, Slot),
+{
+    let socket = socket2::SockRef::from(listener);
+    for _ in 0..MOST_QUEUED {
+        // The listener is non-blocking: an empty queue is WouldBlock.
+        let Ok((accepted, peer)) = socket.accept() else {
+            return;
+        };
+        let Some(peer) = peer.as_socket() else {
+            continue;
+        };
+        let std: std::net::TcpStream = accepted.into();
+        let tcp = match std
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(std))
+        {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                tracing::debug!(listener = name, %error, "a queued connection could not be taken");
+                continue;
+            }
+        };
+        if let Some(slot) = capacity.admit(name) {
+            handle(tcp, peer, slot);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn connections_queued_when_the_drain_starts_are_served_not_reset() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        // Their handshakes complete in the kernel; nobody has accepted them.
+        let clients: Vec<std::net::TcpStream> = (0..3)
+            .map(|_| std::net::TcpStream::connect(address).unwrap())
+            .collect();
+        let (trigger, drain) = crate::drain::channel();
+        let draining = tokio::spawn(async move { trigger.drain(Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        let metrics = Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+            "test",
+        );
+        let capacity = Capacity::new(16);
+        let mut served = Vec::new();
+        serve(
+            listener,
+            "test",
+            drain,
+            (&metrics, &capacity),
+            |tcp, peer, _slot| {
+                served.push((tcp, peer));
+            },
+        )
+        .await;
+        let mut peers: Vec<SocketAddr> = served.iter().map(|(_, peer)| *peer).collect();
+        let mut expected: Vec<SocketAddr> = clients
+            .iter()
+            .map(|client| client.local_addr().unwrap())
+            .collect();
+        peers.sort();
+        expected.sort();
+        assert_eq!(peers, expected);
+        // Each is a working connection: bytes cross it.
+        for (tcp, peer) in &mut served {
+            tokio::io::AsyncWriteExt::write_all(tcp, b"x")
+                .await
+                .unwrap();
+            let mut client = clients
+                .iter()
+                .find(|client| client.local_addr().unwrap() == *peer)
+                .unwrap();
+            let mut byte = [0u8; 1];
+            std::io::Read::read_exact(&mut client, &mut byte).unwrap();
+            assert_eq!(&byte, b"x");
+        }
+        draining.await.unwrap();
+    }
 
     #[test]
     fn errors_that_would_repeat_pause_and_others_do_not() {
