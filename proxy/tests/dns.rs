@@ -11,11 +11,11 @@
 //! (bind9-dnsutils); skips with the reason otherwise.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+use ztunnel_test_support::netns::ResolvConf;
 
 use nameserver::{BIG, BIG_COUNT, Nameserver, OUTSIDE};
 use support::{APP_PORT, delivered_over_mtls, eventually, logs, metric};
@@ -42,29 +42,7 @@ const FLOOD_TIME: Duration = Duration::from_secs(20);
 struct Setup {
     cluster: Cluster,
     nameserver: Nameserver,
-    _resolv_conf: PodResolvConf,
-}
-
-/// `/etc/netns/<pod>/resolv.conf`, which `ip netns exec` puts over
-/// /etc/resolv.conf for what runs in the pod; removed when dropped.
-struct PodResolvConf(PathBuf);
-
-impl PodResolvConf {
-    fn write(ns: &str, nameserver: IpAddr) -> PodResolvConf {
-        let dir = PathBuf::from("/etc/netns").join(ns);
-        std::fs::create_dir_all(&dir).unwrap();
-        let text = format!(
-            "nameserver {nameserver}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:2 attempts:2\n"
-        );
-        std::fs::write(dir.join("resolv.conf"), text).unwrap();
-        PodResolvConf(dir)
-    }
-}
-
-impl Drop for PodResolvConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    _resolv_conf: ResolvConf,
 }
 
 /// One node, a client and a server pod in the ambient namespace, the
@@ -124,7 +102,14 @@ fn start(tag: &str, capture: bool, env: &[(&str, &str)]) -> Option<Setup> {
     cluster.mesh().set_services(&services).unwrap();
     cluster.wait_synced().unwrap();
     let client_ns = cluster.pod("client").unwrap().ns.name().to_owned();
-    let resolv_conf = PodResolvConf::write(&client_ns, nameserver.addr.ip());
+    let resolv_conf = ResolvConf::write(
+        &client_ns,
+        &format!(
+            "nameserver {}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:2 attempts:2\n",
+            nameserver.addr.ip()
+        ),
+    )
+    .unwrap();
     Some(Setup {
         cluster,
         nameserver,

@@ -169,6 +169,29 @@ impl Drop for NetNs {
     }
 }
 
+/// A namespace's own resolv.conf, `/etc/netns/<ns>/resolv.conf`, which
+/// `ip netns exec` mounts over /etc/resolv.conf for what it runs there;
+/// its directory is removed when dropped.
+pub struct ResolvConf(PathBuf);
+
+impl ResolvConf {
+    /// Writes `text` as namespace `ns`'s resolv.conf.
+    pub fn write(ns: &str, text: &str) -> anyhow::Result<ResolvConf> {
+        let dir = PathBuf::from("/etc/netns").join(ns);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let written = ResolvConf(dir);
+        let path = written.0.join("resolv.conf");
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(written)
+    }
+}
+
+impl Drop for ResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Joins two namespaces with a veth pair, giving each end an address in
 /// CIDR form (from 198.18.0.0/15) and bringing both up.
 pub fn veth_pair(a: &NetNs, a_cidr: &str, b: &NetNs, b_cidr: &str) -> anyhow::Result<()> {

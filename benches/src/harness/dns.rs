@@ -10,14 +10,14 @@
 //! Which runs exist and how they are measured is `scenario.rs`'s.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ztunnel_test_support::cluster::Pod;
-use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::netns::{self, NetNs, ResolvConf};
 
 use crate::harness::process::Process;
 use crate::harness::scenario::Scenario;
@@ -60,9 +60,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// and removed on drop, the namespace (and the link) last.
 pub struct Nameserver {
     child: Child,
-    /// `/etc/netns/<pod>/` directories written, which `ip netns exec`
-    /// mounts over `/etc` for what runs in the pod.
-    resolv_confs: Vec<PathBuf>,
+    /// The pods' resolv.conf files, which `ip netns exec` mounts over
+    /// `/etc/resolv.conf` for what runs in the pod.
+    resolv_confs: Vec<ResolvConf>,
     _ns: NetNs,
 }
 
@@ -106,14 +106,12 @@ impl Nameserver {
     /// Gives `pod` a resolv.conf naming the nameserver, with the search
     /// list kubelet writes, and checks that what runs in the pod sees it.
     pub fn configure_pod(&mut self, pod: &Pod) -> anyhow::Result<()> {
-        let dir = PathBuf::from("/etc/netns").join(pod.ns.name());
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        self.resolv_confs.push(dir.clone());
         let namespace = &pod.spec.namespace;
         let text = format!(
             "search {namespace}.svc.cluster.local svc.cluster.local cluster.local\nnameserver {NAMESERVER_IP}\noptions ndots:5\n"
         );
-        std::fs::write(dir.join("resolv.conf"), &text)?;
+        self.resolv_confs
+            .push(ResolvConf::write(pod.ns.name(), &text)?);
         let seen = pod.ns.exec(&["cat", "/etc/resolv.conf"])?;
         if String::from_utf8_lossy(&seen.stdout) != text {
             bail!(
@@ -130,9 +128,6 @@ impl Drop for Nameserver {
         // Our own child, by PID.
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for dir in &self.resolv_confs {
-            let _ = std::fs::remove_dir_all(dir);
-        }
     }
 }
 
