@@ -40,7 +40,8 @@ pub use report::{
     ConnectReport, DnsReport, Event, IdleReport, Outcome, Report, RrReport, StreamReport,
 };
 pub use soak::{
-    Break, FailureCounts, FailureKind, LongLived, MAX_BREAKS_LISTED, NewConnections, SoakReport,
+    Attempt, Break, FailureCounts, FailureKind, LATE_RESOLVE, ListedFailure, LongLived,
+    MAX_BREAKS_LISTED, MAX_FAILURES_LISTED, NewConnections, Resolves, SoakReport, Step,
 };
 
 use progress::Counters;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use ztunnel_benches::loadgen::{Event, FailureKind, Outcome, Report, SoakReport};
+use ztunnel_benches::loadgen::{Attempt, Event, FailureKind, Outcome, Report, SoakReport, Step};
 
 /// The longest any client run here may take: every run asks for about a
 /// second, so this only trips on a hang.
@@ -611,6 +611,12 @@ fn soak_through_a_name_counts_every_connection_right_and_ends_with_its_result() 
     assert!(counts.long_lived.exchanges > 3, "{last}");
     assert_eq!(counts.long_lived.replaced, 0, "{last}");
     assert!(counts.long_lived.breaks.is_empty(), "{last}");
+    assert!(counts.failures.is_empty(), "{last}");
+    // The name is looked up for every connection, none late on loopback.
+    assert!(
+        counts.resolves.ok >= counts.new.ok + 3 && counts.resolves.late == 0,
+        "{last}"
+    );
 }
 
 #[test]
@@ -710,4 +716,26 @@ fn soak_counts_breaks_and_refusals_when_the_server_stops_and_ends_on_sigterm() {
         long_lived.open_failed.refused,
         "{last}"
     );
+    // Each failure is listed with the step it came in: the breaks in an
+    // exchange, the refusals at connect, with the error's words.
+    let listed = |attempt| counts.failures.iter().filter(move |f| f.attempt == attempt);
+    assert_eq!(listed(Attempt::Break).count(), 3, "{last}");
+    assert!(
+        listed(Attempt::Break).all(|f| f.step == Step::Exchange),
+        "{last}"
+    );
+    let refusals: Vec<_> = counts
+        .failures
+        .iter()
+        .filter(|f| f.kind == FailureKind::Refused)
+        .collect();
+    assert!(!refusals.is_empty(), "{last}");
+    for refusal in refusals {
+        assert_eq!(refusal.step, Step::Connect, "{last}");
+        assert!(refusal.error.contains("refused"), "{last}");
+        assert!(
+            refusal.resolve_s.is_none(),
+            "an address needs no lookup: {last}"
+        );
+    }
 }

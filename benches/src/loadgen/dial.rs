@@ -118,11 +118,6 @@ pub async fn resolve(destination: &Destination) -> Result<SocketAddr, DialError>
         .ok_or_else(|| DialError::NoAddress(Arc::clone(name)))
 }
 
-/// Resolves `destination` and opens a connection to it with `header`.
-pub async fn open_to(destination: &Destination, header: Header) -> Result<TcpStream, DialError> {
-    open(resolve(destination).await?, header).await
-}
-
 /// Opens `count` connections at once. A failed one is counted in
 /// `counters` and comes back as `None`, for its worker to retry.
 pub async fn open_many(

@@ -4,7 +4,10 @@
 //! (connect, one message and its echo, close) open at a steady rate. Every
 //! second the counts so far go to stdout as one JSON line, and when the
 //! run ends (`--duration`, SIGTERM or SIGINT) the caller prints them once
-//! more as the result.
+//! more as the result. Each failure is also listed with its time, the step
+//! of the connection it came in (name lookup, connect, exchange) and its
+//! error, and every name lookup is timed, so that a reader tells a lost DNS
+//! query from a refused connect.
 //!
 //! The counts and how they change are `soak/counts.rs`; which kind a
 //! failure is, `soak/failure.rs`. This file only moves bytes and keeps time.
@@ -19,19 +22,21 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::cli::{Destination, SoakArgs};
-use super::dial;
+use super::cli::{Destination, Host, SoakArgs};
+use super::dial::{self, Linger};
 use super::limits::{LimitError, OpenFiles};
 use super::progress::Counters;
 use super::protocol::{Exchange, Header};
 use super::report::{self, Event};
 use super::shutdown::StopSignals;
+use ztunnel_certs::error_chain::ErrorChain;
 
 mod counts;
 mod failure;
 
 pub use counts::{
-    Break, FailureCounts, FailureKind, LongLived, MAX_BREAKS_LISTED, NewConnections, SoakReport,
+    Attempt, Break, FailureCounts, FailureKind, LATE_RESOLVE, ListedFailure, LongLived,
+    MAX_BREAKS_LISTED, MAX_FAILURES_LISTED, NewConnections, Resolves, SoakReport, Step,
 };
 
 use failure::Failure;
@@ -117,10 +122,28 @@ impl Run {
         change(&mut self.counts.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
-    /// Counts `failure` with `change` and keeps its message if it is the first.
-    fn count_failure(&self, failure: &Failure, change: impl FnOnce(&mut SoakReport, FailureKind)) {
+    /// Counts `failure` of `attempt` with `change`, lists it with the step
+    /// `trace` reached, and keeps its message if it is the first.
+    fn count_failure(
+        &self,
+        failure: &Failure,
+        attempt: Attempt,
+        trace: &Trace,
+        change: impl FnOnce(&mut SoakReport, FailureKind),
+    ) {
         self.counters.add_error(failure);
-        self.count(|counts| change(counts, failure.kind()));
+        let listed = ListedFailure {
+            at_s: counts::seconds(self.start.elapsed()),
+            attempt,
+            kind: failure.kind(),
+            step: failure.step(trace.step),
+            resolve_s: trace.resolve.map(counts::seconds),
+            error: ErrorChain(failure).to_string(),
+        };
+        self.count(|counts| {
+            change(counts, listed.kind);
+            counts.list(listed);
+        });
     }
 
     /// The counts as of now.
@@ -195,29 +218,70 @@ async fn keep_long_lived(run: Arc<Run>) {
     let mut sequence = 0u64;
     while Instant::now() < run.deadline {
         sequence += 1;
-        match run
-            .within_timeout(open_long_lived(&run.destination, sequence))
-            .await
-        {
+        let mut trace = Trace::default();
+        let opened = run
+            .within_timeout(open_long_lived(&run, sequence, &mut trace))
+            .await;
+        match opened {
             Ok(mut stream) => {
                 run.count(|counts| counts.opened(replacing));
                 if let Some(failure) = converse(&run, &mut stream, &mut sequence).await {
                     let at = run.start.elapsed();
-                    run.count_failure(&failure, |counts, kind| counts.broke(at, kind));
+                    run.count_failure(&failure, Attempt::Break, &trace, |counts, kind| {
+                        counts.broke(at, kind)
+                    });
                     replacing = true;
                 }
             }
-            Err(failure) => run.count_failure(&failure, SoakReport::open_failed),
+            Err(failure) => {
+                run.count_failure(&failure, Attempt::Open, &trace, SoakReport::open_failed)
+            }
         }
         tokio::time::sleep(REOPEN_BACKOFF).await;
     }
 }
 
+/// How far one connection got: what a failure, and above all a timeout,
+/// is listed with.
+#[derive(Debug, Default)]
+struct Trace {
+    /// The step in progress.
+    step: Step,
+    /// How long the name lookup took, once it ended.
+    resolve: Option<Duration>,
+}
+
+/// Resolves the destination, connects and writes `header`, recording in
+/// `trace` each step as it starts and how long the lookup took (counted
+/// in the run's resolves).
+async fn open_traced(run: &Run, header: Header, trace: &mut Trace) -> Result<TcpStream, Failure> {
+    trace.step = Step::Resolve;
+    let started = Instant::now();
+    let target = dial::resolve(&run.destination).await?;
+    if matches!(run.destination.host, Host::Name(_)) {
+        let took = started.elapsed();
+        trace.resolve = Some(took);
+        run.count(|counts| counts.resolved(took));
+    }
+    trace.step = Step::Connect;
+    let mut stream = dial::connect(target, Linger::Normal).await?;
+    trace.step = Step::Exchange;
+    stream
+        .write_all(&header.encode())
+        .await
+        .map_err(|error| Failure::Open(dial::DialError::Header(error)))?;
+    Ok(stream)
+}
+
 /// Opens a long-lived connection and proves it with a first message, so
 /// an open connection is known to reach the server through any proxies,
 /// not just the nearest listener.
-async fn open_long_lived(destination: &Destination, sequence: u64) -> Result<TcpStream, Failure> {
-    let mut stream = dial::open_to(destination, LONG_LIVED).await?;
+async fn open_long_lived(
+    run: &Run,
+    sequence: u64,
+    trace: &mut Trace,
+) -> Result<TcpStream, Failure> {
+    let mut stream = open_traced(run, LONG_LIVED, trace).await?;
     round_trip(&mut stream, sequence).await?;
     Ok(stream)
 }
@@ -260,13 +324,16 @@ async fn open_short(run: Arc<Run>, rate: f64, duration: Duration) {
         }
         let run = Arc::clone(&run);
         in_flight.spawn(async move {
-            match run
-                .within_timeout(short_connection(&run.destination, sequence))
-                .await
-            {
+            let mut trace = Trace::default();
+            let outcome = run
+                .within_timeout(short_connection(&run, sequence, &mut trace))
+                .await;
+            match outcome {
                 Ok(()) => run.count(|counts| counts.new_connection(Ok(()))),
                 Err(failure) => {
-                    run.count_failure(&failure, |counts, kind| counts.new_connection(Err(kind)))
+                    run.count_failure(&failure, Attempt::New, &trace, |counts, kind| {
+                        counts.new_connection(Err(kind))
+                    })
                 }
             }
         });
@@ -276,8 +343,8 @@ async fn open_short(run: Arc<Run>, rate: f64, duration: Duration) {
 }
 
 /// One short connection: a message, its echo, and the server's close.
-async fn short_connection(destination: &Destination, sequence: u64) -> Result<(), Failure> {
-    let mut stream = dial::open_to(destination, SHORT).await?;
+async fn short_connection(run: &Run, sequence: u64, trace: &mut Trace) -> Result<(), Failure> {
+    let mut stream = open_traced(run, SHORT, trace).await?;
     round_trip(&mut stream, sequence).await?;
     let mut byte = [0u8; 1];
     match stream.read(&mut byte).await.map_err(Failure::Exchange)? {

@@ -14,6 +14,16 @@ use serde::{Deserialize, Serialize};
 /// count in [`LongLived::broken`] stays exact beyond it.
 pub const MAX_BREAKS_LISTED: usize = 100;
 
+/// The failures listed with their details, for the same reason: a
+/// rollout's few are all there, a dead server's thousands are counted only.
+pub const MAX_FAILURES_LISTED: usize = 100;
+
+/// A name lookup that took at least this long is counted late: glibc's
+/// resolver answers from the first reply, a millisecond or so away, and
+/// only asks again after its timeout (5 s by default) when a query or its
+/// answer was lost.
+pub const LATE_RESOLVE: Duration = Duration::from_secs(1);
+
 /// Why a connection failed, as the counts tell failures apart: each kind
 /// points at a different fault of whatever stands between client and server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +80,63 @@ pub struct Break {
     pub kind: FailureKind,
 }
 
+/// Where in a connection's life a failure came: what a reader needs to
+/// tell a lost DNS query from a refused connect from a dropped stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Step {
+    /// Looking the name up (the system resolver): a timeout here is a DNS
+    /// query unanswered within `--timeout`.
+    #[default]
+    Resolve,
+    /// connect(): refused, reset or unanswered SYN.
+    Connect,
+    /// The header, a message or its echo.
+    Exchange,
+}
+
+/// Which connection a listed failure was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attempt {
+    /// A short connection.
+    New,
+    /// Opening a long-lived connection, the first or a replacement.
+    Open,
+    /// An open long-lived connection that broke.
+    Break,
+}
+
+/// One failure with what is known of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListedFailure {
+    /// Seconds from the start of the run to when it failed.
+    pub at_s: f64,
+    /// Which connection it was.
+    pub attempt: Attempt,
+    /// Its kind, as counted.
+    pub kind: FailureKind,
+    /// The step it failed in.
+    pub step: Step,
+    /// How long the name lookup took, when the destination is a name and
+    /// the lookup ended (a lookup cut by the timeout has none).
+    pub resolve_s: Option<f64>,
+    /// The error with its causes.
+    pub error: String,
+}
+
+/// The name lookups of a destination given by name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resolves {
+    /// Lookups that gave an address.
+    pub ok: u64,
+    /// Of those, the ones that took at least [`LATE_RESOLVE`]: a query
+    /// answered only after the resolver asked again.
+    pub late: u64,
+    /// The longest one, in seconds.
+    pub slowest_s: f64,
+}
+
 /// The short connections: connect, one message and its echo, close.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NewConnections {
@@ -112,6 +179,11 @@ pub struct SoakReport {
     pub new: NewConnections,
     /// The long-lived connections.
     pub long_lived: LongLived,
+    /// The name lookups (none when the target is an address).
+    pub resolves: Resolves,
+    /// The first [`MAX_FAILURES_LISTED`] failures of any attempt, in the
+    /// order seen, each with its step and error.
+    pub failures: Vec<ListedFailure>,
 }
 
 impl FailureCounts {
@@ -203,6 +275,22 @@ impl SoakReport {
         }
     }
 
+    /// A name lookup gave an address after `took`.
+    pub fn resolved(&mut self, took: Duration) {
+        self.resolves.ok = self.resolves.ok.saturating_add(1);
+        if took >= LATE_RESOLVE {
+            self.resolves.late = self.resolves.late.saturating_add(1);
+        }
+        self.resolves.slowest_s = self.resolves.slowest_s.max(seconds(took));
+    }
+
+    /// Lists `failure`, already counted by kind, while the list has room.
+    pub fn list(&mut self, failure: ListedFailure) {
+        if self.failures.len() < MAX_FAILURES_LISTED {
+            self.failures.push(failure);
+        }
+    }
+
     /// The counts as a line printed `elapsed` after the start.
     pub fn at(&self, elapsed: Duration) -> SoakReport {
         SoakReport {
@@ -228,7 +316,7 @@ impl SoakReport {
 }
 
 /// Seconds to the millisecond: finer would only lengthen the lines.
-fn seconds(duration: Duration) -> f64 {
+pub fn seconds(duration: Duration) -> f64 {
     duration.as_millis() as f64 / 1000.0
 }
 

@@ -5,7 +5,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::counts::FailureKind;
+use super::counts::{FailureKind, Step};
 use crate::loadgen::dial::DialError;
 
 /// Why a connection failed.
@@ -46,6 +46,22 @@ impl Failure {
             )
             | Failure::Exchange(error) => kind_of_io(error.kind()),
             Failure::Wrong => FailureKind::Wrong,
+        }
+    }
+
+    /// The step this failure came in; `in_progress` is the step the
+    /// connection had reached, which only a timeout needs, since our timer
+    /// does not know what it cut short.
+    pub fn step(&self, in_progress: Step) -> Step {
+        match self {
+            Failure::Open(DialError::Resolve { .. } | DialError::NoAddress(_)) => Step::Resolve,
+            Failure::Open(DialError::Socket(_) | DialError::Connect(_) | DialError::Timeout) => {
+                Step::Connect
+            }
+            Failure::Open(DialError::Header(_) | DialError::FirstExchange(_))
+            | Failure::Exchange(_)
+            | Failure::Wrong => Step::Exchange,
+            Failure::Timeout(_) => in_progress,
         }
     }
 }
@@ -152,6 +168,48 @@ mod tests {
         ];
         for (failure, kind) in cases {
             assert_eq!(failure.kind(), kind, "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn each_failure_names_the_step_it_came_in() {
+        let cases = [
+            // Our timer cut the lookup short: a DNS query unanswered.
+            (
+                Failure::Timeout(Duration::from_secs(5)),
+                Step::Resolve,
+                Step::Resolve,
+            ),
+            (
+                Failure::Timeout(Duration::from_secs(5)),
+                Step::Exchange,
+                Step::Exchange,
+            ),
+            // The resolver's own answer, whatever step was recorded.
+            (
+                Failure::Open(DialError::NoAddress(Arc::from("echo.soak"))),
+                Step::Exchange,
+                Step::Resolve,
+            ),
+            (
+                Failure::Open(DialError::Connect(io(io::ErrorKind::ConnectionRefused))),
+                Step::Connect,
+                Step::Connect,
+            ),
+            (
+                Failure::Open(DialError::Timeout),
+                Step::Connect,
+                Step::Connect,
+            ),
+            (
+                Failure::Open(DialError::Header(io(io::ErrorKind::ConnectionReset))),
+                Step::Connect,
+                Step::Exchange,
+            ),
+            (Failure::Wrong, Step::Exchange, Step::Exchange),
+        ];
+        for (failure, in_progress, step) in cases {
+            assert_eq!(failure.step(in_progress), step, "{failure:?}");
         }
     }
 }

@@ -148,10 +148,54 @@ fn a_line_has_the_documented_fields() {
     assert_eq!(
         line,
         format!(
-            r#"{{"started_unix_s":1.5,"elapsed_s":3.0,"new":{{"ok":1,"failed":{}}},"long_lived":{{"wanted":4,"open":0,"exchanges":1,"broken":{},"breaks":[{{"at_s":2.25,"kind":"timeout"}}],"replaced":0,"open_failed":{}}}}}"#,
+            r#"{{"started_unix_s":1.5,"elapsed_s":3.0,"new":{{"ok":1,"failed":{}}},"long_lived":{{"wanted":4,"open":0,"exchanges":1,"broken":{},"breaks":[{{"at_s":2.25,"kind":"timeout"}}],"replaced":0,"open_failed":{}}},"resolves":{{"ok":0,"late":0,"slowest_s":0.0}},"failures":[]}}"#,
             kinds(0),
             kinds(1),
             kinds(0)
         )
+    );
+}
+
+#[test]
+fn a_lookup_counts_late_from_one_second_and_keeps_the_slowest() {
+    let mut counts = SoakReport::new(0, SystemTime::UNIX_EPOCH);
+    for millis in [2, 999, 1000, 5012, 40] {
+        counts.resolved(Duration::from_millis(millis));
+    }
+    assert_eq!(
+        counts.resolves,
+        Resolves {
+            ok: 5,
+            late: 2,
+            slowest_s: 5.012
+        }
+    );
+}
+
+#[test]
+fn failures_are_listed_with_their_step_until_the_list_is_full() {
+    let mut counts = SoakReport::new(0, SystemTime::UNIX_EPOCH);
+    let failure = |at: usize| ListedFailure {
+        at_s: at as f64,
+        attempt: Attempt::New,
+        kind: FailureKind::Timeout,
+        step: super::Step::Resolve,
+        resolve_s: None,
+        error: "nothing within 5s".to_owned(),
+    };
+    for at in 0..MAX_FAILURES_LISTED + 5 {
+        counts.new_connection(Err(FailureKind::Timeout));
+        counts.list(failure(at));
+    }
+    assert_eq!(counts.failures.len(), MAX_FAILURES_LISTED);
+    assert_eq!(counts.failures[3], failure(3));
+    assert_eq!(counts.new.failed.timeout, MAX_FAILURES_LISTED as u64 + 5);
+    let json = serde_json::to_value(&counts.failures[0]).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "at_s": 0.0, "attempt": "new", "kind": "timeout", "step": "resolve",
+            "resolve_s": null, "error": "nothing within 5s"
+        })
     );
 }
