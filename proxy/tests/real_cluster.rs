@@ -31,6 +31,8 @@ use ztunnel_test_support::wait;
 mod clients;
 #[path = "real_cluster/dns.rs"]
 mod dns;
+#[path = "real_cluster/lifecycle.rs"]
+mod lifecycle;
 #[path = "real_cluster/rollouts.rs"]
 mod rollouts;
 #[path = "real_cluster/waypoint.rs"]

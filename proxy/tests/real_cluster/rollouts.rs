@@ -1,6 +1,7 @@
 //! The rollouts: load generators that soak through them, what each
 //! rollout dropped, and the control plane's certificates afterwards.
 
+use super::lifecycle::{Lifecycle, failures_since, now_unix_s};
 use super::*;
 
 /// Load generators that run through every rollout (`ztunnel-loadgen
@@ -9,8 +10,8 @@ use super::*;
 /// to the Service by its name (resolved by the cluster DNS for every
 /// connection).
 pub(super) struct Soaks {
-    /// (pod name, what it covers).
-    pods: Vec<(&'static str, &'static str)>,
+    /// (pod name, its node, what it covers).
+    pods: Vec<(&'static str, &'static str, &'static str)>,
 }
 
 /// The bound on one soak run; the test ends them well before.
@@ -68,11 +69,11 @@ impl Soaks {
         let soaks = Soaks {
             pods: pods
                 .iter()
-                .map(|(name, _, _, what)| (*name, *what))
+                .map(|(name, node, _, what)| (*name, *node, *what))
                 .collect(),
         };
         let running = wait::until(POD_WITHIN, || {
-            soaks.pods.iter().all(|(name, _)| {
+            soaks.pods.iter().all(|(name, _, _)| {
                 soak_counts(cluster, name).is_some_and(|counts| {
                     counts["long_lived"]["open"] == 4 && counts["new"]["ok"].as_u64() > Some(20)
                 })
@@ -81,7 +82,7 @@ impl Soaks {
         let counts: Vec<_> = soaks
             .pods
             .iter()
-            .map(|(name, _)| soak_counts(cluster, name))
+            .map(|(name, _, _)| soak_counts(cluster, name))
             .collect();
         assert!(running, "the soak clients did not get going: {counts:?}");
         soaks
@@ -91,7 +92,7 @@ impl Soaks {
     pub(super) fn counts(&self, cluster: &RealCluster) -> Vec<Value> {
         self.pods
             .iter()
-            .map(|(name, _)| soak_counts(cluster, name).unwrap_or(Value::Null))
+            .map(|(name, _, _)| soak_counts(cluster, name).unwrap_or(Value::Null))
             .collect()
     }
 }
@@ -240,12 +241,10 @@ impl Rollout {
             .map(|pod| pod.name)
             .collect();
         let started = Instant::now();
+        let mut lifecycle = Lifecycle::start(&old);
         cluster
             .helm_upgrade(helm, std::slice::from_ref(&self.set))
             .unwrap();
-        // When each old pod was asked to stop (its deletionTimestamp less
-        // its grace period), as first seen.
-        let mut stopping: Vec<(String, f64)> = vec![];
         let done = wait::until(ROLLOUT_WITHIN, || {
             during();
             let pods = get_json(
@@ -253,20 +252,10 @@ impl Rollout {
                 &["get", "pods", "-n", MESH_NAMESPACE, "-l", self.selector],
             )
             .unwrap_or(Value::Null);
-            let items = pods["items"].as_array().cloned().unwrap_or_default();
-            for pod in &items {
-                let name = pod["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                if let (Some(deletion), Some(grace)) = (
-                    pod["metadata"]["deletionTimestamp"].as_str(),
-                    pod["metadata"]["deletionGracePeriodSeconds"].as_f64(),
-                ) && !stopping.iter().any(|(seen, _)| *seen == name)
-                {
-                    stopping.push((name, unix_seconds(deletion) - grace));
-                }
-            }
+            let Some(items) = pods["items"].as_array() else {
+                return false;
+            };
+            lifecycle.observe(items, now_unix_s());
             let old_left = items.iter().any(|pod| {
                 old.iter()
                     .any(|name| pod["metadata"]["name"].as_str() == Some(name.as_str()))
@@ -283,12 +272,12 @@ impl Rollout {
         // Counts printed after the last old pod is gone.
         std::thread::sleep(Duration::from_secs(2));
         let after = soaks.counts(cluster);
-        let first_stop = stopping
-            .iter()
-            .map(|(_, at)| *at)
-            .fold(f64::INFINITY, f64::min);
+        let first_stop = lifecycle.first_stop();
+        for step in lifecycle.steps() {
+            println!("rollout: {}: {step}", self.what);
+        }
         let mut dropped = Dropped::default();
-        for (((pod, what), before), after) in soaks.pods.iter().zip(&before).zip(&after) {
+        for (((pod, node, what), before), after) in soaks.pods.iter().zip(&before).zip(&after) {
             let new_failed = failures(&after["new"]["failed"]) - failures(&before["new"]["failed"]);
             let open_failed = failures(&after["long_lived"]["open_failed"])
                 - failures(&before["long_lived"]["open_failed"]);
@@ -315,6 +304,19 @@ impl Rollout {
                 early,
                 breaks.len() as u64 - early,
             );
+            for failure in failures_since(&lifecycle, after, since) {
+                println!("failure: {} rollout, {pod} on {node}: {failure}", self.what);
+            }
+            let late = after["resolves"]["late"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(before["resolves"]["late"].as_u64().unwrap_or(0));
+            if late > 0 {
+                println!(
+                    "late: {} rollout, {pod} on {node}: {late} name lookups took 1 s or more (a DNS query answered only when asked again)",
+                    self.what
+                );
+            }
             dropped.new += new_failed + open_failed;
             dropped.long_lived += early;
         }
