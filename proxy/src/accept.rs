@@ -143,43 +143,51 @@ pub async fn serve<H>(
     }
 }
 
-/// The most connections [`take_queued`] takes: more than a listener's
+/// The most connections [`queued`] takes: more than a listener's
 /// backlog holds.
 const MOST_QUEUED: usize = 8192;
 
 /// Hands on the connections the kernel completed for `listener` but nobody
-/// accepted yet. Closing a listener resets them; in a rollout the new
-/// ztunnel's listener beside this one (SO_REUSEPORT) takes only those that
-/// arrive later, so without this the few queued at the drain would fail.
+/// accepted yet, each with a slot of `capacity` (refused ones are closed).
 /// They are served like any connection accepted before the drain.
 fn take_queued<H>(listener: &TcpListener, name: &'static str, capacity: &Capacity, handle: &mut H)
 where
     H: FnMut(TcpStream, SocketAddr, Slot),
 {
-    let socket = socket2::SockRef::from(listener);
-    for _ in 0..MOST_QUEUED {
-        // The listener is non-blocking: an empty queue is WouldBlock.
-        let Ok((accepted, peer)) = socket.accept() else {
-            return;
-        };
-        let Some(peer) = peer.as_socket() else {
-            continue;
-        };
-        let std: std::net::TcpStream = accepted.into();
-        let tcp = match std
-            .set_nonblocking(true)
-            .and_then(|()| TcpStream::from_std(std))
-        {
-            Ok(tcp) => tcp,
-            Err(error) => {
-                tracing::debug!(listener = name, %error, "a queued connection could not be taken");
-                continue;
-            }
-        };
+    for (tcp, peer) in queued(listener, name) {
         if let Some(slot) = capacity.admit(name) {
             handle(tcp, peer, slot);
         }
     }
+}
+
+/// The connections the kernel completed for `listener` (named `name` in
+/// logs) but nobody accepted yet, taken without waiting: at most
+/// [`MOST_QUEUED`]. Closing a listener resets them; in a rollout the new
+/// ztunnel's listener beside this one (SO_REUSEPORT) takes only those that
+/// arrive later, so a draining listener takes these before it closes.
+pub fn queued<'a>(
+    listener: &'a TcpListener,
+    name: &'static str,
+) -> impl Iterator<Item = (TcpStream, SocketAddr)> + 'a {
+    let socket = socket2::SockRef::from(listener);
+    (0..MOST_QUEUED)
+        // The listener is non-blocking: an empty queue is WouldBlock.
+        .map_while(move |_| socket.accept().ok())
+        .filter_map(move |(accepted, peer)| {
+            let peer = peer.as_socket()?;
+            let std: std::net::TcpStream = accepted.into();
+            match std
+                .set_nonblocking(true)
+                .and_then(|()| TcpStream::from_std(std))
+            {
+                Ok(tcp) => Some((tcp, peer)),
+                Err(error) => {
+                    tracing::debug!(listener = name, %error, "a queued connection could not be taken");
+                    None
+                }
+            }
+        })
 }
 
 #[cfg(test)]

@@ -26,6 +26,9 @@ mod support;
 #[path = "support/nameserver.rs"]
 mod nameserver;
 
+#[path = "support/rollout.rs"]
+mod rollout;
+
 /// The echo service's VIP and port.
 const VIP: &str = "198.19.0.10";
 const SERVICE_PORT: u16 = 80;
@@ -340,9 +343,15 @@ fn a_pod_flooding_its_resolver_does_not_starve_another_pods_queries() {
 
 /// A recursive A query for `name`, as bytes.
 fn query(name: &str) -> Vec<u8> {
+    query_with_id(name, 0)
+}
+
+/// A recursive A query for `name` with the message id `id`, as bytes.
+fn query_with_id(name: &str, id: u16) -> Vec<u8> {
     use hickory_proto::op::{Message, Query};
     use hickory_proto::rr::{Name, RecordType};
     let mut message = Message::query();
+    message.metadata.id = id;
     message.metadata.recursion_desired = true;
     message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
     message.to_vec().unwrap()
@@ -367,5 +376,195 @@ fn with_capture_off_the_pods_queries_go_to_the_upstream_itself() {
     assert_eq!(
         metric(&setup.cluster, "node-a", "istio_dns_requests_total", &[]),
         0.0
+    );
+}
+
+/// Client sockets of the hand-off test: each one its own source port, so
+/// the SO_REUSEPORT group's hash spreads them over both ztunnels' sockets.
+const HAND_OFF_CLIENTS: usize = 32;
+/// Bounds of each client's queries in the hand-off test.
+const HAND_OFF_QUERIES: u16 = 2_000;
+const HAND_OFF_TIME: Duration = Duration::from_secs(40);
+/// How long a client waits for an answer before it counts its query
+/// lost: ztunnel answers in a millisecond, the nameserver behind it in
+/// about as much.
+const HAND_OFF_ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// What one hand-off client saw.
+#[derive(Debug, Default)]
+struct Asked {
+    answered: u64,
+    /// Answered with another code than NOERROR.
+    failed: u64,
+    /// No answer within [`HAND_OFF_ANSWER_WITHIN`], by query id.
+    lost: Vec<u16>,
+}
+
+/// Asks `target` one query at a time from `socket` (every tenth for a
+/// name the proxy forwards) until `stop` or the bounds, counting answers
+/// in `progress`.
+fn ask_until(
+    socket: &std::net::UdpSocket,
+    target: SocketAddr,
+    stop: &std::sync::atomic::AtomicBool,
+    progress: &std::sync::atomic::AtomicU64,
+) -> Asked {
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let started = Instant::now();
+    let mut asked = Asked::default();
+    let mut buffer = [0u8; 512];
+    for id in 0..HAND_OFF_QUERIES {
+        if stop.load(Ordering::Relaxed) || started.elapsed() > HAND_OFF_TIME {
+            break;
+        }
+        let name = if id % 10 == 0 {
+            OUTSIDE.0
+        } else {
+            "echo.default.svc.cluster.local."
+        };
+        socket.send_to(&query_with_id(name, id), target).unwrap();
+        let sent = Instant::now();
+        let answer = loop {
+            if sent.elapsed() > HAND_OFF_ANSWER_WITHIN {
+                break None;
+            }
+            // Late answers to earlier queries are skipped by their id.
+            match socket.recv_from(&mut buffer) {
+                Ok((length, _)) if length >= 4 && buffer[..2] == id.to_be_bytes() => {
+                    break Some(buffer[3] & 0x0f);
+                }
+                _ => {}
+            }
+        };
+        match answer {
+            Some(0) => asked.answered += 1,
+            Some(_) => asked.failed += 1,
+            None => asked.lost.push(id),
+        }
+        progress.fetch_add(1, Ordering::Relaxed);
+    }
+    asked
+}
+
+#[test]
+fn in_a_rollout_no_dns_query_is_lost_between_the_old_ztunnel_and_the_new() {
+    let Some(setup) = start("dns-handoff", true, &[]) else {
+        return;
+    };
+    let cluster = &setup.cluster;
+    let node = cluster.node("node-a").unwrap();
+    let old = i32::try_from(node.ztunnel_pid().unwrap()).unwrap();
+    let new = rollout::Beside::start(node, &node.dir.join("ztunnel-new.log"));
+    assert!(
+        eventually(|| new.ready(node)),
+        "the new ztunnel is ready:\n{}",
+        cluster::tail(&new.log(), 20)
+    );
+    // Both ztunnels' UDP sockets on 15053 in the client pod.
+    let client = cluster.pod("client").unwrap();
+    let udp_holders = || {
+        let output = client
+            .ns
+            .exec(&["ss", "-H", "-u", "-l", "-n", "-p", "sport = :15053"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        [old, new.pid()].map(|pid| text.contains(&format!("pid={pid},")))
+    };
+    assert!(
+        eventually(|| udp_holders() == [true, true]),
+        "both ztunnels listen on the pod's 15053"
+    );
+
+    // Queries from the client pod to its nameserver, captured to 15053.
+    let sockets: Vec<std::net::UdpSocket> = (0..HAND_OFF_CLIENTS)
+        .map(|_| {
+            client
+                .ns
+                .run(|| std::net::UdpSocket::bind("0.0.0.0:0"))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let target = setup.nameserver.addr;
+    let clients: Vec<_> = sockets
+        .into_iter()
+        .map(|socket| {
+            let (stop, progress) = (
+                std::sync::Arc::clone(&stop),
+                std::sync::Arc::clone(&progress),
+            );
+            std::thread::spawn(move || ask_until(&socket, target, &stop, &progress))
+        })
+        .collect();
+    let warm = 20 * HAND_OFF_CLIENTS as u64;
+    assert!(
+        eventually(|| progress.load(Ordering::Relaxed) >= warm),
+        "the clients' queries are answered before the hand-off"
+    );
+
+    // The old ztunnel is stopped as kubelet stops it, in the middle of
+    // the load, and exits once its drain is done.
+    let at_stop = progress.load(Ordering::Relaxed);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(
+        eventually(|| rollout::exit_code(old).is_some()),
+        "the old ztunnel exits:\n{}",
+        cluster::tail(&node.ztunnel_log(), 20)
+    );
+    // The load goes on against the new ztunnel alone for a while.
+    let at_exit = progress.load(Ordering::Relaxed);
+    assert!(eventually(
+        || progress.load(Ordering::Relaxed) >= at_exit + warm
+    ));
+    stop.store(true, Ordering::Relaxed);
+    let asked: Vec<Asked> = clients
+        .into_iter()
+        .map(|client| client.join().unwrap())
+        .collect();
+
+    let answered: u64 = asked.iter().map(|asked| asked.answered).sum();
+    let failed: u64 = asked.iter().map(|asked| asked.failed).sum();
+    let lost: Vec<&Vec<u16>> = asked
+        .iter()
+        .map(|asked| &asked.lost)
+        .filter(|lost| !lost.is_empty())
+        .collect();
+    println!(
+        "hand-off under load: {answered} answered, {failed} failed, {} lost; {} asked before SIGTERM, {} by the old one's exit",
+        lost.iter().map(|lost| lost.len()).sum::<usize>(),
+        at_stop,
+        at_exit
+    );
+    assert!(
+        lost.is_empty(),
+        "queries lost in the hand-off (ids per client): {lost:?}\nold:\n{}\nnew:\n{}",
+        cluster::tail(&node.ztunnel_log(), 20),
+        cluster::tail(&new.log(), 20)
+    );
+    assert_eq!(failed, 0, "every query answered NOERROR");
+    assert!(
+        answered > at_exit,
+        "queries were answered after the old one exited"
+    );
+    let new_requests: f64 = node
+        .http_get(15120, "/metrics")
+        .map(|(_, body)| {
+            body.lines()
+                .filter(|line| line.starts_with("istio_dns_requests_total"))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        })
+        .unwrap_or(0.0);
+    assert!(
+        new_requests > 0.0,
+        "the new ztunnel counts the queries it took"
     );
 }

@@ -15,22 +15,22 @@
 
 use std::collections::BTreeSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use nix::libc;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{getsockopt, sockopt};
-use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
-use ztunnel_test_support::cluster::{Cluster, Node, closed_by_peer, still_echoes, tail};
+use ztunnel_test_support::cluster::{Cluster, closed_by_peer, still_echoes, tail};
 
-use mesh::{Mesh, Process, SERVER_IP};
+use mesh::{Mesh, SERVER_IP};
+use rollout::{Beside, exit_code};
 use support::{app, eventually, one_node};
 
 #[path = "support/mesh.rs"]
 mod mesh;
+#[path = "support/rollout.rs"]
+mod rollout;
 #[path = "support/cluster.rs"]
 mod support;
 
@@ -301,54 +301,6 @@ fn in_pod_listeners_carry_so_reuseport_unless_turned_off_and_always_the_mark() {
     assert_pod_listener_options(&cluster, false);
 }
 
-/// The second ztunnel's admin address: it shares the node's namespace
-/// with the first, which holds the usual ports.
-const SECOND_ADMIN: &str = "127.0.0.1:15100";
-/// The second ztunnel's stats address, for the same reason.
-const SECOND_STATS: &str = "[::]:15120";
-/// The second ztunnel's readiness port, for the same reason.
-const SECOND_READINESS_PORT: u16 = 15121;
-
-/// Starts a second ztunnel on `node` with the environment of the one
-/// running there, as a DaemonSet's new pod has the old one's spec; only
-/// its own ports differ, and it logs to `log`.
-fn start_beside(node: &Node, log: &Path) -> Process {
-    let running = node.ztunnel_pid().unwrap();
-    let environ = std::fs::read(format!("/proc/{running}/environ")).unwrap();
-    let env = environ
-        .split(|byte| *byte == 0)
-        .filter_map(|pair| std::str::from_utf8(pair).ok()?.split_once('='));
-    let log = std::fs::File::create(log).unwrap();
-    let child = node
-        .ns
-        .command(env!("CARGO_BIN_EXE_ztunnel"))
-        .env_clear()
-        .envs(env)
-        .env("ZTUNNEL_ADMIN_ADDR", SECOND_ADMIN)
-        .env("ZTUNNEL_STATS_ADDR", SECOND_STATS)
-        .env(
-            "ZTUNNEL_READINESS_ADDR",
-            format!("[::]:{SECOND_READINESS_PORT}"),
-        )
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Process(child)
-}
-
-/// How the child `pid` exited, without reaping it (its owner does), or
-/// `None` while it runs.
-fn exit_code(pid: i32) -> Option<i32> {
-    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-    match waitid(Id::Pid(Pid::from_raw(pid)), flags).unwrap() {
-        WaitStatus::Exited(_, code) => Some(code),
-        WaitStatus::Signaled(_, signal, _) => Some(128 + signal as i32),
-        _ => None,
-    }
-}
-
 /// How many connections a ztunnel's JSON log reports as completed
 /// outbound to `workload` without error.
 fn completed_outbound_to(log: &str, workload: &str) -> usize {
@@ -382,14 +334,11 @@ fn in_a_rollout_the_old_ztunnel_drains_its_connection_while_the_new_one_takes_ev
     assert!(still_echoes(&mut open));
 
     let new_log_path = node.dir.join("ztunnel-new.log");
-    let new = start_beside(node, &new_log_path);
-    let new_pid = i32::try_from(new.0.id()).unwrap();
-    let new_log = || std::fs::read_to_string(&new_log_path).unwrap_or_default();
+    let new = Beside::start(node, &new_log_path);
+    let new_pid = new.pid();
+    let new_log = || new.log();
     assert!(
-        eventually(|| matches!(
-            node.http_get(SECOND_READINESS_PORT, "/healthz/ready"),
-            Ok((200, _))
-        )),
+        eventually(|| new.ready(node)),
         "the new ztunnel is ready:\n{}",
         tail(&new_log(), 20)
     );

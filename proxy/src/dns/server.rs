@@ -9,8 +9,9 @@
 //! [`TCP_CONNECTIONS`] is closed at once.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
@@ -25,6 +26,7 @@ use super::answer::{self, Client, Decision, Settings};
 use super::forward::{self, Forwarder};
 use super::metrics::{DnsLabels, DnsMetrics};
 use super::wire::{self, Transport};
+use crate::accept;
 use crate::config::{Config, DnsAddress, DnsUpstream};
 use crate::context::Proxy;
 use crate::metrics::LabelValue;
@@ -154,7 +156,13 @@ pub fn serve(proxy: &Arc<Proxy>, dns: &Arc<Dns>, listeners: Listeners) -> std::i
     Ok(())
 }
 
-/// Serves UDP queries on `socket` for `proxy`'s workload until the drain.
+/// Serves UDP queries on `socket` for `proxy`'s workload until the drain,
+/// then hands off: the kernel stops choosing this socket for new queries
+/// ([`stop_receiving`]), and the queries already queued on it are
+/// answered before it closes. Closing it at once would lose them: in a
+/// rollout the new ztunnel's socket beside it (SO_REUSEPORT) shares the
+/// pod's queries with it until then, and the pod's resolver waits out its
+/// timeout (glibc's 5 s) for each one lost.
 pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
     let socket = Arc::new(socket);
     let in_flight = Arc::new(Semaphore::new(UDP_IN_FLIGHT));
@@ -165,81 +173,163 @@ pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
         let received = tokio::select! {
             // Cancel safe: `recv_from` loses nothing when dropped.
             received = socket.recv_from(&mut buffer) => received,
-            () = proxy.drain.signaled() => return,
+            () = proxy.drain.signaled() => break,
         };
-        let (length, source) = match received {
-            Ok(received) => received,
-            Err(error) => {
-                tracing::debug!(target: "dns", error = %error, "receiving a DNS query");
-                continue;
-            }
+        answer_datagram(&proxy, &dns, &socket, &in_flight, &buffer, received);
+    }
+    if let Err(error) = stop_receiving(&socket) {
+        tracing::warn!(target: "dns", error = %error, "a draining DNS listener could not stop taking new queries; the few it has queued when it closes are lost");
+    }
+    for _ in 0..HAND_OFF_MOST {
+        let received = tokio::select! {
+            received = tokio::time::timeout(HAND_OFF_QUIET, socket.recv_from(&mut buffer)) => match received {
+                Ok(received) => received,
+                Err(_quiet) => return,
+            },
+            () = proxy.drain.forced() => return,
         };
-        let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
-            tracing::debug!(target: "dns", %source, "too many DNS queries in flight; one dropped");
-            continue;
-        };
-        let query = buffer[..length].to_vec();
-        let (proxy, dns, socket) = (Arc::clone(&proxy), Arc::clone(&dns), Arc::clone(&socket));
-        tokio::spawn(async move {
-            if let Some(response) = respond(&proxy, &dns, &query, source, Transport::Udp).await
-                && let Err(error) = socket.send_to(&response, source).await
-            {
-                tracing::debug!(target: "dns", error = %error, "sending a DNS response");
-            }
-            drop(permit);
-        });
+        answer_datagram(&proxy, &dns, &socket, &in_flight, &buffer, received);
     }
 }
 
+/// How long a draining UDP listener reads on once it no longer receives
+/// new queries: a query the kernel routed to it just before (on another
+/// CPU, or in a softirq thread preempted on a busy node) is queued within
+/// microseconds, so a tenth of a second covers it many times over; it
+/// costs only drain time, which open connections take anyway.
+pub const HAND_OFF_QUIET: Duration = Duration::from_millis(100);
+
+/// The most queries a draining UDP listener answers after it stopped
+/// receiving new ones: more than its receive buffer holds (a few hundred
+/// small datagrams at the default 208 KiB), so the bound only stops a
+/// socket that keeps returning errors.
+const HAND_OFF_MOST: usize = 4096;
+
+/// Stops the kernel from giving `socket` new datagrams while it keeps what
+/// it has queued, by connecting it to its own address. A connected UDP
+/// socket takes only datagrams from its peer, and a SO_REUSEPORT group
+/// passes it over when it picks a socket for anyone else (Linux 5.6 and
+/// later): new queries go to the other sockets of the group, the new
+/// ztunnel's in a rollout. With no other socket they are refused (ICMP
+/// port unreachable), so the client's resolver moves on at once instead of
+/// waiting out its timeout on a queue nobody reads. Responses still go out
+/// to each client's address, which `send_to` names.
+pub fn stop_receiving(socket: &impl AsFd) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(socket);
+    let own = socket.local_addr()?;
+    socket.connect(&own)
+}
+
+/// Answers one received datagram in a task of its own, or drops it when
+/// `in_flight` is full; a receive error is logged and skipped.
+fn answer_datagram(
+    proxy: &Arc<Proxy>,
+    dns: &Arc<Dns>,
+    socket: &Arc<UdpSocket>,
+    in_flight: &Arc<Semaphore>,
+    buffer: &[u8],
+    received: std::io::Result<(usize, SocketAddr)>,
+) {
+    let (length, source) = match received {
+        Ok(received) => received,
+        Err(error) => {
+            tracing::debug!(target: "dns", error = %error, "receiving a DNS query");
+            return;
+        }
+    };
+    let Ok(permit) = Arc::clone(in_flight).try_acquire_owned() else {
+        tracing::debug!(target: "dns", %source, "too many DNS queries in flight; one dropped");
+        return;
+    };
+    let query = buffer[..length].to_vec();
+    let (proxy, dns, socket) = (Arc::clone(proxy), Arc::clone(dns), Arc::clone(socket));
+    // The task holds the proxy, and with it the drain watcher: a draining
+    // proxy waits for its answers to go out.
+    tokio::spawn(async move {
+        if let Some(response) = respond(&proxy, &dns, &query, source, Transport::Udp).await
+            && let Err(error) = socket.send_to(&response, source).await
+        {
+            tracing::debug!(target: "dns", error = %error, "sending a DNS response");
+        }
+        drop(permit);
+    });
+}
+
 /// Serves TCP connections on `listener` for `proxy`'s workload until the
-/// drain.
+/// drain; then the connections the kernel queued for it are served too,
+/// since closing it would reset them (as the capture listeners do, see
+/// `accept.rs`).
 pub async fn serve_tcp(proxy: Arc<Proxy>, dns: Arc<Dns>, listener: TcpListener) {
     let connections = Arc::new(Semaphore::new(TCP_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             // Cancel safe: a connection not yet accepted stays queued.
             accepted = listener.accept() => accepted,
-            () = proxy.drain.signaled() => return,
+            () = proxy.drain.signaled() => break,
         };
-        let (stream, source) = match accepted {
-            Ok(accepted) => accepted,
+        match accepted {
+            Ok((stream, source)) => serve_later(&proxy, &dns, &connections, stream, source),
             Err(error) => {
                 tracing::debug!(target: "dns", error = %error, "accepting a DNS connection");
-                continue;
             }
-        };
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            tracing::debug!(target: "dns", %source, "too many DNS connections; one closed");
-            continue;
-        };
-        let (proxy, dns) = (Arc::clone(&proxy), Arc::clone(&dns));
-        tokio::spawn(async move {
-            let served = tokio::select! {
-                served = serve_connection(&proxy, &dns, stream, source) => served,
-                () = proxy.drain.signaled() => Ok(()),
-            };
-            if let Err(error) = served {
-                tracing::debug!(target: "dns", error = %error, "DNS connection ended");
-            }
-            drop(permit);
-        });
+        }
     }
+    for (stream, source) in accept::queued(&listener, "dns") {
+        serve_later(&proxy, &dns, &connections, stream, source);
+    }
+}
+
+/// Serves one TCP connection in a task of its own, or closes it when the
+/// pod already has [`TCP_CONNECTIONS`].
+fn serve_later(
+    proxy: &Arc<Proxy>,
+    dns: &Arc<Dns>,
+    connections: &Arc<Semaphore>,
+    stream: TcpStream,
+    source: SocketAddr,
+) {
+    let Ok(permit) = Arc::clone(connections).try_acquire_owned() else {
+        tracing::debug!(target: "dns", %source, "too many DNS connections; one closed");
+        return;
+    };
+    let (proxy, dns) = (Arc::clone(proxy), Arc::clone(dns));
+    tokio::spawn(async move {
+        let served = tokio::select! {
+            served = serve_connection(&proxy, &dns, stream, source) => served,
+            () = proxy.drain.forced() => Ok(()),
+        };
+        if let Err(error) = served {
+            tracing::debug!(target: "dns", error = %error, "DNS connection ended");
+        }
+        drop(permit);
+    });
 }
 
 /// Answers the length-prefixed queries of one connection, one at a time,
 /// each to arrive, and its response to be taken, within the forwarder's
-/// timeout.
+/// timeout. Once the proxy drains, the query in progress (or the first,
+/// for a connection taken from the queue) is answered and the connection
+/// closed; the client's resolver asks its next question on a new one,
+/// which the new ztunnel takes.
 async fn serve_connection(
     proxy: &Proxy,
     dns: &Dns,
     mut stream: TcpStream,
     source: SocketAddr,
 ) -> std::io::Result<()> {
+    let mut answered = 0u64;
     loop {
-        let length = match tokio::time::timeout(forward::TIMEOUT, stream.read_u16()).await {
-            Ok(Ok(length)) => length,
-            // A closed or idle connection is the client's to end.
-            Ok(Err(_)) | Err(_) => return Ok(()),
+        let next = tokio::time::timeout(forward::TIMEOUT, stream.read_u16());
+        let length = tokio::select! {
+            biased;
+            length = next => match length {
+                Ok(Ok(length)) => length,
+                // A closed or idle connection is the client's to end.
+                Ok(Err(_)) | Err(_) => return Ok(()),
+            },
+            // Waiting for a further query when the drain starts; a query
+            // already there is taken first (biased).
+            () = proxy.drain.signaled(), if answered > 0 => return Ok(()),
         };
         let mut query = vec![0; usize::from(length)];
         match tokio::time::timeout(forward::TIMEOUT, stream.read_exact(&mut query)).await {
@@ -260,6 +350,7 @@ async fn serve_connection(
             Ok(written) => written?,
             Err(_) => return Ok(()),
         }
+        answered += 1;
     }
 }
 
@@ -409,5 +500,92 @@ mod tests {
         let other = SocketAddr::from(([127, 0, 0, 53], port));
         let listeners = bind_listeners(DnsAddress::Socket(other), true, None, false).unwrap();
         assert_eq!(bound(&listeners), (vec![other], vec![other]));
+    }
+
+    /// Everything queued on `socket` now, without waiting.
+    fn queued(socket: &std::net::UdpSocket) -> Vec<Vec<u8>> {
+        let mut buffer = [0u8; 64];
+        std::iter::from_fn(|| {
+            let (length, _) = socket.recv_from(&mut buffer).ok()?;
+            Some(buffer[..length].to_vec())
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_listener_that_stopped_receiving_keeps_its_queue_while_its_group_takes_every_new_query() {
+        // The old and the new ztunnel's sockets of a rollout, in one
+        // SO_REUSEPORT group on one address.
+        let bind = |port| {
+            let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            socket::udp_listen(address, None, |socket| socket.set_reuse_port(true)).unwrap()
+        };
+        let old = bind(0);
+        let address = old.local_addr().unwrap();
+        let new = bind(address.port());
+        // Clients on 64 source ports: the group's hash spreads them over
+        // both sockets (all on one has odds of 2^-63).
+        let clients: Vec<std::net::UdpSocket> = (0..64)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let send_all = |payload: &[u8]| {
+            for client in &clients {
+                client.send_to(payload, address).unwrap();
+            }
+        };
+        send_all(b"before");
+        stop_receiving(&old).unwrap();
+        send_all(b"after");
+
+        // Loopback delivers within the send, but a busy machine may defer
+        // it: collect until all 128 are in, for 5 s at most.
+        let (mut on_old, mut on_new) = (Vec::new(), Vec::new());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while on_old.len() + on_new.len() < 2 * clients.len()
+            && std::time::Instant::now() < deadline
+        {
+            on_old.extend(queued(&old));
+            on_new.extend(queued(&new));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!on_old.is_empty(), "the hash gave the old socket some");
+        assert!(
+            on_old.iter().all(|payload| payload == b"before"),
+            "the old socket keeps what it had and takes nothing new: {on_old:?}"
+        );
+        let before_on_new = on_new.iter().filter(|p| p.as_slice() == b"before").count();
+        let after_on_new = on_new.iter().filter(|p| p.as_slice() == b"after").count();
+        assert_eq!(on_old.len() + before_on_new, clients.len(), "nothing lost");
+        assert_eq!(
+            after_on_new,
+            clients.len(),
+            "every new query to the new socket"
+        );
+
+        // The old socket still answers the clients it holds queries of.
+        old.send_to(b"answer", clients[0].local_addr().unwrap())
+            .unwrap();
+        let mut buffer = [0u8; 16];
+        clients[0]
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let (length, from) = clients[0].recv_from(&mut buffer).unwrap();
+        assert_eq!((&buffer[..length], from), (&b"answer"[..], address));
+    }
+
+    #[test]
+    fn with_no_listener_beside_it_a_new_query_is_refused_rather_than_queued_unread() {
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let only = socket::udp_listen(address, None, |_| Ok(())).unwrap();
+        stop_receiving(&only).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.connect(only.local_addr().unwrap()).unwrap();
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        client.send(b"query").unwrap();
+        let error = client.recv(&mut [0u8; 16]).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(queued(&only).is_empty());
     }
 }
