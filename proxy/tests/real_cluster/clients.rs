@@ -136,6 +136,39 @@ pub(super) fn delivered_as_client(
         .count()
 }
 
+/// For a failure message: every access-log entry of either ztunnel that
+/// names `client`'s address, and node-a's and node-b's ztunnel log lines
+/// that name the pod (its enrollment), so that a connection that went
+/// around ztunnel, or under another identity, shows how.
+pub(super) fn traces_of(cluster: &RealCluster, client: &PodStatus) -> String {
+    let address = format!("{}:", client.ip.as_deref().unwrap_or("none"));
+    let mut trace = format!("pod {} ({address}) on {:?}:\n", client.name, client.node);
+    for node in ["node-a", "node-b"] {
+        for entry in access_log(cluster, node) {
+            if entry.src_addr.starts_with(&address) {
+                trace.push_str(&format!("{node} access: {entry:?}\n"));
+            }
+        }
+        let Some(ztunnel) = cluster
+            .pods(MESH_NAMESPACE, "app=ztunnel")
+            .unwrap_or_default()
+            .into_iter()
+            .find(|pod| pod.node.as_deref() == Some(node))
+        else {
+            continue;
+        };
+        for line in cluster
+            .pod_output(MESH_NAMESPACE, &ztunnel.name, "istio-proxy")
+            .unwrap_or_default()
+            .iter()
+            .filter(|line| line.contains(&client.name) && AccessEntry::parse(line).is_none())
+        {
+            trace.push_str(&format!("{node} log: {line}\n"));
+        }
+    }
+    trace
+}
+
 /// The arguments of a client that opens `count` connections to `target`.
 pub(super) fn connect_args(target: &str, count: u32) -> Vec<String> {
     [

@@ -199,8 +199,15 @@ fn pod_state(pod: &PodLife, at: f64) -> Option<(&'static str, Option<f64>)> {
 }
 
 /// The failures a soak listed after `since` (seconds into its run), each as
-/// a line with its time after the upgrade and every node's pods then.
-pub(super) fn failures_since(lifecycle: &Lifecycle, soak: &Value, since: f64) -> Vec<String> {
+/// a line with its time after the upgrade and every node's pods then, and
+/// whether it is a long-lived connection's break at or after `deadline`
+/// (the old ztunnel's forced close, which a rollout may make).
+pub(super) fn failures_since(
+    lifecycle: &Lifecycle,
+    soak: &Value,
+    since: f64,
+    deadline: f64,
+) -> Vec<(bool, String)> {
     let started = soak["started_unix_s"].as_f64().unwrap_or(0.0);
     soak["failures"]
         .as_array()
@@ -214,7 +221,8 @@ pub(super) fn failures_since(lifecycle: &Lifecycle, soak: &Value, since: f64) ->
                 None if failure["step"] == "resolve" => ", name lookup unanswered".to_owned(),
                 None => String::new(),
             };
-            format!(
+            let allowed = failure["attempt"] == "break" && at >= deadline;
+            let line = format!(
                 "{} {} in {}: {} ({}{resolve}); {}",
                 lifecycle.relative(at),
                 failure["attempt"].as_str().unwrap_or("?"),
@@ -222,7 +230,8 @@ pub(super) fn failures_since(lifecycle: &Lifecycle, soak: &Value, since: f64) ->
                 failure["kind"].as_str().unwrap_or("?"),
                 failure["error"].as_str().unwrap_or(""),
                 lifecycle.at(at),
-            )
+            );
+            (allowed, line)
         })
         .collect()
 }

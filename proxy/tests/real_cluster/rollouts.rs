@@ -304,8 +304,14 @@ impl Rollout {
                 early,
                 breaks.len() as u64 - early,
             );
-            for failure in failures_since(&lifecycle, after, since) {
-                println!("failure: {} rollout, {pod} on {node}: {failure}", self.what);
+            for (allowed, failure) in failures_since(&lifecycle, after, since, deadline) {
+                // A break at the drain deadline is the forced close, not a drop.
+                let what = if allowed {
+                    "at the deadline"
+                } else {
+                    "failure"
+                };
+                println!("{what}: {} rollout, {pod} on {node}: {failure}", self.what);
             }
             let late = after["resolves"]["late"]
                 .as_u64()
