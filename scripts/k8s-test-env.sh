@@ -11,6 +11,12 @@
 #   runc        runc (cgo, with seccomp: needs libseccomp-dev)
 #   cri-tools   crictl
 #   coredns     coredns, the test cluster's DNS
+#   istio       pilot-discovery (istiod), install-cni, istio-cni, istioctl
+#               (istio.io/istio), and Istio's charts (base,
+#               istio-discovery, istio-cni, ztunnel) from the same module,
+#               linked as `current/istio-charts`; built only with --istio
+#               (13 minutes cold on 2 cores, beside a release build), then
+#               linked on every call
 #
 # and the Gateway API CRDs (sigs.k8s.io/gateway-api, its
 # config/crd/experimental/ bundle), not built but extracted from the
@@ -29,6 +35,7 @@
 #                                    also write the Gateway and GatewayClass
 #                                    CRDs into deploy/charts/ztunnel-mesh/crds/
 #                                    (git-ignored), for a helm install
+#   scripts/k8s-test-env.sh --istio  also build Istio's group
 #   ZTUNNEL_KUBE_ENV=DIR ...         another cache directory
 #   GOCACHE=DIR ...                  build with (and keep) this Go build cache
 set -euo pipefail
@@ -67,6 +74,18 @@ recipes=(
   "cri-tools|cri-tools|crictl|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0' -o \$OUT/crictl sigs.k8s.io/cri-tools/cmd/crictl"
   "coredns|coredns|coredns|CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o \$OUT/coredns github.com/coredns/coredns"
 )
+
+# Istio's group, stamped with the version its VERSION file gives (with
+# Istio's own -dev suffix for builds of its main branch) and the commit of
+# the pinned pseudo-version. Building it first downloads the module, so
+# that a proxy that no longer serves the pin fails with a message saying so.
+istio_pin=v0.0.0-20260827124520-eed52ebb66ad
+istio_stamp="-X istio.io/istio/pkg/version.buildVersion=1.31-dev"
+istio_stamp+=" -X istio.io/istio/pkg/version.buildGitRevision=${istio_pin##*-}"
+istio_stamp+=" -X istio.io/istio/pkg/version.buildStatus=Clean"
+istio_stamp+=" -X istio.io/istio/pkg/version.buildTag=1.31-dev"
+istio_charts="base istio-control/istio-discovery istio-cni ztunnel"
+istio_recipe="istio|istio|pilot-discovery install-cni istio-cni istioctl|go mod download istio.io/istio || { echo 'k8s-test-env: the Go module proxy does not serve istio.io/istio@$istio_pin (pinned in test-support/kube-env/istio/go.mod): Istio'\''s components cannot be built' >&2; exit 1; }; CGO_ENABLED=0 go build -trimpath -ldflags '-s -w $istio_stamp' -o \$OUT/ istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/cni/cmd/install-cni istio.io/istio/cni/cmd/istio-cni istio.io/istio/istioctl/cmd/istioctl && src=\$(go list -m -f '{{.Dir}}' istio.io/istio) && mkdir -p \$OUT/../charts && for chart in $istio_charts; do cp -r \$src/manifests/charts/\$chart \$OUT/../charts/; done && chmod -R u+w \$OUT/../charts"
 
 group_key() { # recipe -> hash of the recipe and its module's files
   local dir
@@ -136,6 +155,9 @@ assemble() {
     for tool in $bins; do
       ln -s "../../parts/$name-$key/bin/$tool" "$cache/$combined.tmp/bin/$tool"
     done
+    if [ "$name" = istio ]; then
+      ln -s "../parts/istio-$key/charts" "$cache/$combined.tmp/istio-charts"
+    fi
   done
   rm -rf "${cache:?}/$combined"
   mv "$cache/$combined.tmp" "$cache/$combined"
@@ -159,8 +181,18 @@ missing() {
 }
 
 chart=""
-if [ "${1:-}" = --chart-crds ]; then
-  chart=1
+istio=""
+for arg in "$@"; do
+  case "$arg" in
+    --chart-crds) chart=1 ;;
+    --istio) istio=1 ;;
+    *) echo "k8s-test-env: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+# Istio's group joins the others when asked for, or once it is built.
+istio_dir="$cache/parts/istio-$(group_key "$istio_recipe")"
+if [ -n "$istio" ] || group_built "$istio_dir" pilot-discovery install-cni istio-cni istioctl; then
+  recipes+=("$istio_recipe")
 fi
 
 if [ -z "$(missing)" ]; then
@@ -230,6 +262,7 @@ for dir in "$cache"/parts/*; do
     [ "$dir" = "$cache/parts/$(cut -d'|' -f1 <<<"$recipe")-$(group_key "$recipe")" ] && keep=1
   done
   [ "$dir" = "$cache/parts/gateway-api-$(crds_key)" ] && keep=1
+  [ "$dir" = "$istio_dir" ] && keep=1
   [ -n "$keep" ] || rm -rf "$dir"
 done
 fetch_crds
