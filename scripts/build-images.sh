@@ -18,13 +18,24 @@
 #                                     and ztunnel-test-waypoint, the waypoint
 #                                     of a waypoint pod (test-support)
 #
+# With --istio-images, also Istio's own components, named as Istio's charts
+# name them and tagged with Istio's version (1.31-dev), from the binaries
+# of scripts/k8s-test-env.sh --istio (built there on first use):
+#
+#   <out>/pilot.oci.tar        pilot-discovery (istiod; entrypoint), run as
+#                              1337:1337 as Istio's image runs it, from scratch
+#   <out>/install-cni.oci.tar  install-cni (the istio-cni node agent; command)
+#                              and the istio-cni plugin in /opt/cni/bin, with
+#                              the node agent's tools (it runs iptables,
+#                              ipset and ip in pods' namespaces as ours does)
+#
 # Each archive holds one image tagged <tag> (org.opencontainers.image.ref.name).
 # The binaries are static (glibc, -C target-feature=+crt-static), so the
 # ztunnel and control plane images hold nothing else; the node agent's image
 # carries the tools it runs in pods' network namespaces. umoci (built by
 # scripts/k8s-test-env.sh from a pinned Go module) assembles the layouts.
 #
-#   scripts/build-images.sh [--out DIR] [--tag TAG] [--test-images]
+#   scripts/build-images.sh [--out DIR] [--tag TAG] [--test-images] [--istio-images]
 #
 # Defaults: --out target/images, --tag the workspace version. Needs apt-get
 # and dpkg (a Debian or Ubuntu host) for the agent's tools; they are taken
@@ -36,11 +47,15 @@ cd "$(dirname "$0")/.."
 out=target/images
 tag="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 test_images=0
+istio_images=0
+# The version Istio's group of scripts/k8s-test-env.sh stamps its binaries with.
+istio_tag=1.31-dev
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --test-images) test_images=1; shift ;;
+    --istio-images) istio_images=1; shift ;;
     *) echo "build-images: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -93,6 +108,12 @@ tools_root="$work/agent-tools"
 scripts/agent-tools-root.sh "$tools_root"
 
 # 3. The images.
+# build NAME ENTRYPOINT [SOURCE=DESTINATION...], tagged $tag, with the
+# working directory $workdir and $PATH $path; extra umoci config flags in
+# the array `config`.
+workdir=/
+path=/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin
+config=()
 build() {
   local name="$1" entrypoint="$2"
   shift 2
@@ -100,11 +121,12 @@ build() {
   "$umoci" init --layout "$layout"
   "$umoci" new --image "$layout:$tag"
   "$umoci" config --image "$layout:$tag" --os linux --architecture "$arch" \
-    --config.entrypoint "$entrypoint" --config.workingdir / \
-    --config.env PATH=/usr/local/bin:/usr/local/sbin:/usr/bin:/usr/sbin \
+    --config.entrypoint "$entrypoint" --config.workingdir "$workdir" \
+    --config.env "PATH=$path" \
     --config.label "org.opencontainers.image.title=$name" \
     --config.label "org.opencontainers.image.version=$tag" \
-    --config.label "org.opencontainers.image.licenses=Apache-2.0"
+    --config.label "org.opencontainers.image.licenses=Apache-2.0" \
+    ${config[@]+"${config[@]}"}
   # Each further argument is SOURCE=DESTINATION: one layer.
   local pair
   for pair in "$@"; do
@@ -139,8 +161,31 @@ if [ "$test_images" = 1 ]; then
   build ztunnel-test-app /usr/local/bin/ztunnel-loadgen "$app_stage=/"
 fi
 
+if [ "$istio_images" = 1 ]; then
+  istio_bin="$(scripts/k8s-test-env.sh --istio)"
+  our_tag="$tag"
+  tag="$istio_tag"
+  config=(--config.user 1337:1337)
+  build pilot /usr/local/bin/pilot-discovery "$(stage pilot "$istio_bin/pilot-discovery")=/"
+  # install-cni copies the plugin from its working directory, /opt/cni/bin,
+  # to the host's CNI directory.
+  cni_stage="$(stage install-cni "$istio_bin/install-cni")"
+  mkdir -p "$cni_stage/opt/cni/bin"
+  install -m 0755 "$istio_bin/istio-cni" "$cni_stage/opt/cni/bin/"
+  config=()
+  workdir=/opt/cni/bin
+  path+=:/opt/cni/bin
+  build install-cni /usr/local/bin/install-cni "$tools_root=/" "$cni_stage=/"
+  tag="$our_tag"
+fi
+
 echo "build-images: built in $(( $(date +%s) - started )) s" >&2
 for name in "${images[@]}"; do
   printf 'build-images: %s:%s %s\n' "$name" "$tag" "$(du -h "$out/$name.oci.tar" | cut -f1)" >&2
 done
+if [ "$istio_images" = 1 ]; then
+  for name in pilot install-cni; do
+    printf 'build-images: %s:%s %s\n' "$name" "$istio_tag" "$(du -h "$out/$name.oci.tar" | cut -f1)" >&2
+  done
+fi
 echo "$out"
