@@ -55,6 +55,13 @@ pub enum DnsError {
     /// A message too large for the TCP length prefix.
     #[error("a DNS message of {0} bytes is too large")]
     TooLarge(usize),
+    /// A local answer with more records than a TCP message holds
+    /// (answered SERVFAIL).
+    #[error("an answer of {records} records does not fit in a DNS message")]
+    AnswerTooLarge {
+        /// The records it would carry.
+        records: usize,
+    },
     /// The resolver configuration could not be read.
     #[error("reading the resolver configuration {}", .path.display())]
     ReadResolvConf {

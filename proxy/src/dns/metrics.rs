@@ -16,11 +16,38 @@ use crate::metrics::{LabelValue, istio_registry};
 /// from a cache hit on the node (0.5 ms) to the resolver's timeout (5 s).
 const DURATION_BUCKETS: [f64; 6] = [0.0005, 0.001, 0.01, 0.1, 1.0, 5.0];
 
+/// The `request_query_type` of a query for `record_type`: its name in lower
+/// case for the types resolvers ask for, `other` for the rest. A pod can
+/// ask for any of 65,536 types, and each would otherwise be a series of
+/// its own in every family; this way a pod makes at most 18.
+pub fn query_type_label(record_type: RecordType) -> &'static str {
+    match record_type {
+        RecordType::A => "a",
+        RecordType::AAAA => "aaaa",
+        RecordType::ANY => "any",
+        RecordType::CAA => "caa",
+        RecordType::CNAME => "cname",
+        RecordType::DS => "ds",
+        RecordType::DNSKEY => "dnskey",
+        RecordType::HTTPS => "https",
+        RecordType::MX => "mx",
+        RecordType::NAPTR => "naptr",
+        RecordType::NS => "ns",
+        RecordType::PTR => "ptr",
+        RecordType::SOA => "soa",
+        RecordType::SRV => "srv",
+        RecordType::SVCB => "svcb",
+        RecordType::TLSA => "tlsa",
+        RecordType::TXT => "txt",
+        _ => "other",
+    }
+}
+
 /// The labels of every DNS metric.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DnsLabels {
-    /// The record type asked, shown in lower case (`a`, `aaaa`).
-    pub query_type: RecordType,
+    /// The record type asked ([`query_type_label`]).
+    pub query_type: &'static str,
     /// The transport the query came on.
     pub protocol: Transport,
     /// The client workload's canonical service.
@@ -31,9 +58,8 @@ pub struct DnsLabels {
 
 impl EncodeLabelSet for DnsLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        let query_type = self.query_type.to_string().to_ascii_lowercase();
         [
-            ("request_query_type", query_type.as_str()),
+            ("request_query_type", self.query_type),
             ("request_protocol", self.protocol.as_str()),
             ("source_canonical_service", self.canonical_service.as_str()),
             (
@@ -109,7 +135,7 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = DnsMetrics::register(&mut registry);
         let labels = DnsLabels {
-            query_type: RecordType::AAAA,
+            query_type: query_type_label(RecordType::AAAA),
             protocol: Transport::Tcp,
             canonical_service: LabelValue::from(std::sync::Arc::from("client")),
             canonical_revision: LabelValue::unknown(),
@@ -135,5 +161,24 @@ mod tests {
         }
         let bucket = r#"istio_dns_upstream_request_duration_seconds_bucket{le="0.01",request_query_type="aaaa""#;
         assert!(text.contains(bucket), "{text}");
+    }
+
+    #[test]
+    fn every_record_type_has_one_of_eighteen_labels() {
+        let cases = [
+            (RecordType::A, "a"),
+            (RecordType::AAAA, "aaaa"),
+            (RecordType::SRV, "srv"),
+            (RecordType::HTTPS, "https"),
+            (RecordType::NULL, "other"),
+            (RecordType::Unknown(65280), "other"),
+        ];
+        for (record_type, label) in cases {
+            assert_eq!(query_type_label(record_type), label, "{record_type:?}");
+        }
+        let labels: std::collections::BTreeSet<&str> = (0..=u16::MAX)
+            .map(|code| query_type_label(RecordType::from(code)))
+            .collect();
+        assert_eq!(labels.len(), 18, "{labels:?}");
     }
 }

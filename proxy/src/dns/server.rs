@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
-use hickory_proto::rr::RecordType;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -24,7 +23,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 use super::DnsError;
 use super::answer::{self, Client, Decision, Settings};
 use super::forward::{self, Forwarder};
-use super::metrics::{DnsLabels, DnsMetrics};
+use super::metrics::{DnsLabels, DnsMetrics, query_type_label};
 use super::wire::{self, Transport};
 use crate::accept;
 use crate::config::{Config, DnsAddress, DnsUpstream};
@@ -457,7 +456,7 @@ fn labels(request: &Message, workload: Option<&Workload>, transport: Transport) 
         query_type: request
             .queries
             .first()
-            .map_or(RecordType::Unknown(0), |query| query.query_type()),
+            .map_or("other", |query| query_type_label(query.query_type())),
         protocol: transport,
         canonical_service: value(|workload| &workload.group.canonical_name),
         canonical_revision: value(|workload| &workload.group.canonical_revision),

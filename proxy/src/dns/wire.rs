@@ -61,7 +61,8 @@ pub fn format_error(bytes: &[u8]) -> Option<Vec<u8>> {
 /// Encodes a local `response` to `request` for `transport`: the request's
 /// EDNS echoed (payload at least [`UDP_MIN_PAYLOAD`], same version, DO
 /// copied) if it had one, and over UDP, as many answers as fit in what the
-/// client takes, with TC set when some were left out.
+/// client takes, with TC set when some were left out. Over TCP a response
+/// longer than a TCP message can be is [`DnsError::AnswerTooLarge`].
 pub fn encode(
     mut response: Message,
     request: &Message,
@@ -78,10 +79,19 @@ pub fn encode(
         limit = usize::from(payload);
     }
     let bytes = to_vec(&response)?;
-    if transport == Transport::Tcp || bytes.len() <= limit {
-        return Ok(bytes);
+    match transport {
+        // Past the 65,535 bytes a TCP length prefix can say, the encoder
+        // leaves out the records that do not fit and sets TC, which over
+        // TCP no client can act on: the caller answers SERVFAIL instead.
+        Transport::Tcp if !response.metadata.truncation && truncated(&bytes) => {
+            Err(DnsError::AnswerTooLarge {
+                records: response.answers.len(),
+            })
+        }
+        Transport::Tcp => Ok(bytes),
+        Transport::Udp if bytes.len() <= limit => Ok(bytes),
+        Transport::Udp => truncate(response, limit),
     }
-    truncate(response, limit)
 }
 
 /// The response with the most answers that fits in `limit` bytes, TC set.
@@ -113,6 +123,12 @@ fn truncate(mut response: Message, limit: usize) -> Result<Vec<u8>, DnsError> {
         }
     }
     Ok(fits)
+}
+
+/// Whether encoded message `bytes` has TC set (RFC 1035 §4.1.1: the third
+/// byte's second lowest bit).
+fn truncated(bytes: &[u8]) -> bool {
+    bytes.get(2).is_some_and(|flags| flags & 0x02 != 0)
 }
 
 /// Puts the client's `id` on a response relayed from the upstream, which

@@ -75,6 +75,30 @@ fn a_large_answer_is_truncated_over_udp_and_whole_over_tcp() {
 }
 
 #[test]
+fn over_tcp_an_answer_longer_than_a_message_can_be_is_refused_not_cut() {
+    let request = request(None);
+    let mut response = large(&request, 0);
+    let owner = request.queries[0].name().clone();
+    // About 16 bytes a record with the owner's name compressed: 5,000 make
+    // some 80 KB, past the 65,535 a TCP length prefix can say.
+    for index in 0..5_000u32 {
+        let data = RData::A(A(Ipv4Addr::from(0xf000_0000 | index)));
+        response.add_answer(Record::from_rdata(owner.clone(), 30, data));
+    }
+    match encode(response.clone(), &request, Transport::Tcp) {
+        Err(DnsError::AnswerTooLarge { records }) => assert_eq!(records, 5_000),
+        other => panic!(
+            "expected AnswerTooLarge, got {:?}",
+            other.map(|bytes| bytes.len())
+        ),
+    }
+    // Over UDP the same answer is cut to fit, and the client retries
+    // over TCP.
+    let udp = decoded(&encode(response, &request, Transport::Udp).unwrap(), 512);
+    assert!(udp.metadata.truncation);
+}
+
+#[test]
 fn edns_is_echoed_only_when_asked_with_at_least_512_and_the_do_bit() {
     let plain = request(None);
     let answer =
