@@ -9,7 +9,7 @@
 use hickory_proto::rr::RecordType;
 use prometheus_client::registry::Registry;
 use tokio::runtime::Handle;
-use ztunnel_proxy::dns::metrics::{DnsLabels, DnsMetrics};
+use ztunnel_proxy::dns::metrics::{DnsLabels, DnsMetrics, query_type_label};
 use ztunnel_proxy::dns::wire::Transport;
 use ztunnel_proxy::metrics::{
     LabelValue, Metrics, Reporter, ResponseFlags, TrafficLabels, WorkloadManagerMetrics,
@@ -75,7 +75,7 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     xds.record_termination("test");
     pods.started(1);
     let dns_labels = DnsLabels {
-        query_type: RecordType::A,
+        query_type: query_type_label(RecordType::A),
         protocol: Transport::Udp,
         canonical_service: LabelValue::unknown(),
         canonical_revision: LabelValue::unknown(),
