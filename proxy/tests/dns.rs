@@ -568,3 +568,101 @@ fn in_a_rollout_no_dns_query_is_lost_between_the_old_ztunnel_and_the_new() {
         "the new ztunnel counts the queries it took"
     );
 }
+
+/// `query` with its TCP length prefix.
+fn framed(query: &[u8]) -> Vec<u8> {
+    let length = u16::try_from(query.len()).unwrap();
+    [&length.to_be_bytes()[..], query].concat()
+}
+
+/// One TCP query for the echo service from `pod` to `target` (captured to
+/// ztunnel's 15053): the answer's bytes, or `None` when the connection
+/// closed or nothing came within 3 s.
+fn tcp_answer(pod: &cluster::Pod, target: SocketAddr) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut stream = pod
+        .ns
+        .run(move || std::net::TcpStream::connect_timeout(&target, Duration::from_secs(3)))
+        .ok()?
+        .ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    stream
+        .write_all(&framed(&query("echo.default.svc.cluster.local.")))
+        .ok()?;
+    let mut length = [0u8; 2];
+    stream.read_exact(&mut length).ok()?;
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(length))];
+    stream.read_exact(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// A TCP connection from `pod` to `target` that asks for the many-address
+/// name over and over and never reads: small buffers on its side, so that
+/// ztunnel is soon stuck writing to it. Returned once a write would block
+/// (or after a bounded number of queries).
+fn stuck_reader(pod: &cluster::Pod, target: SocketAddr) -> std::net::TcpStream {
+    use std::io::Write;
+    let stream = pod
+        .ns
+        .run(move || -> std::io::Result<std::net::TcpStream> {
+            let socket = socket2::Socket::new(
+                socket2::Domain::IPV4,
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            // The kernel's least buffers: a few answers fill them.
+            socket.set_recv_buffer_size(1)?;
+            socket.set_send_buffer_size(1)?;
+            socket.connect_timeout(&target.into(), Duration::from_secs(3))?;
+            Ok(socket.into())
+        })
+        .unwrap()
+        .unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let query = framed(&query(&format!("{MANY}.")));
+    let mut writer = &stream;
+    for _ in 0..100_000 {
+        match writer.write(&query) {
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) => panic!("writing to the DNS proxy: {error}"),
+        }
+    }
+    stream
+}
+
+#[test]
+fn tcp_clients_that_stop_reading_give_their_slots_back_after_the_timeout() {
+    let Some(setup) = start("dns-tcp-stuck", true, &[]) else {
+        return;
+    };
+    let pod = setup.cluster.pod("client").unwrap();
+    let target = setup.nameserver.addr;
+    assert!(
+        tcp_answer(pod, target).is_some(),
+        "TCP queries are answered:\n{}",
+        logs(&setup.cluster)
+    );
+    // Every TCP slot of the pod held by a client that never reads.
+    let stuck: Vec<std::net::TcpStream> = (0..ztunnel_proxy::dns::server::TCP_CONNECTIONS)
+        .map(|_| stuck_reader(pod, target))
+        .collect();
+    assert!(
+        tcp_answer(pod, target).is_none(),
+        "with every slot held, a further connection is closed unanswered"
+    );
+    // ztunnel gives up writing to each after the forwarder's timeout
+    // (5 s), and the slots are free again while the stuck clients still
+    // hold their ends open.
+    let started = Instant::now();
+    assert!(
+        eventually(|| tcp_answer(pod, target).is_some()),
+        "the pod's TCP queries are answered again:\n{}",
+        logs(&setup.cluster)
+    );
+    println!(
+        "TCP slots given back {:.1} s after the 16 stuck clients",
+        started.elapsed().as_secs_f64()
+    );
+    drop(stuck);
+}
