@@ -145,7 +145,7 @@ pub async fn serve<H>(
 
 /// The most connections [`queued`] takes: more than a listener's
 /// backlog holds.
-const MOST_QUEUED: usize = 8192;
+pub const MOST_QUEUED: usize = 8192;
 
 /// Hands on the connections the kernel completed for `listener` but nobody
 /// accepted yet, each with a slot of `capacity` (refused ones are closed).
