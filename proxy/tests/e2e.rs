@@ -587,3 +587,62 @@ fn a_server_whose_certificate_is_revoked_is_refused_with_cert_revoked() {
         "{metrics}"
     );
 }
+
+/// `openssl s_client` in `ns` to `target` offering only `version`
+/// (`-tls1_2`, `-tls1_3`), with no client certificate; its output, stdout
+/// and stderr together. Bounded by `timeout`.
+fn s_client(ns: &ztunnel_test_support::netns::NetNs, target: &str, version: &str) -> String {
+    let output = ns
+        .command("timeout")
+        // Its input held open for 2 s: at end of input s_client closes,
+        // before the server's answer when that comes second.
+        .args([
+            "10",
+            "sh",
+            "-c",
+            &format!("sleep 2 | openssl s_client {version} -alpn h2 -connect {target}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn a_tls_1_2_client_is_refused_by_inbound_hbone_and_by_the_control_plane() {
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: openssl is not installed (apt-get install openssl)");
+        return;
+    }
+    let Some(mesh) = Mesh::start("tls12", "") else {
+        return;
+    };
+    let control_plane = mesh.ca.address().trim_start_matches("https://").to_owned();
+    // From node b, where nothing captures outbound traffic: from node a it
+    // would go through the client's ztunnel.
+    for target in [format!("{SERVER_IP}:15008"), control_plane] {
+        // TLS 1.3 gets a handshake (the server then wants a client
+        // certificate, which is another matter)...
+        let tls13 = s_client(&mesh.b, &target, "-tls1_3");
+        assert!(
+            tls13.contains("TLSv1.3"),
+            "{target} over TLS 1.3:\n{tls13}\n{}",
+            mesh.log("server")
+        );
+        // ...TLS 1.2 gets the protocol_version alert and no session.
+        let tls12 = s_client(&mesh.b, &target, "-tls1_2");
+        assert!(
+            tls12.contains("alert protocol version"),
+            "{target} over TLS 1.2:\n{tls12}"
+        );
+        assert!(!tls12.contains("TLSv1.2, Cipher is"), "{target}:\n{tls12}");
+    }
+}
