@@ -18,7 +18,7 @@ use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
 use ztunnel_test_support::netns::ResolvConf;
 
 use nameserver::{BIG, BIG_COUNT, Nameserver, OUTSIDE};
-use support::{APP_PORT, delivered_over_mtls, eventually, logs, metric};
+use support::{APP_PORT, delivered_over_mtls, eventually, logs, metric, metric_at};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -554,17 +554,20 @@ fn in_a_rollout_no_dns_query_is_lost_between_the_old_ztunnel_and_the_new() {
         answered > at_exit,
         "queries were answered after the old one exited"
     );
-    let new_requests: f64 = node
-        .http_get(15120, "/metrics")
-        .map(|(_, body)| {
-            body.lines()
-                .filter(|line| line.starts_with("istio_dns_requests_total"))
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        })
-        .unwrap_or(0.0);
+    let new_stats = rollout::SECOND_STATS
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(
-        new_requests > 0.0,
+        metric_at(
+            cluster,
+            "node-a",
+            new_stats,
+            "istio_dns_requests_total",
+            &[]
+        ) > 0.0,
         "the new ztunnel counts the queries it took"
     );
 }

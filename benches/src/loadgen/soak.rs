@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::cli::{Destination, Host, SoakArgs};
-use super::dial::{self, Linger};
+use super::dial;
 use super::limits::{LimitError, OpenFiles};
 use super::progress::Counters;
 use super::protocol::{Exchange, Header};
@@ -253,7 +253,8 @@ struct Trace {
 
 /// Resolves the destination, connects and writes `header`, recording in
 /// `trace` each step as it starts and how long the lookup took (counted
-/// in the run's resolves).
+/// in the run's resolves). A failed header write is an exchange failure
+/// by its kind (`Failure::step`).
 async fn open_traced(run: &Run, header: Header, trace: &mut Trace) -> Result<TcpStream, Failure> {
     trace.step = Step::Resolve;
     let started = Instant::now();
@@ -264,12 +265,8 @@ async fn open_traced(run: &Run, header: Header, trace: &mut Trace) -> Result<Tcp
         run.count(|counts| counts.resolved(took));
     }
     trace.step = Step::Connect;
-    let mut stream = dial::connect(target, Linger::Normal).await?;
+    let stream = dial::open(target, header).await?;
     trace.step = Step::Exchange;
-    stream
-        .write_all(&header.encode())
-        .await
-        .map_err(|error| Failure::Open(dial::DialError::Header(error)))?;
     Ok(stream)
 }
 

@@ -92,8 +92,8 @@ pub(super) fn wait_client_done(cluster: &RealCluster, name: &str) -> PodStatus {
     pod
 }
 
-/// The access log of the ztunnel on `node`.
-pub(super) fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> {
+/// The log lines of the ztunnel on `node`.
+pub(super) fn ztunnel_log(cluster: &RealCluster, node: &str) -> Vec<String> {
     let pod = cluster
         .pods(MESH_NAMESPACE, "app=ztunnel")
         .unwrap()
@@ -103,6 +103,11 @@ pub(super) fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> 
     cluster
         .pod_output(MESH_NAMESPACE, &pod.name, "istio-proxy")
         .unwrap()
+}
+
+/// The access log of the ztunnel on `node`.
+pub(super) fn access_log(cluster: &RealCluster, node: &str) -> Vec<AccessEntry> {
+    ztunnel_log(cluster, node)
         .iter()
         .filter_map(|line| AccessEntry::parse(line))
         .collect()
@@ -144,26 +149,17 @@ pub(super) fn traces_of(cluster: &RealCluster, client: &PodStatus) -> String {
     let address = format!("{}:", client.ip.as_deref().unwrap_or("none"));
     let mut trace = format!("pod {} ({address}) on {:?}:\n", client.name, client.node);
     for node in ["node-a", "node-b"] {
-        for entry in access_log(cluster, node) {
-            if entry.src_addr.starts_with(&address) {
-                trace.push_str(&format!("{node} access: {entry:?}\n"));
+        for line in ztunnel_log(cluster, node) {
+            match AccessEntry::parse(&line) {
+                Some(entry) if entry.src_addr.starts_with(&address) => {
+                    trace.push_str(&format!("{node} access: {entry:?}\n"));
+                }
+                Some(_) => {}
+                None if line.contains(&client.name) => {
+                    trace.push_str(&format!("{node} log: {line}\n"));
+                }
+                None => {}
             }
-        }
-        let Some(ztunnel) = cluster
-            .pods(MESH_NAMESPACE, "app=ztunnel")
-            .unwrap_or_default()
-            .into_iter()
-            .find(|pod| pod.node.as_deref() == Some(node))
-        else {
-            continue;
-        };
-        for line in cluster
-            .pod_output(MESH_NAMESPACE, &ztunnel.name, "istio-proxy")
-            .unwrap_or_default()
-            .iter()
-            .filter(|line| line.contains(&client.name) && AccessEntry::parse(line).is_none())
-        {
-            trace.push_str(&format!("{node} log: {line}\n"));
         }
     }
     trace

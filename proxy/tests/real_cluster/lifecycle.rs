@@ -24,6 +24,21 @@ struct PodLife {
     gone: Option<f64>,
 }
 
+impl PodLife {
+    /// A pod known by name only, so far.
+    fn seen(name: &str, old: bool) -> PodLife {
+        PodLife {
+            name: name.to_owned(),
+            node: String::new(),
+            old,
+            created: None,
+            ready: None,
+            stopping: None,
+            gone: None,
+        }
+    }
+}
+
 /// The pods of one rollout and when it started.
 #[derive(Debug)]
 pub(super) struct Lifecycle {
@@ -44,18 +59,7 @@ impl Lifecycle {
     pub(super) fn start(old: &[String]) -> Lifecycle {
         Lifecycle {
             upgraded: now_unix_s(),
-            pods: old
-                .iter()
-                .map(|name| PodLife {
-                    name: name.clone(),
-                    node: String::new(),
-                    old: true,
-                    created: None,
-                    ready: None,
-                    stopping: None,
-                    gone: None,
-                })
-                .collect(),
+            pods: old.iter().map(|name| PodLife::seen(name, true)).collect(),
         }
     }
 
@@ -69,15 +73,7 @@ impl Lifecycle {
             let index = match self.pods.iter().position(|pod| pod.name == name) {
                 Some(index) => index,
                 None => {
-                    self.pods.push(PodLife {
-                        name: name.to_owned(),
-                        node: String::new(),
-                        old: false,
-                        created: None,
-                        ready: None,
-                        stopping: None,
-                        gone: None,
-                    });
+                    self.pods.push(PodLife::seen(name, false));
                     self.pods.len() - 1
                 }
             };

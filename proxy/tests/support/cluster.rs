@@ -83,10 +83,16 @@ pub fn logs(cluster: &Cluster) -> String {
 /// `name`'s value in `node`'s ztunnel's `/metrics` (summed over the lines
 /// that carry every label in `labels`), 0 when absent.
 pub fn metric(cluster: &Cluster, node: &str, name: &str, labels: &[&str]) -> f64 {
+    metric_at(cluster, node, 15020, name, labels)
+}
+
+/// [`metric`] from the stats server on `port` of `node`'s namespace (a
+/// second ztunnel there has its own).
+pub fn metric_at(cluster: &Cluster, node: &str, port: u16, name: &str, labels: &[&str]) -> f64 {
     let (_, body) = cluster
         .node(node)
         .unwrap()
-        .http_get(15020, "/metrics")
+        .http_get(port, "/metrics")
         .unwrap();
     body.lines()
         .filter(|line| line.starts_with(name) && labels.iter().all(|label| line.contains(label)))
