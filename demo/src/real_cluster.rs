@@ -85,6 +85,7 @@ pub fn run(interrupt: &Interrupt) -> anyhow::Result<()> {
         nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
         taints: vec![NOT_READY_TAINT.to_owned()],
         extra_tags: vec![],
+        istio: false,
     })?;
     let mut phases = Phases::default();
     phases.record(

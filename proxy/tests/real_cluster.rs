@@ -33,6 +33,8 @@ mod clients;
 mod dns;
 #[path = "real_cluster/enrollment.rs"]
 mod enrollment;
+#[path = "real_cluster/istio.rs"]
+mod istio;
 #[path = "real_cluster/lifecycle.rs"]
 mod lifecycle;
 #[path = "real_cluster/rollouts.rs"]
@@ -68,6 +70,10 @@ const ROLLOUT_WITHIN: Duration = Duration::from_secs(240);
 /// machine; the figure is printed.
 const INSTALL_READY_WITHIN: Duration = Duration::from_secs(300);
 
+/// One real cluster at a time: each takes both cores for its start-up,
+/// and the tests of this file run in parallel by default.
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
     if let Some(reason) = real_cluster::unavailable() {
@@ -77,10 +83,14 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
     };
+    let _one = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let spec = ClusterSpec {
         nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
         taints: vec![NOT_READY_TAINT.to_owned()],
         extra_tags: vec![second_tag()],
+        istio: false,
     };
     let mut cluster = RealCluster::start(&spec).unwrap();
     println!(
@@ -108,6 +118,45 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
         );
         let soaks = Soaks::start(&cluster, &app);
         rollouts_drop_nothing(&cluster, &helm, &soaks);
+    }));
+    if let Err(panic) = outcome {
+        if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {
+            eprintln!("cluster files kept at {:?}", cluster.keep_files());
+        }
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[test]
+fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
+    if let Some(reason) = real_cluster::unavailable().or_else(real_cluster::istio::unavailable) {
+        eprintln!("SKIP: no real cluster with Istio's components: {reason}");
+        return;
+    }
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let _one = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let spec = ClusterSpec {
+        nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
+        taints: vec![],
+        extra_tags: vec![],
+        istio: true,
+    };
+    let mut cluster = RealCluster::start(&spec).unwrap();
+    println!(
+        "figure: cluster start (API server to two nodes Ready): {:.1} s",
+        cluster.started_in().as_secs_f64()
+    );
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        istio::install(&cluster, &helm);
+        let app = App::deploy(&cluster);
+        traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
+        a_service_name_resolved_for_every_connection_goes_through_ztunnel(&cluster, &app);
+        ztunnels_metrics_show_the_identities(&cluster);
+        a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
     }));
     if let Err(panic) = outcome {
         if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {

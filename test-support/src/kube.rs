@@ -68,6 +68,9 @@ pub struct KubeApi {
     started_in: Duration,
 }
 
+/// The API server's egress selector configuration, in its directory.
+const EGRESS_SELECTOR_FILE: &str = "egress-selector.json";
+
 /// The Gateway API CRDs the control plane watches, as
 /// `scripts/k8s-test-env.sh` extracts them.
 const GATEWAY_API_CRDS: [&str; 2] = [
@@ -156,12 +159,22 @@ impl KubeApi {
     /// connections to it) as the `kubernetes` Service's endpoint; its
     /// certificate names that address and the Service's. Kubelets are
     /// authorized by the Node authorizer and NodeRestriction admission, as
-    /// in any cluster.
-    pub fn start_for_cluster(bin: PathBuf, advertise: Ipv4Addr) -> anyhow::Result<KubeApi> {
-        Self::start_with(bin, Some(advertise))
+    /// in any cluster. Its own connections into the cluster (admission
+    /// webhooks, the kubelets' logs, exec and port-forward) follow
+    /// `egress_selector`, an `EgressSelectorConfiguration`
+    /// ([`crate::egress::EgressProxy::selector_config`]); it reaches
+    /// webhooks at their Service's endpoints, and kubelets at their nodes'
+    /// InternalIP with the admin's client certificate.
+    pub fn start_for_cluster(
+        bin: PathBuf,
+        advertise: Ipv4Addr,
+        egress_selector: &str,
+    ) -> anyhow::Result<KubeApi> {
+        Self::start_with(bin, Some((advertise, egress_selector)))
     }
 
-    fn start_with(bin: PathBuf, advertise: Option<Ipv4Addr>) -> anyhow::Result<KubeApi> {
+    fn start_with(bin: PathBuf, cluster: Option<(Ipv4Addr, &str)>) -> anyhow::Result<KubeApi> {
+        let advertise = cluster.map(|(address, _)| address);
         let started = Instant::now();
         let dir = tempfile::Builder::new().prefix("ztunnel-kube-").tempdir()?;
         let mut names = vec![];
@@ -176,6 +189,9 @@ impl KubeApi {
         }
         let pki = Pki::generate(names)?;
         pki.write(dir.path())?;
+        if let Some((_, egress_selector)) = cluster {
+            std::fs::write(dir.path().join(EGRESS_SELECTOR_FILE), egress_selector)?;
+        }
 
         let etcd_client = free_port()?;
         let etcd_peer = free_port()?;
@@ -235,7 +251,20 @@ impl KubeApi {
             Some(address) => command
                 .arg(format!("--advertise-address={address}"))
                 .arg("--authorization-mode=Node,RBAC")
-                .arg("--enable-admission-plugins=NodeRestriction"),
+                .arg("--enable-admission-plugins=NodeRestriction")
+                .arg(format!(
+                    "--egress-selector-config-file={}",
+                    file(EGRESS_SELECTOR_FILE)
+                ))
+                // Webhooks by their endpoints: no ClusterIP is routed
+                // where the egress proxy dials.
+                .arg("--enable-aggregator-routing=true")
+                .arg("--kubelet-preferred-address-types=InternalIP")
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    file("admin.pem")
+                ))
+                .arg(format!("--kubelet-client-key={}", file("admin-key.pem"))),
             // The `kubernetes` Service's endpoints would have to be a
             // routable address; no pod here talks to the API through it.
             None => command
@@ -590,6 +619,8 @@ impl Pki {
             ("serving-key.pem", &self.serving_key_pem),
             ("sa-key.pem", &self.sa_key_pem),
             ("sa.pub", &self.sa_public_pem),
+            ("admin.pem", &self.admin_cert_pem),
+            ("admin-key.pem", &self.admin_key_pem),
         ] {
             std::fs::write(dir.join(name), content)?;
         }

@@ -12,6 +12,7 @@
 pub mod ca;
 pub mod cluster;
 pub mod cni;
+pub mod egress;
 pub mod helm;
 pub mod kube;
 pub mod netns;

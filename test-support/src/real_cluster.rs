@@ -13,12 +13,15 @@
 //! nodes; Services in 198.19.128.0/20, DNS at 198.19.128.10. The API server
 //! listens on this process's loopback; the fabric carries the nodes' and
 //! pods' connections to it from 198.18.0.1, the `kubernetes` Service's
-//! endpoint. No interface of this machine's own network changes.
+//! endpoint. The API server's own connections into the cluster
+//! (webhooks, kubelets' logs and port-forwards) go through an HTTP CONNECT
+//! proxy that dials from the fabric (`crate::egress`). No interface of
+//! this machine's own network changes.
 //!
 //! Teardown, in this order and written once ([`Drop`]): every node (its
 //! init, and with it every process of the node; then its cgroups,
 //! depth-first), the controllers, the API server's forward, the API
-//! server and etcd, the namespaces, the files, and last the sysctls kubelet
+//! server and etcd, its egress proxy, the namespaces, the files, and last the sysctls kubelet
 //! rewrites (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`)
 //! as they were.
 
@@ -28,12 +31,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::egress::EgressProxy;
 use crate::kube::KubeApi;
 use crate::netns::{NetNs, PortForward};
 
 mod containerd;
 mod control_plane;
 mod images;
+pub mod istio;
 mod kubelet;
 mod loadgen;
 mod mesh;
@@ -87,6 +92,9 @@ pub struct ClusterSpec {
     /// More tags every project image is loaded under, beside its own: the
     /// same image under a second tag, for upgrades.
     pub extra_tags: Vec<String>,
+    /// Istio's images are loaded too ([`istio::ISTIO_IMAGES`]), under
+    /// their tag and the `ambient` profile's variant of it.
+    pub istio: bool,
 }
 
 /// A running cluster. Fields are dropped by [`Drop`] in the order the
@@ -97,6 +105,7 @@ pub struct RealCluster {
     controllers: Option<control_plane::Controllers>,
     forward: Option<PortForward>,
     api: Option<KubeApi>,
+    egress: Option<EgressProxy>,
     fabric: Option<NetNs>,
     images: Images,
     dir: Option<tempfile::TempDir>,
@@ -152,6 +161,7 @@ impl RealCluster {
             controllers: None,
             forward: None,
             api: None,
+            egress: None,
             fabric: None,
             images,
             dir: Some(
@@ -181,7 +191,9 @@ impl RealCluster {
         ])?;
         fabric.exec(&["ip", "link", "set", "fab0", "up"])?;
 
-        let api = KubeApi::start_for_cluster(bin.clone(), FABRIC_IP)?;
+        let egress = EgressProxy::start(&fabric, &dir.join("egress.sock"))?;
+        let api = KubeApi::start_for_cluster(bin.clone(), FABRIC_IP, &egress.selector_config())?;
+        self.egress = Some(egress);
         let local = api.address()?;
         let api_server = format!("https://{FABRIC_IP}:{}", local.port());
         self.forward = Some(PortForward::listen_in(
@@ -256,6 +268,19 @@ impl RealCluster {
                 )?;
             }
             containerd::import(node, &bin, &coredns, COREDNS, &self.images.tag, &[])?;
+            if spec.istio {
+                let variant = format!("{}-{}", istio::ISTIO_TAG, istio::ISTIO_VARIANT);
+                for name in istio::ISTIO_IMAGES {
+                    containerd::import(
+                        node,
+                        &bin,
+                        &self.images.archive(name),
+                        name,
+                        istio::ISTIO_TAG,
+                        &[&variant],
+                    )?;
+                }
+            }
             let taints: Vec<&str> = spec.taints.iter().map(String::as_str).collect();
             kubelet::start(node, &api, &api_server, CLUSTER_DNS, &taints)?;
             control_plane::start_kube_proxy(node, &api, &api_server, POD_CIDRS)?;
@@ -455,6 +480,7 @@ impl Drop for RealCluster {
         self.controllers = None;
         self.forward = None;
         self.api = None;
+        self.egress = None;
         self.fabric = None;
         self.dir = None;
         for (path, value) in &self.sysctls {

@@ -3,6 +3,7 @@
 //! them (logs, readiness, ztunnel's admin and metrics endpoints). Starting
 //! and stopping the processes is the cluster's (`cluster.rs`).
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -240,19 +241,17 @@ pub struct AccessEntry {
 
 impl AccessEntry {
     /// The entry of a log line, if it is an access-log "connection
-    /// complete" line.
+    /// complete" line, in either of ztunnel's formats: JSON
+    /// (`LOG_FORMAT=json`) or text (the default: `<time> INFO access:
+    /// connection complete key=value key="quoted value" ...`).
     pub fn parse(line: &str) -> Option<AccessEntry> {
-        let entry: serde_json::Value = serde_json::from_str(line).ok()?;
-        let field = |name: &str| {
-            entry
-                .get(name)
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned)
+        let fields = if line.trim_start().starts_with('{') {
+            json_fields(line)?
+        } else {
+            text_fields(line)?
         };
-        let number = |name: &str| entry.get(name).and_then(serde_json::Value::as_u64);
-        if field("target")? != "access" || field("message")? != "connection complete" {
-            return None;
-        }
+        let field = |name: &str| fields.get(name).cloned();
+        let number = |name: &str| field(name).and_then(|value| value.parse().ok());
         Some(AccessEntry {
             direction: field("direction")?,
             src_addr: field("src.addr").unwrap_or_default(),
@@ -265,5 +264,123 @@ impl AccessEntry {
             bytes_recv: number("bytes_recv").unwrap_or(0),
             bytes_sent: number("bytes_sent").unwrap_or(0),
         })
+    }
+}
+
+/// The fields of a JSON access-log line, numbers as text.
+fn json_fields(line: &str) -> Option<HashMap<String, String>> {
+    let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields: HashMap<String, String> = entry
+        .as_object()?
+        .iter()
+        .filter_map(|(name, value)| {
+            let value = match value {
+                serde_json::Value::String(text) => text.clone(),
+                serde_json::Value::Number(number) => number.to_string(),
+                _ => return None,
+            };
+            Some((name.clone(), value))
+        })
+        .collect();
+    let is = |name: &str, value: &str| fields.get(name).is_some_and(|v| v == value);
+    (is("target", "access") && is("message", "connection complete")).then_some(fields)
+}
+
+/// The fields of a text access-log line: what follows `access:
+/// connection complete`, as `key=value` or `key="value"` (with `\"` and
+/// `\\` escapes).
+fn text_fields(line: &str) -> Option<HashMap<String, String>> {
+    let (_, mut rest) = line.split_once(" access: connection complete")?;
+    let mut fields = HashMap::new();
+    loop {
+        rest = rest.trim_start();
+        let Some((name, after)) = rest.split_once('=') else {
+            return Some(fields);
+        };
+        let mut value = String::new();
+        rest = if let Some(quoted) = after.strip_prefix('"') {
+            let mut chars = quoted.char_indices();
+            let mut end = quoted.len();
+            while let Some((at, c)) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    '"' => {
+                        end = at + 1;
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            &quoted[end..]
+        } else {
+            // Displayed values are not quoted: one ends where the next
+            // `key=` begins, except the error, the last field, whose chain
+            // may hold anything.
+            let end = after
+                .match_indices(' ')
+                .map(|(at, _)| at)
+                .find(|&at| name != "error" && starts_with_key(&after[at + 1..]))
+                .unwrap_or(after.len());
+            value.push_str(&after[..end]);
+            &after[end..]
+        };
+        fields.insert(name.to_owned(), value);
+    }
+}
+
+/// Whether `text` begins with a field name and `=`.
+fn starts_with_key(text: &str) -> bool {
+    text.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is a failed test
+
+    use super::*;
+
+    #[test]
+    fn text_and_json_lines_give_the_same_entry() {
+        let text = concat!(
+            "2026-12-07T05:41:34.123456Z  ERROR access: connection complete ",
+            "src.addr=198.18.64.5:40312 src.workload=\"client-a\" src.namespace=\"demo\" ",
+            "src.identity=\"spiffe://cluster.local/ns/demo/sa/client\" ",
+            "dst.addr=198.18.65.7:15008 dst.workload=\"echo-1\" direction=\"inbound\" ",
+            "bytes_sent=12 bytes_recv=34 duration=5ms ",
+            "error=connection refused (os error 111): dial x=1"
+        );
+        let json = serde_json::json!({
+            "target": "access",
+            "message": "connection complete",
+            "src.addr": "198.18.64.5:40312",
+            "src.identity": "spiffe://cluster.local/ns/demo/sa/client",
+            "dst.addr": "198.18.65.7:15008",
+            "dst.workload": "echo-1",
+            "direction": "inbound",
+            "bytes_sent": 12,
+            "bytes_recv": 34,
+            "error": "connection refused (os error 111): dial x=1",
+        })
+        .to_string();
+        let from_text = AccessEntry::parse(text).unwrap();
+        assert_eq!(from_text, AccessEntry::parse(&json).unwrap());
+        assert_eq!(from_text.bytes_recv, 34);
+        assert_eq!(
+            from_text.error.as_deref(),
+            Some("connection refused (os error 111): dial x=1")
+        );
+        assert_eq!(
+            AccessEntry::parse("2026 INFO access: connection opened x=1"),
+            None
+        );
+        assert_eq!(
+            AccessEntry::parse(r#"{"target":"access","message":"other"}"#),
+            None
+        );
     }
 }

@@ -105,17 +105,7 @@ impl RealCluster {
     /// DaemonSets are Ready on every node, the control plane is available
     /// and no node carries the not-ready taint.
     pub fn mesh_problems(&self) -> anyhow::Result<Vec<String>> {
-        let mut problems = vec![];
-        let nodes = self.nodes.len() as u64;
-        for daemonset in ["ztunnel", "istio-cni-node"] {
-            let object = self.get_json(&["get", "daemonset", "-n", MESH_NAMESPACE, daemonset])?;
-            let status = &object["status"];
-            let desired = status["desiredNumberScheduled"].as_u64().unwrap_or(0);
-            let ready = status["numberReady"].as_u64().unwrap_or(0);
-            if desired != nodes || ready != desired {
-                problems.push(format!("daemonset {daemonset}: {ready} of {desired} ready"));
-            }
-        }
+        let mut problems = self.daemonset_problems(&["ztunnel", "istio-cni-node"])?;
         let deployment =
             self.get_json(&["get", "deployment", "-n", MESH_NAMESPACE, "ztunnel-ca"])?;
         if !has_condition(&deployment, "Available") {
@@ -128,6 +118,23 @@ impl RealCluster {
                 .is_some_and(|taints| taints.iter().any(|t| t["key"] == NOT_READY_TAINT));
             if tainted {
                 problems.push(format!("node {} still tainted", node["metadata"]["name"]));
+            }
+        }
+        Ok(problems)
+    }
+
+    /// The DaemonSets of [`MESH_NAMESPACE`] among `names` that are not
+    /// Ready on every node, each with its count.
+    pub fn daemonset_problems(&self, names: &[&str]) -> anyhow::Result<Vec<String>> {
+        let mut problems = vec![];
+        let nodes = self.nodes.len() as u64;
+        for daemonset in names {
+            let object = self.get_json(&["get", "daemonset", "-n", MESH_NAMESPACE, daemonset])?;
+            let status = &object["status"];
+            let desired = status["desiredNumberScheduled"].as_u64().unwrap_or(0);
+            let ready = status["numberReady"].as_u64().unwrap_or(0);
+            if desired != nodes || ready != desired {
+                problems.push(format!("daemonset {daemonset}: {ready} of {desired} ready"));
             }
         }
         Ok(problems)
