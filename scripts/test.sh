@@ -3,8 +3,9 @@
 # use when they are missing and we are root, builds the Kubernetes parts
 # once per machine (scripts/k8s-test-env.sh: the API server, and kubelet,
 # containerd, runc and the rest of a real cluster; a no-op after the first
-# time; with the Gateway API CRDs written into the chart's crds/) and, as root, the container images the real cluster runs
-# (scripts/build-images.sh --test-images), then runs every test in the
+# time; with the Gateway API CRDs written into the chart's crds/, and
+# Istio's group) and, as root, the container images the real cluster runs
+# (scripts/build-images.sh --test-images --istio-images), then runs every test in the
 # workspace (arguments go to `cargo test --workspace`). Tests that need
 # root, these tools or the API server skip with a printed reason where they
 # cannot run.
@@ -23,11 +24,15 @@ fi
 if command -v go >/dev/null; then
   # --chart-crds: the Gateway API CRDs go into the chart's crds/, so the
   # real cluster's helm install serves Gateways (its waypoint phase).
-  scripts/k8s-test-env.sh --chart-crds >/dev/null
+  # --istio: Istio's istiod, istio-cni, istioctl and charts, built from
+  # the pinned istio/istio module (13 minutes the first time), which the
+  # real cluster's Istio test installs.
+  scripts/k8s-test-env.sh --chart-crds --istio >/dev/null
   # The real cluster's tests (root only) run the images as a cluster
-  # would: the project's three and the test pause and application images.
+  # would: the project's three, the test pause and application images,
+  # and Istio's istiod and istio-cni.
   if [ "$(id -u)" = 0 ]; then
-    scripts/build-images.sh --test-images >/dev/null
+    scripts/build-images.sh --test-images --istio-images >/dev/null
   fi
 else
   echo "test.sh: no Go toolchain: tests against the Kubernetes API server will skip" >&2
@@ -35,9 +40,16 @@ fi
 if [ $# -gt 0 ]; then
   exec cargo test --workspace "$@"
 fi
-# The real cluster's test prints its figures (cluster start, helm install to
-# Ready, pod creation to meshed, what each rollout dropped): it runs on its
-# own, uncaptured, after the rest.
-real_cluster=the_chart_installs_on_a_real_cluster_and_meshes_its_pods
-cargo test --workspace -- --skip "$real_cluster"
-exec cargo test -p ztunnel-proxy --test real_cluster -- --nocapture --exact "$real_cluster"
+# The real cluster's tests print their figures (cluster start, helm
+# install to Ready, pod creation to meshed, what each rollout dropped):
+# they run on their own, uncaptured, one after the other, after the rest.
+real_cluster=(
+  the_chart_installs_on_a_real_cluster_and_meshes_its_pods
+  istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster
+)
+skips=()
+for test in "${real_cluster[@]}"; do skips+=(--skip "$test"); done
+cargo test --workspace -- "${skips[@]}"
+for test in "${real_cluster[@]}"; do
+  cargo test -p ztunnel-proxy --test real_cluster -- --nocapture --exact "$test"
+done

@@ -142,7 +142,7 @@ fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
     let spec = ClusterSpec {
         nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
         taints: vec![],
-        extra_tags: vec![],
+        extra_tags: vec![second_tag()],
         istio: true,
     };
     let mut cluster = RealCluster::start(&spec).unwrap();
@@ -156,7 +156,14 @@ fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
         traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
         a_service_name_resolved_for_every_connection_goes_through_ztunnel(&cluster, &app);
         ztunnels_metrics_show_the_identities(&cluster);
-        a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
+        istio::istioctl_reads_our_ztunnels(&cluster);
+        istio::policies_from_istiod_hold_for_new_and_open_connections(&cluster, &app);
+        istio::peer_authentication_strict_refuses_plaintext_and_permissive_admits_it(
+            &cluster, &app,
+        );
+        istio::a_rollout_under_istio_cni_drops_nothing(&cluster, &helm, &app);
+        istio::a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(&cluster, &app);
+        istio::our_agent_and_ztunnel_with_istiod(&cluster, &helm);
     }));
     if let Err(panic) = outcome {
         if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {

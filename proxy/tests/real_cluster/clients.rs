@@ -29,10 +29,22 @@ pub(super) fn run_client_as(
     service_account: &str,
     args: &[&str],
 ) -> (PodStatus, Value) {
+    run_client_in(cluster, APP_NAMESPACE, name, node, service_account, args)
+}
+
+/// As [`run_client_as`], in `namespace`.
+pub(super) fn run_client_in(
+    cluster: &RealCluster,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    service_account: &str,
+    args: &[&str],
+) -> (PodStatus, Value) {
     let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
-    create_client_as(cluster, name, node, service_account, &args);
-    let pod = wait_client_done(cluster, name);
-    let output = cluster.pod_output(APP_NAMESPACE, name, "client").unwrap();
+    create_client_in(cluster, namespace, name, node, service_account, &args);
+    let pod = wait_client_done_in(cluster, namespace, name);
+    let output = cluster.pod_output(namespace, name, "client").unwrap();
     let report = output
         .iter()
         .rev()
@@ -44,12 +56,13 @@ pub(super) fn run_client_as(
 /// Creates a client pod named `name` on `node` under the service account
 /// `client`, running `ztunnel-loadgen` with `args`.
 pub(super) fn create_client(cluster: &RealCluster, name: &str, node: &str, args: &[String]) {
-    create_client_as(cluster, name, node, "client", args);
+    create_client_in(cluster, APP_NAMESPACE, name, node, "client", args);
 }
 
-/// As [`create_client`], under `service_account`.
-fn create_client_as(
+/// As [`create_client`], in `namespace` under `service_account`.
+fn create_client_in(
     cluster: &RealCluster,
+    namespace: &str,
     name: &str,
     node: &str,
     service_account: &str,
@@ -57,7 +70,7 @@ fn create_client_as(
 ) {
     let pod = LoadgenPod {
         name,
-        namespace: APP_NAMESPACE,
+        namespace,
         service_account,
         node,
         label: ("app", "client"),
@@ -74,10 +87,15 @@ fn create_client_as(
 
 /// Waits until the client pod `name` has ended; its status.
 pub(super) fn wait_client_done(cluster: &RealCluster, name: &str) -> PodStatus {
+    wait_client_done_in(cluster, APP_NAMESPACE, name)
+}
+
+/// As [`wait_client_done`], in `namespace`.
+fn wait_client_done_in(cluster: &RealCluster, namespace: &str, name: &str) -> PodStatus {
     let mut pod = PodStatus::default();
     let ended = wait::until(POD_WITHIN, || {
         pod = cluster
-            .pods(APP_NAMESPACE, "app=client")
+            .pods(namespace, "app=client")
             .unwrap_or_default()
             .into_iter()
             .find(|pod| pod.name == name)

@@ -1,6 +1,8 @@
 //! The rollouts: load generators that soak through them, what each
 //! rollout dropped, and the control plane's certificates afterwards.
 
+use ztunnel_test_support::real_cluster::istio::IstioChart;
+
 use super::lifecycle::{Lifecycle, failures_since, now_unix_s};
 use super::*;
 
@@ -88,6 +90,15 @@ impl Soaks {
         soaks
     }
 
+    /// Deletes the soak pods (without waiting for them to go).
+    pub(super) fn stop(self, cluster: &RealCluster) {
+        for (name, _, _) in self.pods {
+            cluster
+                .kubectl(&["delete", "pod", "-n", APP_NAMESPACE, name, "--wait=false"])
+                .unwrap();
+        }
+    }
+
     /// Each soak's latest counts.
     pub(super) fn counts(&self, cluster: &RealCluster) -> Vec<Value> {
         self.pods
@@ -127,10 +138,13 @@ pub(super) fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &
     let second = second_tag();
     let ztunnel = Rollout {
         what: "ztunnel",
-        set: format!("ztunnel.image=docker.io/library/ztunnel:{second}"),
+        upgrade: Upgrade::Mesh(vec![format!(
+            "ztunnel.image=docker.io/library/ztunnel:{second}"
+        )]),
         kind: "daemonset",
         name: "ztunnel",
         selector: "app=ztunnel",
+        drain_s: ZTUNNEL_DRAIN_S,
     };
     let dropped = ztunnel.run(cluster, helm, soaks, &|| {});
     assert_eq!(
@@ -142,10 +156,13 @@ pub(super) fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &
     let mut created = vec![];
     let agent = Rollout {
         what: "node agent",
-        set: format!("nodeAgent.image=docker.io/library/ztunnel-agent:{second}"),
+        upgrade: Upgrade::Mesh(vec![format!(
+            "nodeAgent.image=docker.io/library/ztunnel-agent:{second}"
+        )]),
         kind: "daemonset",
         name: "istio-cni-node",
         selector: "k8s-app=istio-cni-node",
+        drain_s: ZTUNNEL_DRAIN_S,
     };
     let created_cell = std::cell::RefCell::new(&mut created);
     let dropped = agent.run(cluster, helm, soaks, &|| {
@@ -187,10 +204,13 @@ pub(super) fn rollouts_drop_nothing(cluster: &RealCluster, helm: &Helm, soaks: &
 
     let control_plane = Rollout {
         what: "control plane",
-        set: format!("controlPlane.image=docker.io/library/ztunnel-ca:{second}"),
+        upgrade: Upgrade::Mesh(vec![format!(
+            "controlPlane.image=docker.io/library/ztunnel-ca:{second}"
+        )]),
         kind: "deployment",
         name: "ztunnel-ca",
         selector: "app=ztunnel-ca",
+        drain_s: ZTUNNEL_DRAIN_S,
     };
     let dropped = control_plane.run(cluster, helm, soaks, &|| {});
     assert_eq!(
@@ -214,12 +234,23 @@ pub(super) struct Dropped {
 
 /// One `helm upgrade` and what it replaces.
 pub(super) struct Rollout {
-    what: &'static str,
-    /// The `--set` that changes the image.
-    set: String,
-    kind: &'static str,
-    name: &'static str,
-    selector: &'static str,
+    pub(super) what: &'static str,
+    /// The release upgraded, and the `--set` that changes the image.
+    pub(super) upgrade: Upgrade,
+    pub(super) kind: &'static str,
+    pub(super) name: &'static str,
+    pub(super) selector: &'static str,
+    /// The drain deadline of the ztunnels it replaces, in seconds: their
+    /// grace period less one.
+    pub(super) drain_s: u64,
+}
+
+/// The release a rollout upgrades (`--reuse-values`), with its `--set`s.
+pub(super) enum Upgrade {
+    /// Our chart's release.
+    Mesh(Vec<String>),
+    /// One of Istio's charts' releases.
+    Istio(IstioChart, Vec<String>),
 }
 
 impl Rollout {
@@ -242,9 +273,11 @@ impl Rollout {
             .collect();
         let started = Instant::now();
         let mut lifecycle = Lifecycle::start(&old);
-        cluster
-            .helm_upgrade(helm, std::slice::from_ref(&self.set))
-            .unwrap();
+        match &self.upgrade {
+            Upgrade::Mesh(sets) => cluster.helm_upgrade(helm, sets),
+            Upgrade::Istio(chart, sets) => cluster.istio_upgrade(helm, *chart, sets),
+        }
+        .unwrap();
         let done = wait::until(ROLLOUT_WITHIN, || {
             during();
             let pods = get_json(
@@ -294,7 +327,7 @@ impl Rollout {
             // Allowed: the old ztunnel's forced close at its deadline, and
             // anything after; half a second of slack for the timestamps'
             // rounding.
-            let deadline = first_stop + ZTUNNEL_DRAIN_S as f64 - 0.5;
+            let deadline = first_stop + self.drain_s as f64 - 0.5;
             let early = breaks.iter().filter(|at| **at < deadline).count() as u64;
             let new_ok = after["new"]["ok"].as_u64().unwrap_or(0)
                 - before["new"]["ok"].as_u64().unwrap_or(0);

@@ -141,6 +141,24 @@ impl RealCluster {
         self.istio_helm(helm, "upgrade", chart, &["--reuse-values"], values)
     }
 
+    /// `helm uninstall --wait` of Istio's `chart`: its objects are gone
+    /// when it returns.
+    pub fn istio_uninstall(&self, helm: &Helm, chart: IstioChart) -> anyhow::Result<String> {
+        let kubeconfig = self.api()?.admin_kubeconfig().display().to_string();
+        let output = helm.run(&[
+            "uninstall",
+            chart.release(),
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            MESH_NAMESPACE,
+            "--wait",
+            "--timeout",
+            "3m",
+        ])?;
+        Ok(output.lines().next().unwrap_or_default().to_owned())
+    }
+
     fn istio_helm(
         &self,
         helm: &Helm,
