@@ -354,6 +354,64 @@ async fn does_its_job(
     Ok(())
 }
 
+/// `controlPlane.enabled=false` (our agent and ztunnel beside Istio's
+/// istiod, which `proxy/tests/real_cluster.rs` runs): none of the control
+/// plane's objects, ztunnel dialling istiod's Service, and the untaint
+/// controller, which lives in our control plane, refused with a reason.
+#[test]
+fn without_its_control_plane_the_chart_points_ztunnel_at_istiod() {
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "controlPlane:\n  enabled: false\n").unwrap();
+    let rendered = helm
+        .template("ztunnel-mesh", NAMESPACE, &[values.as_path()])
+        .unwrap();
+    let names = rendered.names();
+    assert!(
+        names.iter().all(|name| !name.contains("ztunnel-ca")
+            && !name.contains("control-plane")
+            && !name.starts_with("Service/")),
+        "control plane objects rendered: {names:?}"
+    );
+    for daemonset in ["ztunnel", "istio-cni-node"] {
+        assert!(
+            names.contains(&format!("DaemonSet/{daemonset}")),
+            "{daemonset} missing: {names:?}"
+        );
+    }
+    let ztunnel = rendered
+        .container("DaemonSet", "ztunnel", "istio-proxy")
+        .unwrap();
+    let istiod = format!("istiod.{NAMESPACE}.svc:15012");
+    for variable in ["CA_ADDRESS", "XDS_ADDRESS"] {
+        assert!(
+            ztunnel
+                .env
+                .iter()
+                .any(|(name, value)| name == variable && *value == istiod),
+            "{variable} is not {istiod}: {:?}",
+            ztunnel.env
+        );
+    }
+
+    std::fs::write(
+        &values,
+        "controlPlane:\n  enabled: false\ntaint:\n  enabled: true\n",
+    )
+    .unwrap();
+    let refused = helm
+        .template("ztunnel-mesh", NAMESPACE, &[values.as_path()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("taint.enabled needs controlPlane.enabled"),
+        "{refused}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_does_its_job_with_exactly_the_charts_rbac() {
     let Some((helm, api)) = tools() else {

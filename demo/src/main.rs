@@ -14,7 +14,8 @@
 //! `security.istio.io/v1` AuthorizationPolicy applied with kubectl.
 //!
 //! With `--cluster` the same scenario runs on a real two-node cluster with
-//! the mesh installed by helm: `real_cluster.rs`.
+//! the mesh installed by helm: `real_cluster.rs`; with `--cluster --istio`,
+//! Istio's istiod, istio-cni and charts drive our ztunnel there.
 //!
 //! The report is `report.rs`, Ctrl-C `interrupt.rs`. Run it through
 //! `demo/run.sh`, which builds the binaries and images it starts.
@@ -82,12 +83,23 @@ struct Cli {
     /// scripts/build-images.sh --test-images.
     #[arg(long)]
     cluster: bool,
+    /// With --cluster: Istio's own components instead of ours around our
+    /// ztunnel: istiod, istio-cni and Istio's charts (base, istiod,
+    /// istio-cni, ztunnel), built from the pinned istio/istio module by
+    /// scripts/k8s-test-env.sh --istio and scripts/build-images.sh
+    /// --istio-images.
+    #[arg(long, requires = "cluster")]
+    istio: bool,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let unavailable = if cli.cluster {
-        ztunnel_test_support::real_cluster::unavailable()
+        ztunnel_test_support::real_cluster::unavailable().or_else(|| {
+            cli.istio
+                .then(ztunnel_test_support::real_cluster::istio::unavailable)
+                .flatten()
+        })
     } else {
         cluster::unavailable()
     };
@@ -100,7 +112,7 @@ fn main() -> std::process::ExitCode {
     // Each mode owns its cluster and has torn it down when it returns,
     // interrupted or not: processes by PID, then namespaces.
     let outcome = if cli.cluster {
-        real_cluster::run(&interrupt)
+        real_cluster::run(&interrupt, cli.istio)
     } else {
         run(&interrupt, cli.kubernetes)
     };

@@ -12,7 +12,14 @@
 //! namespace left out of the mesh), as a Job's pod would make them; the pod
 //! prints what it got and the demo reads it from the container's log. The
 //! live policy is an AuthorizationPolicy applied with kubectl, and the
-//! table comes from both ztunnel pods' JSON access logs.
+//! table comes from both ztunnel pods' access logs.
+//!
+//! With `--istio` the mesh around our ztunnel is Istio's own: the charts
+//! `base`, `istiod`, `istio-cni` and `ztunnel` (with our image) installed
+//! as Istio's documentation installs ambient mode, on nodes without the
+//! taint (istiod's untaint controller is off by default). The scenario and
+//! the table are the same; the table is read from ztunnel's default text
+//! log.
 //!
 //! How the cluster is built and torn down is test-support's; the pods,
 //! the steps and their timing are here.
@@ -23,6 +30,7 @@ use anyhow::Context;
 use serde_json::Value;
 use ztunnel_test_support::cluster::AccessEntry;
 use ztunnel_test_support::helm::Helm;
+use ztunnel_test_support::real_cluster::istio::IstioChart;
 use ztunnel_test_support::real_cluster::{
     self, ClusterSpec, MESH_NAMESPACE, NOT_READY_TAINT, PodStatus, RealCluster,
 };
@@ -76,16 +84,24 @@ const LEGACY: Source = Source {
 
 /// Runs the scenario on a cluster of its own, tears the cluster down, and
 /// prints how long each phase took.
-pub fn run(interrupt: &Interrupt) -> anyhow::Result<()> {
+pub fn run(interrupt: &Interrupt, istio: bool) -> anyhow::Result<()> {
     let helm = Helm::find().map_err(anyhow::Error::msg)?;
-    println!(
-        "demo: starting a real cluster: the API server, controller-manager and scheduler; two nodes (containerd, runc, kubelet, kube-proxy) tainted {NOT_READY_TAINT}; CoreDNS"
-    );
+    let taints = if istio {
+        println!(
+            "demo: starting a real cluster: the API server, controller-manager and scheduler; two nodes (containerd, runc, kubelet, kube-proxy); CoreDNS; Istio's istiod and istio-cni images loaded"
+        );
+        vec![]
+    } else {
+        println!(
+            "demo: starting a real cluster: the API server, controller-manager and scheduler; two nodes (containerd, runc, kubelet, kube-proxy) tainted {NOT_READY_TAINT}; CoreDNS"
+        );
+        vec![NOT_READY_TAINT.to_owned()]
+    };
     let mut cluster = RealCluster::start(&ClusterSpec {
         nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
-        taints: vec![NOT_READY_TAINT.to_owned()],
+        taints,
         extra_tags: vec![],
-        istio: false,
+        istio,
     })?;
     let mut phases = Phases::default();
     phases.record(
@@ -99,6 +115,7 @@ pub fn run(interrupt: &Interrupt) -> anyhow::Result<()> {
     );
     let mut scenario = Scenario {
         cluster: &cluster,
+        istio,
         interrupt,
         phases: &mut phases,
         steps: Steps::default(),
@@ -127,6 +144,8 @@ pub fn run(interrupt: &Interrupt) -> anyhow::Result<()> {
 /// The scenario's state on one cluster.
 struct Scenario<'a> {
     cluster: &'a RealCluster,
+    /// Istio's charts, not ours, around our ztunnel.
+    istio: bool,
     interrupt: &'a Interrupt,
     phases: &'a mut Phases,
     steps: Steps,
@@ -166,8 +185,13 @@ impl Scenario<'_> {
     /// The deny policy for client -> db, applied with kubectl while a
     /// connection from client to db is open, then deleted.
     fn live_policy(&mut self) -> anyhow::Result<()> {
+        let control_plane = if self.istio {
+            "istiod"
+        } else {
+            "the control plane"
+        };
         println!(
-            "demo: applying a live policy: deny client -> db, an AuthorizationPolicy applied with kubectl, read by the control plane from the API server and pushed over xDS"
+            "demo: applying a live policy: deny client -> db, an AuthorizationPolicy applied with kubectl, read by {control_plane} from the API server and pushed over xDS"
         );
         let started = Instant::now();
         let held = self.hold_connection(CLIENT, "db")?;
@@ -220,8 +244,12 @@ impl Scenario<'_> {
 
     /// `helm install` with ztunnel's access log as JSON, then waits until
     /// both DaemonSets are Ready on both nodes, the control plane is
-    /// available and the taints are gone.
+    /// available and the taints are gone; or, with `--istio`, Istio's
+    /// charts.
     fn install(&mut self, helm: &Helm) -> anyhow::Result<()> {
+        if self.istio {
+            return self.install_istio(helm);
+        }
         println!("demo: helm install of deploy/charts/ztunnel-mesh into {MESH_NAMESPACE}");
         let started = Instant::now();
         let first_line = self
@@ -246,6 +274,48 @@ impl Scenario<'_> {
         );
         self.phases.record(
             "helm install to Ready (DaemonSets, control plane, taints gone)",
+            took,
+        );
+        Ok(())
+    }
+
+    /// `helm install` of Istio's charts, each with only where its images
+    /// are (and the ambient profile where Istio's documentation sets it),
+    /// then waits until istiod is available and the istio-cni and ztunnel
+    /// DaemonSets are Ready on both nodes.
+    fn install_istio(&mut self, helm: &Helm) -> anyhow::Result<()> {
+        let started = Instant::now();
+        for chart in IstioChart::ALL {
+            println!(
+                "demo: helm install {} (Istio's chart{}) into {MESH_NAMESPACE}",
+                chart.release(),
+                if chart == IstioChart::Ztunnel {
+                    ", our ztunnel image"
+                } else {
+                    ""
+                }
+            );
+            let first_line = self.cluster.istio_install(helm, chart, &[])?;
+            println!("demo:   helm: {first_line}");
+        }
+        let ready = self.interrupt.wait_until(INSTALL_WITHIN, || {
+            self.cluster
+                .istio_problems()
+                .is_ok_and(|problems| problems.is_empty())
+        })?;
+        if !ready {
+            anyhow::bail!(
+                "Istio's install was not Ready in {INSTALL_WITHIN:?}: {:?}",
+                self.cluster.istio_problems()?
+            );
+        }
+        let took = started.elapsed();
+        println!(
+            "demo:   Ready in {:.1} s: istiod available, istio-cni and our ztunnel on each node",
+            took.as_secs_f64()
+        );
+        self.phases.record(
+            "helm install of Istio's charts to Ready (istiod, istio-cni, ztunnel)",
             took,
         );
         Ok(())
