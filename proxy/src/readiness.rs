@@ -41,7 +41,8 @@ impl Ready {
         Self::default()
     }
 
-    /// Registers a task the proxy waits for; `name` is what 503 answers show.
+    /// Registers a task the proxy waits for; `name` is what the not-ready
+    /// answer shows.
     pub fn register_task(&self, name: &str) -> BlockReady {
         let mut pending = self.lock();
         let id = pending.next_id;
@@ -81,10 +82,13 @@ impl Ready {
         if pending.is_empty() {
             return admin::text(StatusCode::OK, "ready\n".to_owned());
         }
-        let names: Vec<&str> = pending.iter().map(AsRef::as_ref).collect();
+        // As istio/ztunnel answers (AMBIENT.md §6.1): 500, and each
+        // pending name once, sorted.
+        let names: std::collections::BTreeSet<&str> = pending.iter().map(AsRef::as_ref).collect();
+        let names: Vec<&str> = names.into_iter().collect();
         admin::text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", names.join(", ")),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("not ready, pending: {}\n", names.join(", ")),
         )
     }
 }

@@ -108,23 +108,29 @@ async fn start_admin(
 }
 
 #[tokio::test]
-async fn readiness_answers_503_with_pending_tasks_until_the_last_guard_drops() {
+async fn readiness_answers_500_with_pending_tasks_until_the_last_guard_drops() {
     let ready = Ready::new();
     let listeners = ready.register_task("listeners");
     let certificates = ready.register_task("workload certificates");
+    let again = ready.register_task("listeners");
     let (listener, addr) = local_listener().await;
     let (_trigger, watcher) = drain::channel();
     tokio::spawn(readiness::serve(listener, ready.clone(), watcher));
 
+    // istio/ztunnel's answer: 500, each pending name once, sorted.
     let answer = request(addr, "GET", "/healthz/ready").await;
-    assert_eq!(answer.status, 503);
-    assert!(answer.body.contains("listeners"), "{}", answer.body);
-    assert!(answer.body.contains("workload certificates"));
+    assert_eq!(answer.status, 500);
+    assert_eq!(
+        answer.body, "not ready, pending: listeners, workload certificates\n",
+        "{}",
+        answer.body
+    );
 
     drop(listeners);
+    drop(again);
     let answer = request(addr, "GET", "/healthz/ready").await;
-    assert_eq!(answer.status, 503);
-    assert!(!answer.body.contains("listeners"));
+    assert_eq!(answer.status, 500);
+    assert_eq!(answer.body, "not ready, pending: workload certificates\n");
 
     drop(certificates);
     assert_eq!(request(addr, "GET", "/healthz/ready").await.status, 200);

@@ -161,6 +161,7 @@ fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
         istio::peer_authentication_strict_refuses_plaintext_and_permissive_admits_it(
             &cluster, &app,
         );
+        istio::our_ztunnels_ride_out_an_istiod_outage(&cluster, &app);
         istio::a_rollout_under_istio_cni_drops_nothing(&cluster, &helm, &app);
         istio::a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(&cluster, &app);
         istio::our_agent_and_ztunnel_with_istiod(&cluster, &helm);

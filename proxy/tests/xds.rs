@@ -486,7 +486,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
         get(ztunnel.readiness, "/healthz/ready")
     })
     .await;
-    assert_eq!(not_ready.0, 503, "{}", not_ready.1);
+    assert_eq!(not_ready.0, 500, "{}", not_ready.1);
     let ack = session
         .push(
             ADDRESS_TYPE_URL,
@@ -500,7 +500,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
         .await;
     assert!(ack.error_detail.is_none());
     let (status, body) = get(ztunnel.readiness, "/healthz/ready").await.unwrap();
-    assert_eq!(status, 503);
+    assert_eq!(status, 500);
     assert!(body.contains("istio.security.Authorization"), "{body}");
     assert!(!body.contains("istio.workload.Address"), "{body}");
     let ack = session
@@ -620,7 +620,7 @@ async fn an_http_address_never_connects() {
     let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
     assert!(accepted.is_err(), "ztunnel connected to an http:// address");
     let (status, body) = get(ztunnel.readiness, "/healthz/ready").await.unwrap();
-    assert_eq!(status, 503);
+    assert_eq!(status, 500);
     assert!(body.contains("xDS"), "{body}");
     let log = std::fs::read_to_string(&ztunnel.log).unwrap();
     assert!(log.contains("unsupported scheme http"), "{log}");

@@ -203,7 +203,7 @@ fn first_line(text: &str) -> &str {
 }
 
 /// A soak pod holding long-lived connections open (and reopening them
-/// when closed), with no new short ones.
+/// when closed), with no new short ones unless asked.
 struct HeldOpen {
     name: &'static str,
 }
@@ -214,6 +214,18 @@ impl HeldOpen {
     /// Starts it on `node` towards `target` and waits until its
     /// connections are open.
     fn start(cluster: &RealCluster, name: &'static str, node: &str, target: &str) -> HeldOpen {
+        Self::start_with_rate(cluster, name, node, target, "0")
+    }
+
+    /// As [`HeldOpen::start`], opening `rate` new short connections a
+    /// second besides.
+    fn start_with_rate(
+        cluster: &RealCluster,
+        name: &'static str,
+        node: &str,
+        target: &str,
+        rate: &str,
+    ) -> HeldOpen {
         let image = cluster.images().reference(real_cluster::APP);
         let target = format!("{target}:{APP_PORT}");
         let connections = Self::CONNECTIONS.to_string();
@@ -232,7 +244,7 @@ impl HeldOpen {
                 "--connections",
                 &connections,
                 "--rate",
-                "0",
+                rate,
                 "--duration",
                 &duration,
             ],
@@ -763,3 +775,190 @@ pub(super) fn our_agent_and_ztunnel_with_istiod(cluster: &RealCluster, helm: &He
     traffic_goes_through_ztunnel_with_the_pods_identities(cluster, &app);
     a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(cluster, &app);
 }
+
+/// istiod goes away (scaled to 0) and comes back as a new pod. Meanwhile
+/// our running ztunnels keep serving with what they have: a soak's new and
+/// long-lived connections across nodes go on without a failure, and both
+/// ztunnels stay Ready, as Istio's do. A ztunnel that starts while istiod
+/// is away (node-b's, deleted) is not Ready, as Istio's is not, and becomes
+/// Ready once istiod is back; the running one (node-a's) reconnects: a
+/// policy applied afterwards is enforced by it.
+pub(super) fn our_ztunnels_ride_out_an_istiod_outage(cluster: &RealCluster, app: &App) {
+    let (_, echo_b) = app.echo_on("node-b");
+    let soak = HeldOpen::start_with_rate(cluster, "through-outage", "node-a", echo_b, "10");
+    std::thread::sleep(Duration::from_secs(2));
+    let before = soak_counts(cluster, soak.name).unwrap();
+
+    let scale = |replicas: &str| {
+        cluster
+            .kubectl(&[
+                "scale",
+                "deployment",
+                "-n",
+                MESH_NAMESPACE,
+                ISTIOD,
+                &format!("--replicas={replicas}"),
+            ])
+            .unwrap();
+    };
+    let istiod_pods = || {
+        cluster
+            .pods(MESH_NAMESPACE, "app=istiod")
+            .unwrap_or_default()
+    };
+    scale("0");
+    let gone = wait::until(POD_WITHIN, || istiod_pods().is_empty());
+    assert!(gone, "istiod did not go:\n{}", pods_summary(cluster));
+    let outage = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let during = soak_counts(cluster, soak.name).unwrap();
+    let new_ok =
+        during["new"]["ok"].as_u64().unwrap_or(0) - before["new"]["ok"].as_u64().unwrap_or(0);
+    let new_failed = failures(&during["new"]["failed"]) - failures(&before["new"]["failed"]);
+    let breaks = during["long_lived"]["breaks"]
+        .as_array()
+        .map_or(0, Vec::len)
+        - before["long_lived"]["breaks"]
+            .as_array()
+            .map_or(0, Vec::len);
+    assert!(
+        new_ok > 0 && new_failed == 0 && breaks == 0,
+        "with istiod away, across nodes: {new_ok} new connections served, {new_failed} failed, {breaks} long-lived broken\n{during}"
+    );
+    let ztunnels = cluster.pods(MESH_NAMESPACE, "app=ztunnel").unwrap();
+    assert!(
+        ztunnels.len() == 2 && ztunnels.iter().all(|pod| pod.ready),
+        "running ztunnels turned unready with istiod away: {ztunnels:?}"
+    );
+    println!(
+        "figure: istiod away {:.1} s: {new_ok} new connections across nodes served, 0 failed, 0 long-lived broken; both ztunnels Ready",
+        outage.elapsed().as_secs_f64()
+    );
+    soak.stop(cluster);
+
+    // A ztunnel starting with istiod away.
+    let old_b = ztunnels
+        .iter()
+        .find(|pod| pod.node.as_deref() == Some("node-b"))
+        .unwrap()
+        .name
+        .clone();
+    cluster
+        .kubectl(&["delete", "pod", "-n", MESH_NAMESPACE, &old_b])
+        .unwrap();
+    let mut new_b = PodStatus::default();
+    let started = wait::until(POD_WITHIN, || {
+        new_b = cluster
+            .pods(MESH_NAMESPACE, "app=ztunnel")
+            .unwrap_or_default()
+            .into_iter()
+            .find(|pod| pod.node.as_deref() == Some("node-b") && pod.name != old_b)
+            .unwrap_or_default();
+        new_b.phase == "Running" && new_b.ip.is_some()
+    });
+    assert!(started, "node-b's new ztunnel did not start: {new_b:?}");
+    let node_b = cluster.node("node-b").unwrap();
+    let readiness = format!("{}:15021", new_b.ip.as_deref().unwrap())
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let (status, body) = node_b
+        .netns()
+        .http_get_from(readiness, "/healthz/ready")
+        .unwrap();
+    assert_ne!(
+        status, 200,
+        "a ztunnel started with istiod away reports ready: {body}"
+    );
+    println!(
+        "a ztunnel started with istiod away: /healthz/ready {status} {}",
+        body.trim()
+    );
+
+    scale("1");
+    let back = Instant::now();
+    let available = wait::until(POD_WITHIN, || istiod_pods().iter().any(|pod| pod.ready));
+    assert!(
+        available,
+        "istiod did not come back:\n{}",
+        pods_summary(cluster)
+    );
+    let istiod_ready = back.elapsed();
+    let ready = wait::until(POD_WITHIN, || {
+        node_b
+            .netns()
+            .http_get_from(readiness, "/healthz/ready")
+            .is_ok_and(|(status, _)| status == 200)
+    });
+    assert!(ready, "node-b's ztunnel was not ready once istiod was back");
+    println!(
+        "figure: istiod scaled back to Ready: {:.1} s; to the ztunnel started meanwhile ready: {:.1} s",
+        istiod_ready.as_secs_f64(),
+        back.elapsed().as_secs_f64()
+    );
+
+    // node-a's ztunnel, which ran through the outage, gets policy from the
+    // new istiod: a DENY on the echo pod of node-a, enforced there.
+    let (_, echo_a) = app.echo_on("node-a");
+    let deny = format!(
+        r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: deny-after-outage, namespace: {APP_NAMESPACE}}}
+spec:
+  selector: {{matchLabels: {{app: echo}}}}
+  action: DENY
+  rules:
+    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client"]}}}}]
+"#
+    );
+    let api = cluster.api().unwrap();
+    api.kubectl(&["apply", "-f", "-"], Some(&deny)).unwrap();
+    let started = Instant::now();
+    let mut attempt = 0;
+    let mut last = Value::Null;
+    let refused = wait::until(POD_WITHIN, || {
+        attempt += 1;
+        (_, last) = run_client(
+            cluster,
+            &format!("after-outage-{attempt}"),
+            "node-b",
+            &as_str(&connect_args(echo_a, 5)),
+        );
+        last["connections_made"] == 0 && last["errors"] == 5
+    });
+    assert!(
+        refused,
+        "node-a's ztunnel did not enforce a policy from the new istiod: {last}"
+    );
+    println!(
+        "figure: policy from the new istiod enforced by the ztunnel that ran through the outage: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    api.kubectl(
+        &[
+            "delete",
+            "authorizationpolicy",
+            "-n",
+            APP_NAMESPACE,
+            "deny-after-outage",
+        ],
+        None,
+    )
+    .unwrap();
+    let served = wait::until(POD_WITHIN, || {
+        attempt += 1;
+        let pod;
+        (pod, last) = run_client(
+            cluster,
+            &format!("after-outage-{attempt}"),
+            "node-b",
+            &as_str(&connect_args(echo_a, 5)),
+        );
+        last["connections_made"] == 5
+            && delivered_as_client(cluster, "node-a", app.echo_on("node-a").0, &pod) == 5
+    });
+    assert!(served, "after the outage, node-b to node-a: {last}");
+}
+
+/// istiod's Deployment, and the Service the ztunnel chart dials.
+const ISTIOD: &str = "istiod";
