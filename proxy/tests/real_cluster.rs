@@ -162,6 +162,7 @@ fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
             &cluster, &app,
         );
         istio::our_ztunnels_ride_out_an_istiod_outage(&cluster, &app);
+        istio::a_refused_identity_is_logged_and_other_pods_keep_working(&cluster, &helm, &app);
         istio::a_rollout_under_istio_cni_drops_nothing(&cluster, &helm, &app);
         istio::a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(&cluster, &app);
         istio::our_agent_and_ztunnel_with_istiod(&cluster, &helm);

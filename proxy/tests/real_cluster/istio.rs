@@ -962,3 +962,119 @@ spec:
 
 /// istiod's Deployment, and the Service the ztunnel chart dials.
 const ISTIOD: &str = "istiod";
+
+/// istiod's CA refuses our ztunnels' impersonation (its chart's
+/// `trustedZtunnelName` set to another account, as when the two charts
+/// disagree): the ztunnel on node-a logs the refusal of a new pod's
+/// identity with the identity and istiod's answer, while pods whose
+/// certificates it already holds go on being served; once istiod trusts
+/// it again, the refused identity is issued and served.
+pub(super) fn a_refused_identity_is_logged_and_other_pods_keep_working(
+    cluster: &RealCluster,
+    helm: &Helm,
+    app: &App,
+) {
+    let (_, echo_b) = app.echo_on("node-b");
+    let soak = HeldOpen::start_with_rate(cluster, "through-refusal", "node-a", echo_b, "5");
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {REFUSED_SA}, namespace: {APP_NAMESPACE}}}\n"
+        ))
+        .unwrap();
+    let rolled = |trusted: &str| {
+        let first_line = cluster
+            .istio_upgrade(
+                helm,
+                IstioChart::Istiod,
+                &[format!("trustedZtunnelName={trusted}")],
+            )
+            .unwrap();
+        println!("helm upgrade istiod trustedZtunnelName={trusted}: {first_line}");
+        let done = wait::until(ROLLOUT_WITHIN, || {
+            let Ok(deployment) =
+                cluster.get_json(&["get", "deployment", "-n", MESH_NAMESPACE, ISTIOD])
+            else {
+                return false;
+            };
+            let status = &deployment["status"];
+            deployment["metadata"]["generation"] == status["observedGeneration"]
+                && status["replicas"] == status["updatedReplicas"]
+                && status["replicas"] == status["readyReplicas"]
+        });
+        assert!(done, "istiod did not roll:\n{}", pods_summary(cluster));
+    };
+    rolled("ztunnel-elsewhere");
+    let before = soak_counts(cluster, soak.name).unwrap();
+
+    let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/{REFUSED_SA}");
+    let (pod, report) = run_client_as(
+        cluster,
+        "refused-1",
+        "node-a",
+        REFUSED_SA,
+        &as_str(&connect_args(echo_b, 5)),
+    );
+    assert_eq!(
+        report["connections_made"].as_u64(),
+        Some(0),
+        "a pod whose identity istiod refuses was served: {report}"
+    );
+    let mut line = None;
+    let logged = wait::until(POD_WITHIN, || {
+        line = ztunnel_log(cluster, "node-a").into_iter().find(|line| {
+            line.contains("certificate fetch failed")
+                && line.contains(&identity)
+                && line.contains("impersonate")
+        });
+        line.is_some()
+    });
+    assert!(
+        logged,
+        "node-a's ztunnel logged no refusal naming {identity} and istiod's answer:\n{}",
+        traces_of(cluster, &pod)
+    );
+    println!("node-a's ztunnel: {}", line.unwrap_or_default());
+    std::thread::sleep(Duration::from_secs(2));
+    let after = soak_counts(cluster, soak.name).unwrap();
+    let new_ok =
+        after["new"]["ok"].as_u64().unwrap_or(0) - before["new"]["ok"].as_u64().unwrap_or(0);
+    let new_failed = failures(&after["new"]["failed"]) - failures(&before["new"]["failed"]);
+    let breaks = after["long_lived"]["breaks"].as_array().map_or(0, Vec::len)
+        - before["long_lived"]["breaks"]
+            .as_array()
+            .map_or(0, Vec::len);
+    assert!(
+        new_ok > 0 && new_failed == 0 && breaks == 0,
+        "while istiod refused node-a's ztunnel, a pod it already served: {new_ok} new connections served, {new_failed} failed, {breaks} long-lived broken\n{after}"
+    );
+    println!(
+        "figure: istiod refusing node-a's ztunnel: {new_ok} new connections of a pod already served, 0 failed, 0 long-lived broken"
+    );
+    soak.stop(cluster);
+
+    rolled("ztunnel");
+    let started = Instant::now();
+    let mut attempt = 1;
+    let mut last = Value::Null;
+    let served = wait::until(POD_WITHIN, || {
+        attempt += 1;
+        (_, last) = run_client_as(
+            cluster,
+            &format!("refused-{attempt}"),
+            "node-a",
+            REFUSED_SA,
+            &as_str(&connect_args(echo_b, 5)),
+        );
+        last["connections_made"] == 5
+    });
+    assert!(served, "once istiod trusted node-a's ztunnel again: {last}");
+    println!(
+        "figure: istiod trusting our ztunnel again to the refused identity served: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The service account whose identity istiod refuses to node-a's ztunnel.
+const REFUSED_SA: &str = "refused";
