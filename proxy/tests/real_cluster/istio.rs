@@ -1026,7 +1026,7 @@ pub(super) fn a_refused_identity_is_logged_and_other_pods_keep_working(
         line = ztunnel_log(cluster, "node-a").into_iter().find(|line| {
             line.contains("certificate fetch failed")
                 && line.contains(&identity)
-                && line.contains("impersonate")
+                && line.contains("impersonation")
         });
         line.is_some()
     });
