@@ -256,27 +256,12 @@ impl Scenario<'_> {
             .cluster
             .helm_install(helm, &["ztunnel.logAsJson=true".to_owned()])?;
         println!("demo:   helm: {first_line}");
-        let ready = self.interrupt.wait_until(INSTALL_WITHIN, || {
-            self.cluster
-                .mesh_problems()
-                .is_ok_and(|problems| problems.is_empty())
-        })?;
-        if !ready {
-            anyhow::bail!(
-                "the install was not Ready in {INSTALL_WITHIN:?}: {:?}",
-                self.cluster.mesh_problems()?
-            );
-        }
-        let took = started.elapsed();
-        println!(
-            "demo:   Ready in {:.1} s: a ztunnel and a node agent on each node, the control plane available, both taints gone",
-            took.as_secs_f64()
-        );
-        self.phases.record(
+        self.wait_installed(
+            started,
+            || self.cluster.mesh_problems(),
+            "a ztunnel and a node agent on each node, the control plane available, both taints gone",
             "helm install to Ready (DaemonSets, control plane, taints gone)",
-            took,
-        );
-        Ok(())
+        )
     }
 
     /// `helm install` of Istio's charts, each with only where its images
@@ -298,26 +283,35 @@ impl Scenario<'_> {
             let first_line = self.cluster.istio_install(helm, chart, &[])?;
             println!("demo:   helm: {first_line}");
         }
-        let ready = self.interrupt.wait_until(INSTALL_WITHIN, || {
-            self.cluster
-                .istio_problems()
-                .is_ok_and(|problems| problems.is_empty())
+        self.wait_installed(
+            started,
+            || self.cluster.istio_problems(),
+            "istiod available, istio-cni and our ztunnel on each node",
+            "helm install of Istio's charts to Ready (istiod, istio-cni, ztunnel)",
+        )
+    }
+
+    /// Waits until `problems` finds none, then prints `ready` and records
+    /// the time since `started` as the phase `phase`.
+    fn wait_installed(
+        &mut self,
+        started: Instant,
+        problems: impl Fn() -> anyhow::Result<Vec<String>>,
+        ready: &str,
+        phase: &str,
+    ) -> anyhow::Result<()> {
+        let done = self.interrupt.wait_until(INSTALL_WITHIN, || {
+            problems().is_ok_and(|problems| problems.is_empty())
         })?;
-        if !ready {
+        if !done {
             anyhow::bail!(
-                "Istio's install was not Ready in {INSTALL_WITHIN:?}: {:?}",
-                self.cluster.istio_problems()?
+                "the install was not Ready in {INSTALL_WITHIN:?}: {:?}",
+                problems()?
             );
         }
         let took = started.elapsed();
-        println!(
-            "demo:   Ready in {:.1} s: istiod available, istio-cni and our ztunnel on each node",
-            took.as_secs_f64()
-        );
-        self.phases.record(
-            "helm install of Istio's charts to Ready (istiod, istio-cni, ztunnel)",
-            took,
-        );
+        println!("demo:   Ready in {:.1} s: {ready}", took.as_secs_f64());
+        self.phases.record(phase, took);
         Ok(())
     }
 

@@ -385,21 +385,9 @@ fn labels_of(line: &str) -> Vec<(String, String)> {
     let mut labels = Vec::new();
     let mut rest = rest;
     while let Some((name, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = after.len();
-        while let Some((at, c)) = chars.next() {
-            match c {
-                '\\' => value.extend(chars.next().map(|(_, c)| c)),
-                '"' => {
-                    end = at + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
+        let value;
+        (value, rest) = ztunnel_test_support::quoted::take(after);
         labels.push((name.trim_start_matches(',').to_owned(), value));
-        rest = &after[end..];
         if rest.starts_with('}') {
             break;
         }

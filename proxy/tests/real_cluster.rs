@@ -8,13 +8,19 @@
 //! nodes that start with the `cni.istio.io/not-ready` taint, then what a
 //! user does next, a waypoint pod among it.
 //!
-//! One test runs the phases in order on one cluster, since a cluster takes
-//! a minute to build; each phase is a function, and the figures (helm
-//! install to all Ready, ...) are printed as it goes.
+//! A second test installs Istio's own charts instead (istiod, istio-cni,
+//! and Istio's ztunnel chart running our image) on a cluster of its own:
+//! `real_cluster/istio.rs`.
 //!
-//! Needs root, the binaries of `scripts/k8s-test-env.sh` and the images of
-//! `scripts/build-images.sh --test-images` (`scripts/test.sh` builds both);
-//! skips with the reason otherwise.
+//! Each test runs its phases in order on one cluster, since a cluster
+//! takes a minute to build; each phase is a function, and the figures
+//! (helm install to all Ready, ...) are printed as it goes. The tests take
+//! turns: one cluster at a time.
+//!
+//! Needs root, the binaries of `scripts/k8s-test-env.sh` (with `--istio`
+//! for the second test) and the images of `scripts/build-images.sh
+//! --test-images` (and `--istio-images`); `scripts/test.sh` builds them
+//! all. Skips with the reason otherwise.
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +82,70 @@ static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
+    let spec = ClusterSpec {
+        nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
+        taints: vec![NOT_READY_TAINT.to_owned()],
+        extra_tags: vec![second_tag()],
+        istio: false,
+    };
+    on_a_cluster(&spec, |cluster, helm| {
+        // The operator's CA: the waypoint pod's certificate is issued from
+        // it by the test.
+        let root = TestRoot::generate(TRUST_DOMAIN).unwrap();
+        install(cluster, helm, &root);
+        let app = App::deploy(cluster);
+        traffic_goes_through_ztunnel_with_the_pods_identities(cluster, &app);
+        a_service_name_resolved_for_every_connection_goes_through_ztunnel(cluster, &app);
+        dns::a_meshed_pods_lookups_are_answered_by_its_ztunnel_or_forwarded_to_the_cluster_dns(
+            cluster, &app,
+        );
+        ztunnels_metrics_show_the_identities(cluster);
+        a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(cluster, &app);
+        enrollment::a_pod_scaled_up_later_is_meshed_before_its_first_connection(cluster, &app);
+        enrollment::a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(cluster, &app);
+        enrollment::running_pods_join_when_their_namespace_is_labelled(cluster);
+        waypoint::a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_through_it(
+            cluster, &app, &root,
+        );
+        let soaks = Soaks::start(cluster, &app);
+        rollouts_drop_nothing(cluster, helm, &soaks);
+    });
+}
+
+#[test]
+fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
+    if let Some(reason) = real_cluster::istio::unavailable() {
+        eprintln!("SKIP: no Istio components for the real cluster: {reason}");
+        return;
+    }
+    let spec = ClusterSpec {
+        nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
+        taints: vec![],
+        extra_tags: vec![second_tag()],
+        istio: true,
+    };
+    on_a_cluster(&spec, |cluster, helm| {
+        istio::install(cluster, helm);
+        let app = App::deploy(cluster);
+        traffic_goes_through_ztunnel_with_the_pods_identities(cluster, &app);
+        a_service_name_resolved_for_every_connection_goes_through_ztunnel(cluster, &app);
+        ztunnels_metrics_show_the_identities(cluster);
+        istio::istioctl_reads_our_ztunnels(cluster);
+        istio::policies_from_istiod_hold_for_new_and_open_connections(cluster, &app);
+        istio::peer_authentication_strict_refuses_plaintext_and_permissive_admits_it(cluster, &app);
+        istio::our_ztunnels_ride_out_an_istiod_outage(cluster, &app);
+        istio::a_refused_identity_is_logged_and_other_pods_keep_working(cluster, helm, &app);
+        istio::a_rollout_under_istio_cni_drops_nothing(cluster, helm, &app);
+        istio::a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(cluster, &app);
+        istio::our_agent_and_ztunnel_with_istiod(cluster, helm);
+    });
+}
+
+/// Starts a cluster of `spec` (one at a time), prints its start-up figure
+/// and runs `phases` on it; on a failure, keeps the cluster's files when
+/// `ZTUNNEL_KEEP_CLUSTER_FILES` is set. Skips, with the reason, where a
+/// real cluster cannot run.
+fn on_a_cluster(spec: &ClusterSpec, phases: impl FnOnce(&RealCluster, &Helm)) {
     if let Some(reason) = real_cluster::unavailable() {
         eprintln!("SKIP: no real cluster: {reason}");
         return;
@@ -86,87 +156,13 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
     let _one = ONE_CLUSTER
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let spec = ClusterSpec {
-        nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
-        taints: vec![NOT_READY_TAINT.to_owned()],
-        extra_tags: vec![second_tag()],
-        istio: false,
-    };
-    let mut cluster = RealCluster::start(&spec).unwrap();
+    let mut cluster = RealCluster::start(spec).unwrap();
     println!(
         "figure: cluster start (API server to two nodes Ready): {:.1} s",
         cluster.started_in().as_secs_f64()
     );
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // The operator's CA: the waypoint pod's certificate is issued from
-        // it by the test.
-        let root = TestRoot::generate(TRUST_DOMAIN).unwrap();
-        install(&cluster, &helm, &root);
-        let app = App::deploy(&cluster);
-        traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
-        a_service_name_resolved_for_every_connection_goes_through_ztunnel(&cluster, &app);
-        dns::a_meshed_pods_lookups_are_answered_by_its_ztunnel_or_forwarded_to_the_cluster_dns(
-            &cluster, &app,
-        );
-        ztunnels_metrics_show_the_identities(&cluster);
-        a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(&cluster, &app);
-        enrollment::a_pod_scaled_up_later_is_meshed_before_its_first_connection(&cluster, &app);
-        enrollment::a_pod_created_while_its_agent_is_down_is_meshed_once_it_is_back(&cluster, &app);
-        enrollment::running_pods_join_when_their_namespace_is_labelled(&cluster);
-        waypoint::a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_through_it(
-            &cluster, &app, &root,
-        );
-        let soaks = Soaks::start(&cluster, &app);
-        rollouts_drop_nothing(&cluster, &helm, &soaks);
-    }));
-    if let Err(panic) = outcome {
-        if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {
-            eprintln!("cluster files kept at {:?}", cluster.keep_files());
-        }
-        std::panic::resume_unwind(panic);
-    }
-}
-
-#[test]
-fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
-    if let Some(reason) = real_cluster::unavailable().or_else(real_cluster::istio::unavailable) {
-        eprintln!("SKIP: no real cluster with Istio's components: {reason}");
-        return;
-    }
-    let Some(helm) = Helm::find_or_skip() else {
-        return;
-    };
-    let _one = ONE_CLUSTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let spec = ClusterSpec {
-        nodes: vec!["node-a".to_owned(), "node-b".to_owned()],
-        taints: vec![],
-        extra_tags: vec![second_tag()],
-        istio: true,
-    };
-    let mut cluster = RealCluster::start(&spec).unwrap();
-    println!(
-        "figure: cluster start (API server to two nodes Ready): {:.1} s",
-        cluster.started_in().as_secs_f64()
-    );
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        istio::install(&cluster, &helm);
-        let app = App::deploy(&cluster);
-        traffic_goes_through_ztunnel_with_the_pods_identities(&cluster, &app);
-        a_service_name_resolved_for_every_connection_goes_through_ztunnel(&cluster, &app);
-        ztunnels_metrics_show_the_identities(&cluster);
-        istio::istioctl_reads_our_ztunnels(&cluster);
-        istio::policies_from_istiod_hold_for_new_and_open_connections(&cluster, &app);
-        istio::peer_authentication_strict_refuses_plaintext_and_permissive_admits_it(
-            &cluster, &app,
-        );
-        istio::our_ztunnels_ride_out_an_istiod_outage(&cluster, &app);
-        istio::a_refused_identity_is_logged_and_other_pods_keep_working(&cluster, &helm, &app);
-        istio::a_rollout_under_istio_cni_drops_nothing(&cluster, &helm, &app);
-        istio::a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(&cluster, &app);
-        istio::our_agent_and_ztunnel_with_istiod(&cluster, &helm);
-    }));
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| phases(&cluster, &helm)));
     if let Err(panic) = outcome {
         if std::env::var_os("ZTUNNEL_KEEP_CLUSTER_FILES").is_some() {
             eprintln!("cluster files kept at {:?}", cluster.keep_files());
@@ -408,70 +404,67 @@ fn a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(
     app: &App,
 ) {
     let (_, target) = app.echo_on("node-b");
-    let policy = format!(
-        r#"apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata: {{name: deny-client, namespace: {APP_NAMESPACE}}}
-spec:
-  selector: {{matchLabels: {{app: echo}}}}
-  action: DENY
-  rules:
-    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client"]}}}}]
-"#
-    );
-    let api = cluster.api().unwrap();
-    api.kubectl(&["apply", "-f", "-"], Some(&policy)).unwrap();
-    let started = Instant::now();
-    let mut attempt = 0;
-    let mut last = Value::Null;
-    let denied = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let (_, report) = run_client(
-            cluster,
-            &format!("denied-{attempt}"),
-            "node-a",
-            &as_str(&connect_args(target, 5)),
-        );
-        last = report;
-        last["connections_made"] == 0 && last["errors"] == 5
-    });
-    assert!(denied, "the DENY policy did not refuse the client: {last}");
+    apply(cluster, &echo_policy("deny-client", "DENY", "client"));
+    let (took, _) = until_clients(cluster, Source::client("node-a"), target, false)
+        .unwrap_or_else(|last| panic!("the DENY policy did not refuse the client: {last}"));
     println!(
         "figure: policy applied to every connection refused: {:.1} s",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
 
-    api.kubectl(
-        &[
-            "delete",
-            "authorizationpolicy",
-            "-n",
-            APP_NAMESPACE,
-            "deny-client",
-        ],
-        None,
-    )
-    .unwrap();
-    let started = Instant::now();
-    let allowed = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let (_, report) = run_client(
-            cluster,
-            &format!("allowed-{attempt}"),
-            "node-a",
-            &as_str(&connect_args(target, 5)),
-        );
-        last = report;
-        last["connections_made"] == 5 && last["errors"] == 0
-    });
-    assert!(
-        allowed,
-        "the client was still refused after the policy went: {last}"
-    );
+    delete_policy(cluster, "deny-client");
+    let (took, _) =
+        until_clients(cluster, Source::client("node-a"), target, true).unwrap_or_else(|last| {
+            panic!("the client was still refused after the policy went: {last}")
+        });
     println!(
         "figure: policy deleted to every connection served: {:.1} s",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
+}
+
+/// `kubectl apply` of `yaml`.
+fn apply(cluster: &RealCluster, yaml: &str) {
+    cluster
+        .api()
+        .unwrap()
+        .kubectl(&["apply", "-f", "-"], Some(yaml))
+        .unwrap();
+}
+
+/// Deletes the application namespace's AuthorizationPolicy `name`.
+fn delete_policy(cluster: &RealCluster, name: &str) {
+    cluster
+        .kubectl(&["delete", "authorizationpolicy", "-n", APP_NAMESPACE, name])
+        .unwrap();
+}
+
+/// Creates the application namespace's service account `name`.
+fn create_service_account(cluster: &RealCluster, name: &str) {
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {APP_NAMESPACE}}}\n"
+        ))
+        .unwrap();
+}
+
+/// An AuthorizationPolicy `name` on the echo pods: `action` (`DENY`,
+/// `ALLOW`) for connections under the application namespace's service
+/// account `service_account`.
+fn echo_policy(name: &str, action: &str, service_account: &str) -> String {
+    format!(
+        r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: {name}, namespace: {APP_NAMESPACE}}}
+spec:
+  selector: {{matchLabels: {{app: echo}}}}
+  action: {action}
+  rules:
+    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/{service_account}"]}}}}]
+"#
+    )
 }
 
 /// A client that dials the Service by its name (the pod's resolver asks

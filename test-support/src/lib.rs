@@ -18,6 +18,7 @@ pub mod kube;
 pub mod netns;
 pub mod pause;
 pub mod ports;
+pub mod quoted;
 pub mod real_cluster;
 pub mod wait;
 pub mod waypoint;

@@ -2,6 +2,8 @@
 //! the `client` service account (or another one of the namespace), what they report, and what the server's
 //! ztunnel logged of their connections.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use super::*;
 
 /// Whether the node agent marked the pod captured.
@@ -181,6 +183,64 @@ pub(super) fn traces_of(cluster: &RealCluster, client: &PodStatus) -> String {
         }
     }
     trace
+}
+
+/// Where a client pod runs, and as whom.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Source<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) service_account: &'a str,
+    pub(super) node: &'a str,
+}
+
+impl Source<'static> {
+    /// The application's `client` service account, on `node`.
+    pub(super) fn client(node: &'static str) -> Source<'static> {
+        Source {
+            namespace: APP_NAMESPACE,
+            service_account: "client",
+            node,
+        }
+    }
+}
+
+/// Client pods [`until_clients`] made: each gets a name of its own.
+static CLIENTS_MADE: AtomicU32 = AtomicU32::new(0);
+
+/// Runs one client pod after another from `source`, each opening 5
+/// connections to `target`'s echo port, until one has every connection
+/// served (`served`) or every one refused: how long that took and that
+/// pod, or the last report when it did not happen within [`POD_WITHIN`].
+pub(super) fn until_clients(
+    cluster: &RealCluster,
+    source: Source<'_>,
+    target: &str,
+    served: bool,
+) -> Result<(Duration, PodStatus), Value> {
+    let started = Instant::now();
+    let mut last = (PodStatus::default(), Value::Null);
+    let happened = wait::until(POD_WITHIN, || {
+        let made = CLIENTS_MADE.fetch_add(1, Ordering::Relaxed);
+        last = run_client_in(
+            cluster,
+            source.namespace,
+            &format!("{}-{made}", source.service_account),
+            source.node,
+            source.service_account,
+            &as_str(&connect_args(target, 5)),
+        );
+        let report = &last.1;
+        if served {
+            report["connections_made"] == 5 && report["errors"] == 0
+        } else {
+            report["connections_made"] == 0 && report["errors"] == 5
+        }
+    });
+    if happened {
+        Ok((started.elapsed(), last.0))
+    } else {
+        Err(last.1)
+    }
 }
 
 /// The arguments of a client that opens `count` connections to `target`.

@@ -185,20 +185,7 @@ spec:
       args: {args}
 "#
     ));
-    let refused = wait::until(POD_WITHIN, || {
-        cluster
-            .kubectl(&[
-                "get",
-                "events",
-                "-n",
-                APP_NAMESPACE,
-                "--field-selector",
-                &format!("involvedObject.name={name},reason=FailedCreatePodSandBox"),
-                "-o",
-                "name",
-            ])
-            .is_ok_and(|events| !events.trim().is_empty())
-    });
+    let refused = wait::until(POD_WITHIN, || sandbox_refused(cluster, name));
     let pod_before = cluster
         .pods(APP_NAMESPACE, "app=client")
         .unwrap_or_default();
@@ -324,4 +311,21 @@ spec:
         delivered, 20,
         "of 20 connections to the pod meshed while running, {delivered} reached it through ztunnel"
     );
+}
+
+/// Whether kubelet reported the pod `name`'s sandbox refused (its CNI ADD
+/// failed): an event `FailedCreatePodSandBox`.
+pub(super) fn sandbox_refused(cluster: &RealCluster, name: &str) -> bool {
+    cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            APP_NAMESPACE,
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=FailedCreatePodSandBox"),
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|events| !events.trim().is_empty())
 }

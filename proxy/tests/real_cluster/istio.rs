@@ -70,10 +70,7 @@ pub(super) fn policies_from_istiod_hold_for_new_and_open_connections(
 ) {
     let (_, target) = app.echo_on("node-b");
     let api = cluster.api().unwrap();
-    api.apply_server_side(&format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {ALLOWED_SA}, namespace: {APP_NAMESPACE}}}\n"
-    ))
-    .unwrap();
+    create_service_account(cluster, ALLOWED_SA);
     let invalid = format!(
         r#"apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -96,48 +93,17 @@ spec:
     );
 
     let held = HeldOpen::start(cluster, "held-open", "node-a", target);
-    let deny = format!(
-        r#"apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata: {{name: deny-client, namespace: {APP_NAMESPACE}}}
-spec:
-  selector: {{matchLabels: {{app: echo}}}}
-  action: DENY
-  rules:
-    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client"]}}}}]
-"#
-    );
-    let allow_other = format!(
-        r#"apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata: {{name: allow-other, namespace: {APP_NAMESPACE}}}
-spec:
-  selector: {{matchLabels: {{app: echo}}}}
-  action: ALLOW
-  rules:
-    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/{ALLOWED_SA}"]}}}}]
-"#
-    );
-    let mut attempt = 0;
-    for (name, policy) in [("deny-client", &deny), ("allow-other", &allow_other)] {
-        api.kubectl(&["apply", "-f", "-"], Some(policy)).unwrap();
-        let started = Instant::now();
-        let mut last = Value::Null;
-        let refused = wait::until(POD_WITHIN, || {
-            attempt += 1;
-            let (_, report) = run_client(
-                cluster,
-                &format!("{name}-{attempt}"),
-                "node-a",
-                &as_str(&connect_args(target, 5)),
-            );
-            last = report;
-            last["connections_made"] == 0 && last["errors"] == 5
-        });
-        assert!(refused, "{name}: the client was not refused: {last}");
+    let client = Source::client("node-a");
+    for (name, action, named) in [
+        ("deny-client", "DENY", "client"),
+        ("allow-other", "ALLOW", ALLOWED_SA),
+    ] {
+        apply(cluster, &echo_policy(name, action, named));
+        let (took, _) = until_clients(cluster, client, target, false)
+            .unwrap_or_else(|last| panic!("{name}: the client was not refused: {last}"));
         println!(
             "figure: {name} applied to every new connection refused: {:.1} s",
-            started.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
         let closed = held.wait_closed(cluster);
         println!(
@@ -145,46 +111,19 @@ spec:
             HeldOpen::CONNECTIONS,
             closed.as_secs_f64()
         );
-        if name == "allow-other" {
-            attempt += 1;
-            let (pod, report) = run_client_as(
-                cluster,
-                &format!("{ALLOWED_SA}-{attempt}"),
-                "node-a",
-                ALLOWED_SA,
-                &as_str(&connect_args(target, 5)),
-            );
-            assert_eq!(
-                (
-                    report["connections_made"].as_u64(),
-                    report["errors"].as_u64()
-                ),
-                (Some(5), Some(0)),
-                "{name}: the service account it names was not served: {report}\n{}",
-                traces_of(cluster, &pod)
-            );
+        if action == "ALLOW" {
+            let allowed = Source {
+                service_account: ALLOWED_SA,
+                ..client
+            };
+            until_clients(cluster, allowed, target, true).unwrap_or_else(|last| {
+                panic!("{name}: the service account it names was not served: {last}")
+            });
         }
-        api.kubectl(
-            &["delete", "authorizationpolicy", "-n", APP_NAMESPACE, name],
-            None,
-        )
-        .unwrap();
+        delete_policy(cluster, name);
         let started = Instant::now();
-        let served = wait::until(POD_WITHIN, || {
-            attempt += 1;
-            let (_, report) = run_client(
-                cluster,
-                &format!("{name}-gone-{attempt}"),
-                "node-a",
-                &as_str(&connect_args(target, 5)),
-            );
-            last = report;
-            last["connections_made"] == 5 && last["errors"] == 0
-        });
-        assert!(
-            served,
-            "{name} deleted: the client was still refused: {last}"
-        );
+        until_clients(cluster, client, target, true)
+            .unwrap_or_else(|last| panic!("{name} deleted: the client was still refused: {last}"));
         held.wait_open(cluster);
         println!(
             "figure: {name} deleted to new and reopened connections served: {:.1} s",
@@ -209,12 +148,12 @@ struct HeldOpen {
 }
 
 impl HeldOpen {
-    const CONNECTIONS: u64 = 2;
+    const CONNECTIONS: u32 = 2;
 
     /// Starts it on `node` towards `target` and waits until its
     /// connections are open.
     fn start(cluster: &RealCluster, name: &'static str, node: &str, target: &str) -> HeldOpen {
-        Self::start_with_rate(cluster, name, node, target, "0")
+        Self::start_with_rate(cluster, name, node, target, 0)
     }
 
     /// As [`HeldOpen::start`], opening `rate` new short connections a
@@ -224,36 +163,9 @@ impl HeldOpen {
         name: &'static str,
         node: &str,
         target: &str,
-        rate: &str,
+        rate: u32,
     ) -> HeldOpen {
-        let image = cluster.images().reference(real_cluster::APP);
-        let target = format!("{target}:{APP_PORT}");
-        let connections = Self::CONNECTIONS.to_string();
-        let duration = SOAK_DURATION_S.to_string();
-        let pod = LoadgenPod {
-            name,
-            namespace: APP_NAMESPACE,
-            service_account: "client",
-            node,
-            label: ("app", "soak"),
-            container: "soak",
-            args: &[
-                "soak",
-                "--target",
-                &target,
-                "--connections",
-                &connections,
-                "--rate",
-                rate,
-                "--duration",
-                &duration,
-            ],
-        };
-        cluster
-            .api()
-            .unwrap()
-            .apply_server_side(&pod.yaml(&image))
-            .unwrap();
+        create_soak(cluster, name, node, target, Self::CONNECTIONS, rate);
         let held = HeldOpen { name };
         held.wait_open(cluster);
         held
@@ -320,26 +232,14 @@ pub(super) fn peer_authentication_strict_refuses_plaintext_and_permissive_admits
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {OUTSIDE_NAMESPACE}}}\n"
     ))
     .unwrap();
-    let mut attempt = 0;
-    let mut plaintext = |cluster: &RealCluster| {
-        attempt += 1;
-        run_client_in(
-            cluster,
-            OUTSIDE_NAMESPACE,
-            &format!("plaintext-{attempt}"),
-            "node-a",
-            "default",
-            &as_str(&connect_args(target, 5)),
-        )
+    let plaintext = Source {
+        namespace: OUTSIDE_NAMESPACE,
+        service_account: "default",
+        node: "node-a",
     };
     // The default service account appears shortly after the namespace.
-    let mut last = Value::Null;
-    let mut pod = PodStatus::default();
-    let served = wait::until(POD_WITHIN, || {
-        (pod, last) = plaintext(cluster);
-        last["connections_made"] == 5
-    });
-    assert!(served, "a plaintext client was not served at first: {last}");
+    let (_, pod) = until_clients(cluster, plaintext, target, true)
+        .unwrap_or_else(|last| panic!("a plaintext client was not served at first: {last}"));
     let plain: Vec<AccessEntry> = access_log(cluster, "node-b")
         .into_iter()
         .filter(|entry| {
@@ -368,36 +268,17 @@ spec: {{mtls: {{mode: {mode}}}}}
             )),
         )
         .unwrap();
-        let started = Instant::now();
-        let held = wait::until(POD_WITHIN, || {
-            (_, last) = plaintext(cluster);
-            if served {
-                last["connections_made"] == 5 && last["errors"] == 0
-            } else {
-                last["connections_made"] == 0 && last["errors"] == 5
-            }
+        let (took, _) = until_clients(cluster, plaintext, target, served).unwrap_or_else(|last| {
+            panic!("PeerAuthentication {mode}: the plaintext client: {last}")
         });
-        assert!(
-            held,
-            "PeerAuthentication {mode}: the plaintext client: {last}"
-        );
         println!(
             "figure: PeerAuthentication {mode} applied to a plaintext client {}: {:.1} s",
             if served { "served" } else { "refused" },
-            started.elapsed().as_secs_f64()
+            took.as_secs_f64()
         );
         // Meshed clients are served under either mode.
-        let (_, report) = run_client(
-            cluster,
-            &format!("meshed-{}", mode.to_lowercase()),
-            "node-a",
-            &as_str(&connect_args(target, 5)),
-        );
-        assert_eq!(
-            report["connections_made"].as_u64(),
-            Some(5),
-            "PeerAuthentication {mode}: a meshed client: {report}"
-        );
+        until_clients(cluster, Source::client("node-a"), target, true)
+            .unwrap_or_else(|last| panic!("PeerAuthentication {mode}: a meshed client: {last}"));
     }
     api.kubectl(
         &[
@@ -614,18 +495,7 @@ pub(super) fn a_pod_created_while_ztunnel_is_away_is_served_once_it_is_back(
     let mut status = PodStatus::default();
     let held = wait::until(POD_WITHIN, || {
         status = client_status(cluster, name);
-        let refused = cluster
-            .kubectl(&[
-                "get",
-                "events",
-                "-n",
-                APP_NAMESPACE,
-                "--field-selector",
-                &format!("involvedObject.name={name},reason=FailedCreatePodSandBox"),
-                "-o",
-                "name",
-            ])
-            .is_ok_and(|events| !events.trim().is_empty());
+        let refused = enrollment::sandbox_refused(cluster, name);
         refused && status.annotations["ambient.istio.io/redirection"] == "pending"
     });
     assert!(
@@ -785,7 +655,7 @@ pub(super) fn our_agent_and_ztunnel_with_istiod(cluster: &RealCluster, helm: &He
 /// policy applied afterwards is enforced by it.
 pub(super) fn our_ztunnels_ride_out_an_istiod_outage(cluster: &RealCluster, app: &App) {
     let (_, echo_b) = app.echo_on("node-b");
-    let soak = HeldOpen::start_with_rate(cluster, "through-outage", "node-a", echo_b, "10");
+    let soak = HeldOpen::start_with_rate(cluster, "through-outage", "node-a", echo_b, 10);
     std::thread::sleep(Duration::from_secs(2));
     let before = soak_counts(cluster, soak.name).unwrap();
 
@@ -899,65 +769,26 @@ pub(super) fn our_ztunnels_ride_out_an_istiod_outage(cluster: &RealCluster, app:
 
     // node-a's ztunnel, which ran through the outage, gets policy from the
     // new istiod: a DENY on the echo pod of node-a, enforced there.
-    let (_, echo_a) = app.echo_on("node-a");
-    let deny = format!(
-        r#"apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata: {{name: deny-after-outage, namespace: {APP_NAMESPACE}}}
-spec:
-  selector: {{matchLabels: {{app: echo}}}}
-  action: DENY
-  rules:
-    - from: [{{source: {{principals: ["{TRUST_DOMAIN}/ns/{APP_NAMESPACE}/sa/client"]}}}}]
-"#
-    );
-    let api = cluster.api().unwrap();
-    api.kubectl(&["apply", "-f", "-"], Some(&deny)).unwrap();
-    let started = Instant::now();
-    let mut attempt = 0;
-    let mut last = Value::Null;
-    let refused = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        (_, last) = run_client(
-            cluster,
-            &format!("after-outage-{attempt}"),
-            "node-b",
-            &as_str(&connect_args(echo_a, 5)),
-        );
-        last["connections_made"] == 0 && last["errors"] == 5
-    });
-    assert!(
-        refused,
-        "node-a's ztunnel did not enforce a policy from the new istiod: {last}"
-    );
+    let (echo_a_name, echo_a) = app.echo_on("node-a");
+    apply(cluster, &echo_policy("deny-after-outage", "DENY", "client"));
+    let (took, _) =
+        until_clients(cluster, Source::client("node-b"), echo_a, false).unwrap_or_else(|last| {
+            panic!("node-a's ztunnel did not enforce a policy from the new istiod: {last}")
+        });
     println!(
         "figure: policy from the new istiod enforced by the ztunnel that ran through the outage: {:.1} s",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
-    api.kubectl(
-        &[
-            "delete",
-            "authorizationpolicy",
-            "-n",
-            APP_NAMESPACE,
-            "deny-after-outage",
-        ],
-        None,
-    )
-    .unwrap();
-    let served = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        let pod;
-        (pod, last) = run_client(
-            cluster,
-            &format!("after-outage-{attempt}"),
-            "node-b",
-            &as_str(&connect_args(echo_a, 5)),
-        );
-        last["connections_made"] == 5
-            && delivered_as_client(cluster, "node-a", app.echo_on("node-a").0, &pod) == 5
-    });
-    assert!(served, "after the outage, node-b to node-a: {last}");
+    delete_policy(cluster, "deny-after-outage");
+    let (_, pod) = until_clients(cluster, Source::client("node-b"), echo_a, true)
+        .unwrap_or_else(|last| panic!("after the outage, node-b to node-a: {last}"));
+    let delivered = delivered_as_client(cluster, "node-a", echo_a_name, &pod);
+    assert_eq!(
+        delivered,
+        5,
+        "after the outage: {delivered} of 5 connections through ztunnel\n{}",
+        traces_of(cluster, &pod)
+    );
 }
 
 /// istiod's Deployment, and the Service the ztunnel chart dials.
@@ -975,14 +806,8 @@ pub(super) fn a_refused_identity_is_logged_and_other_pods_keep_working(
     app: &App,
 ) {
     let (_, echo_b) = app.echo_on("node-b");
-    let soak = HeldOpen::start_with_rate(cluster, "through-refusal", "node-a", echo_b, "5");
-    cluster
-        .api()
-        .unwrap()
-        .apply_server_side(&format!(
-            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {REFUSED_SA}, namespace: {APP_NAMESPACE}}}\n"
-        ))
-        .unwrap();
+    let soak = HeldOpen::start_with_rate(cluster, "through-refusal", "node-a", echo_b, 5);
+    create_service_account(cluster, REFUSED_SA);
     let rolled = |trusted: &str| {
         let first_line = cluster
             .istio_upgrade(
@@ -1055,24 +880,15 @@ pub(super) fn a_refused_identity_is_logged_and_other_pods_keep_working(
     soak.stop(cluster);
 
     rolled("ztunnel");
-    let started = Instant::now();
-    let mut attempt = 1;
-    let mut last = Value::Null;
-    let served = wait::until(POD_WITHIN, || {
-        attempt += 1;
-        (_, last) = run_client_as(
-            cluster,
-            &format!("refused-{attempt}"),
-            "node-a",
-            REFUSED_SA,
-            &as_str(&connect_args(echo_b, 5)),
-        );
-        last["connections_made"] == 5
-    });
-    assert!(served, "once istiod trusted node-a's ztunnel again: {last}");
+    let refused = Source {
+        service_account: REFUSED_SA,
+        ..Source::client("node-a")
+    };
+    let (took, _) = until_clients(cluster, refused, echo_b, true)
+        .unwrap_or_else(|last| panic!("once istiod trusted node-a's ztunnel again: {last}"));
     println!(
         "figure: istiod trusting our ztunnel again to the refused identity served: {:.1} s",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
 }
 

@@ -39,34 +39,8 @@ impl Soaks {
                 "to the Service by name",
             ),
         ];
-        let image = cluster.images().reference(real_cluster::APP);
         for (name, node, target, _) in &pods {
-            let target = format!("{target}:{APP_PORT}");
-            let duration = SOAK_DURATION_S.to_string();
-            let pod = LoadgenPod {
-                name,
-                namespace: APP_NAMESPACE,
-                service_account: "client",
-                node,
-                label: ("app", "soak"),
-                container: "soak",
-                args: &[
-                    "soak",
-                    "--target",
-                    &target,
-                    "--connections",
-                    "4",
-                    "--rate",
-                    "20",
-                    "--duration",
-                    &duration,
-                ],
-            };
-            cluster
-                .api()
-                .unwrap()
-                .apply_server_side(&pod.yaml(&image))
-                .unwrap();
+            create_soak(cluster, name, node, target, 4, 20);
         }
         let soaks = Soaks {
             pods: pods
@@ -106,6 +80,49 @@ impl Soaks {
             .map(|(name, _, _)| soak_counts(cluster, name).unwrap_or(Value::Null))
             .collect()
     }
+}
+
+/// Creates a soak pod `name` on `node` under the `client` service account:
+/// `connections` long-lived connections to `target`'s echo port, kept
+/// open and reopened when closed, and `rate` new short ones a second, for
+/// [`SOAK_DURATION_S`].
+pub(super) fn create_soak(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    target: &str,
+    connections: u32,
+    rate: u32,
+) {
+    let image = cluster.images().reference(real_cluster::APP);
+    let target = format!("{target}:{APP_PORT}");
+    let connections = connections.to_string();
+    let rate = rate.to_string();
+    let duration = SOAK_DURATION_S.to_string();
+    let pod = LoadgenPod {
+        name,
+        namespace: APP_NAMESPACE,
+        service_account: "client",
+        node,
+        label: ("app", "soak"),
+        container: "soak",
+        args: &[
+            "soak",
+            "--target",
+            &target,
+            "--connections",
+            &connections,
+            "--rate",
+            &rate,
+            "--duration",
+            &duration,
+        ],
+    };
+    cluster
+        .api()
+        .unwrap()
+        .apply_server_side(&pod.yaml(&image))
+        .unwrap();
 }
 
 /// The last line of counts a soak pod printed.

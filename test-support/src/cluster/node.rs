@@ -297,32 +297,20 @@ fn text_fields(line: &str) -> Option<HashMap<String, String>> {
         let Some((name, after)) = rest.split_once('=') else {
             return Some(fields);
         };
-        let mut value = String::new();
-        rest = if let Some(quoted) = after.strip_prefix('"') {
-            let mut chars = quoted.char_indices();
-            let mut end = quoted.len();
-            while let Some((at, c)) = chars.next() {
-                match c {
-                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
-                    '"' => {
-                        end = at + 1;
-                        break;
-                    }
-                    c => value.push(c),
-                }
+        let value;
+        (value, rest) = match after.strip_prefix('"') {
+            Some(quoted) => crate::quoted::take(quoted),
+            None => {
+                // Displayed values are not quoted: one ends where the next
+                // `key=` begins, except the error, the last field, whose
+                // chain may hold anything.
+                let end = after
+                    .match_indices(' ')
+                    .map(|(at, _)| at)
+                    .find(|&at| name != "error" && starts_with_key(&after[at + 1..]))
+                    .unwrap_or(after.len());
+                (after[..end].to_owned(), &after[end..])
             }
-            &quoted[end..]
-        } else {
-            // Displayed values are not quoted: one ends where the next
-            // `key=` begins, except the error, the last field, whose chain
-            // may hold anything.
-            let end = after
-                .match_indices(' ')
-                .map(|(at, _)| at)
-                .find(|&at| name != "error" && starts_with_key(&after[at + 1..]))
-                .unwrap_or(after.len());
-            value.push_str(&after[..end]);
-            &after[end..]
         };
         fields.insert(name.to_owned(), value);
     }

@@ -167,24 +167,15 @@ impl RealCluster {
         flags: &[&str],
         values: &[String],
     ) -> anyhow::Result<String> {
-        let kubeconfig = self.api()?.admin_kubeconfig().display().to_string();
         let dir = charts().map_err(|reason| anyhow::anyhow!(reason))?;
-        let chart_dir = dir.join(chart.dir()).display().to_string();
-        let mut args = vec![
+        self.helm_release(
+            helm,
             verb,
             chart.release(),
-            &chart_dir,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            MESH_NAMESPACE,
-        ];
-        args.extend_from_slice(flags);
-        for value in values {
-            args.extend(["--set", value]);
-        }
-        let output = helm.run(&args)?;
-        Ok(output.lines().next().unwrap_or_default().to_owned())
+            &dir.join(chart.dir()),
+            flags,
+            values,
+        )
     }
 
     /// What is not yet as Istio's install should leave it; empty once

@@ -6,6 +6,8 @@
 //! certificates of its own that the mesh trusts.
 //! The tests and `demo/run.sh --cluster` share it.
 
+use std::path::Path;
+
 use serde_json::{Value, json};
 use ztunnel_control_plane::ca::signing_secret::{
     CA_CERT_KEY, CA_KEY_KEY, CERT_CHAIN_KEY, PLUGGED_SECRET, ROOT_CERT_KEY,
@@ -82,11 +84,25 @@ impl RealCluster {
         flags: &[&str],
         values: &[String],
     ) -> anyhow::Result<String> {
+        self.helm_release(helm, verb, RELEASE, &helm::chart_dir(), flags, values)
+    }
+
+    /// `helm <verb> <release> <chart>` into [`MESH_NAMESPACE`] with
+    /// `flags` and each of `values` as a `--set`; helm's first line.
+    pub(super) fn helm_release(
+        &self,
+        helm: &Helm,
+        verb: &str,
+        release: &str,
+        chart: &Path,
+        flags: &[&str],
+        values: &[String],
+    ) -> anyhow::Result<String> {
         let kubeconfig = self.api()?.admin_kubeconfig().display().to_string();
-        let chart = helm::chart_dir().display().to_string();
+        let chart = chart.display().to_string();
         let mut args = vec![
             verb,
-            RELEASE,
+            release,
             &chart,
             "--kubeconfig",
             &kubeconfig,
