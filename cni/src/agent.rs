@@ -55,6 +55,7 @@ use zds::socket::SeqPacketListener;
 pub mod enablement;
 pub mod health;
 pub mod host_rules;
+pub mod http_server;
 pub mod install;
 pub mod kube;
 pub mod mesh;

@@ -21,7 +21,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use ztunnel_certs::error_chain::{self, ErrorChain};
+use ztunnel_certs::error_chain;
 use ztunnel_certs::issuer::{IntermediateMaterial, Issuer, SecretPem, SigningMaterial, TtlPolicy};
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{
@@ -321,8 +321,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     stdout.flush()?;
 
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
+        let signal = ztunnel_process::shutdown::signal().await;
+        tracing::info!("{}: shutting down", signal.name());
         let _ = stop.send(true);
     });
     server::serve(config, grpc, wait(stopped)).await?;
@@ -540,23 +540,6 @@ fn token(args: &TokenArgs) -> anyhow::Result<()> {
 /// Resolves once the stop flag is raised (or its sender is gone).
 async fn wait(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), "cannot listen for SIGTERM");
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
 }
 
 /// Parses `45s`, `30m`, `24h`, `90d`.

@@ -96,18 +96,8 @@ pub fn metrics_registry(istio_version: &str) -> (Registry, Metrics) {
     (registry, metrics)
 }
 
-/// Waits for SIGTERM or SIGINT.
+/// Waits for SIGTERM or SIGINT, and logs which came.
 pub async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot listen for SIGTERM/SIGINT; stop with /quitquitquit");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
-    }
+    let stop = ztunnel_process::shutdown::signal().await;
+    tracing::info!("{}: draining", stop.name());
 }

@@ -18,15 +18,12 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use ztunnel_certs::error_chain::ErrorChain;
 
+use super::http_server::{self, Limits};
 use super::install::InstallState;
 use super::kube::PodWatch;
-use super::{ACCEPT_ERROR_PAUSE, stopped};
 
 /// istio-cni's readiness address.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:8000";
@@ -104,42 +101,18 @@ pub fn decide(install: Option<bool>, sockets: bool, pods: bool) -> Result<(), No
 }
 
 /// Answers probes until `shutdown`; open connections are then closed.
+/// Connections are bounded as the agent's other server's are
+/// ([`Limits::DEFAULT`]): the port is on the host's network.
 pub async fn serve(
     listener: TcpListener,
     readiness: Arc<Readiness>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let accepted = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), "accepting a health probe connection");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let readiness = Arc::clone(&readiness);
-        connections.spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let response = answer(&readiness, request.method(), request.uri().path());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %ErrorChain(&error), "health probe connection ended");
-            }
-        });
-    }
-    connections.abort_all();
-    while connections.join_next().await.is_some() {}
+    let service = service_fn(move |request: Request<Incoming>| {
+        let response = answer(&readiness, request.method(), request.uri().path());
+        async move { Ok::<_, Infallible>(response) }
+    });
+    http_server::serve(listener, "health probe", Limits::DEFAULT, service, shutdown).await;
 }
 
 /// The answer to one request.

@@ -15,7 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use ztunnel_control_plane::ca::state_dir::{self, StateDirError};
+use ztunnel_process::state_file::{self, StateFileError};
 
 /// File name of the pod set inside the state directory.
 const FILE_NAME: &str = "pods.json";
@@ -207,7 +207,7 @@ impl PodStore {
             path: self.path.clone(),
             source,
         })?;
-        Ok(state_dir::replace(&self.path, &bytes, FILE_MODE)?)
+        Ok(state_file::replace(&self.path, &bytes, FILE_MODE)?)
     }
 
     /// Moves an unreadable file aside (`pods.json.bad`), so the agent can
@@ -246,7 +246,7 @@ pub enum PodStoreError {
     TooLarge(PathBuf),
     /// Writing the new file, or renaming it into place, failed.
     #[error("saving the pod set")]
-    Save(#[from] StateDirError),
+    Save(#[from] StateFileError),
 }
 
 #[cfg(test)]

@@ -22,20 +22,18 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::event::{CMD_ADD_PATH, CMD_DEL_PATH, CmdAdd, CmdDel, PODS_PATH};
 use crate::plugin::client::AGENT_TIMEOUT;
 
+use super::http_server::{self, Limits};
 use super::mesh::{Mesh, MeshError};
 use super::peer::PeerPolicy;
 use super::socket_file::SocketFile;
-use super::{ACCEPT_ERROR_PAUSE, stopped};
 
 /// Largest request body read: an add event is well under a kilobyte.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -141,43 +139,27 @@ impl PluginListener {
     }
 }
 
+impl http_server::Accept for PluginListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept(&self) -> std::io::Result<Self::Stream> {
+        PluginListener::accept(self).await
+    }
+}
+
 /// Serves plugin events until `shutdown`; open connections are then
 /// closed, and the adds and deletes already started are waited for.
-pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: PluginListener, mesh: Arc<Mesh>, shutdown: watch::Receiver<bool>) {
     // Each started operation holds a clone of `in_flight`; `all_finished`
     // yields `None` once every clone is gone.
     let (in_flight, mut all_finished) = mpsc::channel::<()>(1);
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let accepted = tokio::select! {
-            () = stopped(&mut shutdown) => break,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok(stream) => stream,
-            Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), "accepting a plugin connection");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let (mesh, in_flight) = (Arc::clone(&mesh), in_flight.clone());
-        connections.spawn(async move {
-            let service = service_fn(move |request| {
-                let (mesh, in_flight) = (Arc::clone(&mesh), in_flight.clone());
-                async move { Ok::<_, Infallible>(handle(mesh, in_flight, request).await) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %ErrorChain(&error), "plugin connection ended");
-            }
-        });
-    }
-    connections.abort_all();
-    while connections.join_next().await.is_some() {}
+    let service = {
+        let in_flight = in_flight.clone();
+        service_fn(move |request| {
+            let (mesh, in_flight) = (Arc::clone(&mesh), in_flight.clone());
+            async move { Ok::<_, Infallible>(handle(mesh, in_flight, request).await) }
+        })
+    };
+    http_server::serve(listener, "plugin event", Limits::DEFAULT, service, shutdown).await;
     drop(in_flight);
     let _ = all_finished.recv().await;
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use ztunnel_certs::error_chain::{self, ErrorChain};
+use ztunnel_certs::error_chain;
 use ztunnel_cni::agent::enablement::{
     DEFAULT_SYSTEM_NAMESPACE, EnablementSelector, EnablementSettings,
 };
@@ -302,7 +302,7 @@ fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?
-        .block_on(async { agent::run(config, shutdown_signal()).await })?;
+        .block_on(async { agent::run(config, stop_signal()).await })?;
     Ok(())
 }
 
@@ -383,21 +383,10 @@ fn trimmed(list: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), "cannot listen for SIGTERM");
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
+/// Resolves at SIGTERM or SIGINT, logging which came.
+async fn stop_signal() {
+    let stop = ztunnel_process::shutdown::signal().await;
+    tracing::info!("{}: stopping", stop.name());
 }
 
 #[cfg(test)]

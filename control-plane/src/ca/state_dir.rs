@@ -3,17 +3,17 @@
 //! public half in `token-jwks.json`). Each is created on first use and
 //! reused after; private keys are written with mode 0600.
 //!
-//! Files are created atomically and only if absent (written to a temporary
-//! name, then hard-linked into place), so that `serve` and `token` started
+//! Files are created atomically and only if absent
+//! (`ztunnel_process::state_file`), so that `serve` and `token` started
 //! together agree on one key.
 
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use ztunnel_certs::issuer::{GeneratedRoot, IssuerError, SecretPem, generate_root};
+use ztunnel_process::state_file::{self, StateFileError};
 
 use super::token::{TokenError, TokenSigner};
 
@@ -75,8 +75,8 @@ impl StateDir {
             (true, true) => {}
             (false, false) => {
                 let root = generate_root(trust_domain, now)?;
-                create_if_absent(&key_path, root.key_pem.as_bytes(), PRIVATE_MODE)?;
-                create_if_absent(&cert_path, root.cert_pem.as_bytes(), PUBLIC_MODE)?;
+                state_file::create_if_absent(&key_path, root.key_pem.as_bytes(), PRIVATE_MODE)?;
+                state_file::create_if_absent(&cert_path, root.cert_pem.as_bytes(), PUBLIC_MODE)?;
                 tracing::info!(path = %cert_path.display(), "generated a new root");
             }
             (true, false) => {
@@ -103,13 +103,17 @@ impl StateDir {
         let key_path = self.file(TOKEN_KEY_FILE);
         if !key_path.exists() {
             let signer = TokenSigner::generate()?;
-            create_if_absent(&key_path, signer.private_key_pem().as_bytes(), PRIVATE_MODE)?;
+            state_file::create_if_absent(
+                &key_path,
+                signer.private_key_pem().as_bytes(),
+                PRIVATE_MODE,
+            )?;
         }
         let signer = TokenSigner::from_pem(&SecretPem::new(read(&key_path)?))?;
         let jwks_path = self.file(TOKEN_JWKS_FILE);
         let jwks = signer.jwks_json();
         if read(&jwks_path).ok().as_deref() != Some(jwks.as_str()) {
-            replace(&jwks_path, jwks.as_bytes(), PUBLIC_MODE)?;
+            state_file::replace(&jwks_path, jwks.as_bytes(), PUBLIC_MODE)?;
         }
         Ok(signer)
     }
@@ -134,6 +138,9 @@ pub enum StateDirError {
         /// The file missing.
         absent: PathBuf,
     },
+    /// A file could not be written.
+    #[error(transparent)]
+    File(#[from] StateFileError),
     /// Generating the root failed.
     #[error("generating the root")]
     Root(#[from] IssuerError),
@@ -151,50 +158,6 @@ fn io_error(path: &Path, source: io::Error) -> StateDirError {
 
 fn read(path: &Path) -> Result<String, StateDirError> {
     std::fs::read_to_string(path).map_err(|source| io_error(path, source))
-}
-
-/// Writes `contents` to a fresh temporary file beside `path`.
-fn write_temporary(path: &Path, contents: &[u8], mode: u32) -> Result<PathBuf, StateDirError> {
-    let suffix: u64 = rand::random();
-    let temporary = path.with_extension(format!("tmp-{suffix:016x}"));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&temporary)
-        .map_err(|source| io_error(&temporary, source))?;
-    if let Err(source) = file.write_all(contents).and_then(|()| file.sync_all()) {
-        // A half-written temporary is of no use to anyone: leave nothing.
-        let _ = std::fs::remove_file(&temporary);
-        return Err(io_error(&temporary, source));
-    }
-    Ok(temporary)
-}
-
-/// Creates `path` with `contents` unless it exists; a concurrent creator
-/// wins and its file is kept.
-fn create_if_absent(path: &Path, contents: &[u8], mode: u32) -> Result<(), StateDirError> {
-    let temporary = write_temporary(path, contents, mode)?;
-    let linked = std::fs::hard_link(&temporary, path);
-    let _ = std::fs::remove_file(&temporary);
-    match linked {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(io_error(path, source)),
-    }
-}
-
-/// Atomically replaces `path` with `contents` (file mode `mode`): writes
-/// and syncs a fresh, uniquely named temporary file beside it, then renames
-/// it over `path`, so readers see the old file or the new one, never a
-/// mix. Other components that keep state files (e.g. the CNI agent's pod
-/// set) use it too.
-pub fn replace(path: &Path, contents: &[u8], mode: u32) -> Result<(), StateDirError> {
-    let temporary = write_temporary(path, contents, mode)?;
-    std::fs::rename(&temporary, path).map_err(|source| {
-        let _ = std::fs::remove_file(&temporary);
-        io_error(path, source)
-    })
 }
 
 #[cfg(test)]
