@@ -19,12 +19,10 @@
 
 use std::time::{Duration, Instant};
 
-use ztunnel_test_support::cluster::{
-    self, Binaries, Cluster, PodSpec, closed_by_peer, still_echoes,
-};
+use ztunnel_test_support::cluster::{Cluster, PodSpec, closed_by_peer, still_echoes};
 use ztunnel_test_support::wait;
 
-use support::{APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs};
+use support::{APP_PORT, MeshFrom, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -41,34 +39,10 @@ const ROUTABLE_WITHIN: Duration = Duration::from_secs(5);
 /// How often the time to routable is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 
-/// Two clients on node a (`client`, and `other` under another identity)
-/// and a server on node b, added and serving; `late`, on node b, exists in
-/// the API (and the node agents' registry) for a test to add.
+/// [`support::clients_and_server`] on a real API server; `late`, on node
+/// b, exists in the API (and the node agents' registry) for a test to add.
 fn start(tag: &str) -> Option<Cluster> {
-    if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
-        return None;
-    }
-    let specs = [
-        PodSpec::new("client", "default", "client", "node-a"),
-        PodSpec::new("other", "default", "other", "node-a"),
-        PodSpec::new("server-b", "default", "server", "node-b"),
-    ];
-    let mut known = specs.to_vec();
-    known.push(late());
-    let binaries = Binaries::from_target_dir().unwrap();
-    let Some(mut cluster) =
-        Cluster::start_on_kubernetes(&["node-a", "node-b"], &known, &["default"], binaries)
-            .unwrap()
-    else {
-        eprintln!("skipping {tag}: no Kubernetes API server");
-        return None;
-    };
-    for spec in &specs {
-        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
-    }
-    cluster.wait_synced().unwrap();
-    Some(cluster)
+    support::clients_and_server(tag, &[late()], MeshFrom::Kubernetes)
 }
 
 /// The pod a test adds at run time.

@@ -15,11 +15,12 @@ use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{
-    self, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes,
+    Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes,
 };
 
 use support::{
-    APP_PORT, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, metric, tunnelled_to,
+    APP_PORT, MeshFrom, PATIENCE, app, delivered_over_mtls, echoes, eventually, logs, metric,
+    tunnelled_to,
 };
 
 #[path = "support/cluster.rs"]
@@ -35,30 +36,12 @@ const ROUTABLE_WITHIN: Duration = Duration::from_secs(5);
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 const MAX_SAMPLES: u32 = 500;
 
-/// Two clients on node a (`client`, and `other` under another identity)
-/// and a server on node b, added and serving; `late`, on node b, is only in
-/// the registry, for a test to add. `None` (after printing why) where the
-/// cluster cannot run.
+/// [`support::clients_and_server`] with the mesh from the control plane's
+/// file over xDS; `late` and `never_pushed`, on node b, are only in the
+/// registry, for a test to add.
 fn start(tag: &str) -> Option<Cluster> {
-    if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
-        return None;
-    }
-    let specs = [
-        PodSpec::new("client", "default", "client", "node-a"),
-        PodSpec::new("other", "default", "other", "node-a"),
-        PodSpec::new("server-b", "default", "server", "node-b"),
-    ];
-    let mut registry = specs.to_vec();
-    registry.extend([late(), never_pushed()]);
-    let binaries = Binaries::from_target_dir().unwrap();
-    let mut cluster =
-        Cluster::start(&["node-a", "node-b"], &registry, &["default"], binaries).unwrap();
+    let cluster = support::clients_and_server(tag, &[late(), never_pushed()], MeshFrom::File)?;
     assert_eq!(cluster.config_source(), ConfigSource::Xds);
-    for spec in &specs {
-        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
-    }
-    cluster.wait_synced().unwrap();
     Some(cluster)
 }
 

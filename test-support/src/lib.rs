@@ -5,6 +5,19 @@
 //! server (etcd and kube-apiserver), and HBONE peers that stand in for
 //! Envoy (a waypoint, an east-west gateway, an echo destination). Nothing
 //! here is compiled into the product.
+//!
+//! # Which cluster to use
+//!
+//! Three harnesses build a mesh, each for a different question:
+//!
+//! | harness | what runs | use it for | start-up |
+//! |---|---|---|---|
+//! | [`cluster`] | our processes (control plane, node agents, shared-mode ztunnels) on two nodes of network namespaces; pods are namespaces added through the real CNI chain | the data path, capture, xDS and the CA between our own components, with the mesh from a file or from [`kube`]'s API server | seconds |
+//! | [`kube`] | etcd and kube-apiserver only, no kubelet: tests write pod status themselves | what a component reads from or writes to the Kubernetes API (watches, RBAC, TokenReview, the chart's objects) | seconds |
+//! | [`real_cluster`] | a real two-node Kubernetes cluster (kubelet, containerd, runc, kube-proxy, CoreDNS) running the images; the mesh installed by `helm install` (our chart, or Istio's charts with our ztunnel, [`real_cluster::istio`]) | what users do: installs, rollouts, pods' lifecycles, Istio's own components driving ours | about a minute, root, one at a time |
+//!
+//! Prefer the cheapest that can show the behaviour: a [`real_cluster`]
+//! phase costs a minute of CI per cluster, a [`cluster`] test seconds.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -130,6 +130,53 @@ pub fn one_node(tag: &str, env: &[(&str, &str)]) -> Option<Cluster> {
     Some(cluster)
 }
 
+/// Where a cluster's control plane reads the mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MeshFrom {
+    /// Its mesh file.
+    File,
+    /// A real Kubernetes API server ([`Cluster::start_on_kubernetes`]).
+    Kubernetes,
+}
+
+/// Two nodes: two clients on node a (`client`, and `other` under another
+/// identity) and a server on node b (`server-b`), added and each serving
+/// its echo application, with `also` known to the mesh but not added (for
+/// a test to add, or never to push); the ztunnels synced. `None`, after
+/// printing why, where the cluster (or the API server) cannot run.
+pub fn clients_and_server(tag: &str, also: &[PodSpec], from: MeshFrom) -> Option<Cluster> {
+    if let Some(reason) = cluster::unavailable() {
+        eprintln!("skipping {tag}: {reason}");
+        return None;
+    }
+    let specs = [
+        PodSpec::new("client", "default", "client", "node-a"),
+        PodSpec::new("other", "default", "other", "node-a"),
+        PodSpec::new("server-b", "default", "server", "node-b"),
+    ];
+    let mut known = specs.to_vec();
+    known.extend_from_slice(also);
+    let binaries = Binaries::from_target_dir().unwrap();
+    let nodes = ["node-a", "node-b"];
+    let mut cluster = match from {
+        MeshFrom::File => Cluster::start(&nodes, &known, &["default"], binaries).unwrap(),
+        MeshFrom::Kubernetes => {
+            let Some(cluster) =
+                Cluster::start_on_kubernetes(&nodes, &known, &["default"], binaries).unwrap()
+            else {
+                eprintln!("skipping {tag}: no Kubernetes API server");
+                return None;
+            };
+            cluster
+        }
+    };
+    for spec in &specs {
+        cluster.add_pod(spec).unwrap().serve_echo(APP_PORT).unwrap();
+    }
+    cluster.wait_synced().unwrap();
+    Some(cluster)
+}
+
 /// Opens a connection from `pod` to `target`, proven carried by one echoed
 /// exchange, and returns it open.
 pub fn hold(cluster: &Cluster, pod: &str, target: SocketAddr) -> TcpStream {
