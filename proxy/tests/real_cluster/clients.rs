@@ -96,12 +96,7 @@ pub(super) fn wait_client_done(cluster: &RealCluster, name: &str) -> PodStatus {
 fn wait_client_done_in(cluster: &RealCluster, namespace: &str, name: &str) -> PodStatus {
     let mut pod = PodStatus::default();
     let ended = wait::until(POD_WITHIN, || {
-        pod = cluster
-            .pods(namespace, "app=client")
-            .unwrap_or_default()
-            .into_iter()
-            .find(|pod| pod.name == name)
-            .unwrap_or_default();
+        pod = client_status_in(cluster, namespace, name);
         pod.phase == "Succeeded" || pod.phase == "Failed"
     });
     assert!(
@@ -110,6 +105,21 @@ fn wait_client_done_in(cluster: &RealCluster, namespace: &str, name: &str) -> Po
         pods_summary(cluster)
     );
     pod
+}
+
+/// The client pod `name`'s status (default when it is not there).
+pub(super) fn client_status(cluster: &RealCluster, name: &str) -> PodStatus {
+    client_status_in(cluster, APP_NAMESPACE, name)
+}
+
+/// As [`client_status`], in `namespace`.
+fn client_status_in(cluster: &RealCluster, namespace: &str, name: &str) -> PodStatus {
+    cluster
+        .pods(namespace, "app=client")
+        .unwrap_or_default()
+        .into_iter()
+        .find(|pod| pod.name == name)
+        .unwrap_or_default()
 }
 
 /// The log lines of the ztunnel on `node`.

@@ -200,20 +200,7 @@ spec:
         refused,
         "no failed sandbox while the agent was stopped: {pod_before:?}"
     );
-    let mut pod = PodStatus::default();
-    let ended = wait::until(POD_WITHIN, || {
-        pod = cluster
-            .pods(APP_NAMESPACE, "app=client")
-            .unwrap_or_default()
-            .into_iter()
-            .find(|pod| pod.name == name)
-            .unwrap_or_default();
-        pod.phase == "Succeeded" || pod.phase == "Failed"
-    });
-    assert!(
-        ended,
-        "{name} did not end after the agent came back: {pod:?}"
-    );
+    let pod = wait_client_done(cluster, name);
     let delivered = delivered_as_client(cluster, "node-a", server, &pod);
     assert_eq!(
         delivered, 20,

@@ -125,6 +125,33 @@ pub(super) fn create_soak(
         .unwrap();
 }
 
+/// What a soak did between two of its counts.
+pub(super) struct SoakChange {
+    /// New connections served.
+    pub(super) new_ok: u64,
+    /// New connections refused or failed.
+    pub(super) new_failed: u64,
+    /// Long-lived connections broken.
+    pub(super) breaks: usize,
+}
+
+impl SoakChange {
+    /// From the counts `before` to the counts `after`.
+    pub(super) fn between(before: &Value, after: &Value) -> SoakChange {
+        let breaks = |counts: &Value| {
+            counts["long_lived"]["breaks"]
+                .as_array()
+                .map_or(0, Vec::len)
+        };
+        SoakChange {
+            new_ok: after["new"]["ok"].as_u64().unwrap_or(0)
+                - before["new"]["ok"].as_u64().unwrap_or(0),
+            new_failed: failures(&after["new"]["failed"]) - failures(&before["new"]["failed"]),
+            breaks: breaks(after) - breaks(before),
+        }
+    }
+}
+
 /// The last line of counts a soak pod printed.
 pub(super) fn soak_counts(cluster: &RealCluster, pod: &str) -> Option<Value> {
     cluster
@@ -385,29 +412,33 @@ impl Rollout {
 
     /// Whether the workload reports every replica updated and available.
     pub(super) fn complete(&self, cluster: &RealCluster) -> bool {
-        let Ok(object) = get_json(
-            cluster,
-            &["get", self.kind, "-n", MESH_NAMESPACE, self.name],
-        ) else {
-            return false;
-        };
-        let status = &object["status"];
-        let generation = object["metadata"]["generation"].as_u64();
-        let observed = status["observedGeneration"].as_u64();
-        if generation != observed {
-            return false;
+        workload_rolled(cluster, self.kind, self.name)
+    }
+}
+
+/// Whether the DaemonSet or Deployment `name` of [`MESH_NAMESPACE`]
+/// reports its latest spec rolled out: every replica updated and
+/// available.
+pub(super) fn workload_rolled(cluster: &RealCluster, kind: &str, name: &str) -> bool {
+    let Ok(object) = get_json(cluster, &["get", kind, "-n", MESH_NAMESPACE, name]) else {
+        return false;
+    };
+    let status = &object["status"];
+    let generation = object["metadata"]["generation"].as_u64();
+    let observed = status["observedGeneration"].as_u64();
+    if generation != observed {
+        return false;
+    }
+    match kind {
+        "daemonset" => {
+            let desired = status["desiredNumberScheduled"].as_u64();
+            desired == status["updatedNumberScheduled"].as_u64()
+                && desired == status["numberAvailable"].as_u64()
         }
-        match self.kind {
-            "daemonset" => {
-                let desired = status["desiredNumberScheduled"].as_u64();
-                desired == status["updatedNumberScheduled"].as_u64()
-                    && desired == status["numberAvailable"].as_u64()
-            }
-            _ => {
-                let replicas = status["replicas"].as_u64();
-                replicas == status["updatedReplicas"].as_u64()
-                    && replicas == status["availableReplicas"].as_u64()
-            }
+        _ => {
+            let replicas = status["replicas"].as_u64();
+            replicas == status["updatedReplicas"].as_u64()
+                && replicas == status["availableReplicas"].as_u64()
         }
     }
 }
