@@ -227,6 +227,12 @@ fn install(cluster: &RealCluster, helm: &Helm, root: &TestRoot) {
         "the control plane publishes the root of cacerts, not:\n{published}"
     );
 
+    no_component_was_refused(cluster);
+}
+
+/// No container of the mesh's namespace logged a refusal by the API
+/// server's authorization.
+fn no_component_was_refused(cluster: &RealCluster) {
     for (pod, container) in cluster.mesh_containers().unwrap() {
         let log = cluster.pod_log(MESH_NAMESPACE, &pod, &container).unwrap();
         let refused = helm::permission_problems(&log);

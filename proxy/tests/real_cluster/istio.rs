@@ -61,14 +61,7 @@ pub(super) fn install(cluster: &RealCluster, helm: &Helm) {
         "figure: helm install of Istio's base, istiod, istio-cni and ztunnel (ours) to all Ready: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    for (pod, container) in cluster.mesh_containers().unwrap() {
-        let log = cluster.pod_log(MESH_NAMESPACE, &pod, &container).unwrap();
-        let refused = helm::permission_problems(&log);
-        assert!(
-            refused.is_empty(),
-            "{pod}/{container} was refused: {refused:?}"
-        );
-    }
+    no_component_was_refused(cluster);
 }
 
 /// `istioctl ztunnel-config` against each of our ztunnel pods, as an
@@ -266,14 +259,7 @@ pub(super) fn our_agent_and_ztunnel_with_istiod(cluster: &RealCluster, helm: &He
         "figure: helm install of our agent and ztunnel beside istiod to both DaemonSets Ready: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    for (pod, container) in cluster.mesh_containers().unwrap() {
-        let log = cluster.pod_log(MESH_NAMESPACE, &pod, &container).unwrap();
-        let refused = helm::permission_problems(&log);
-        assert!(
-            refused.is_empty(),
-            "{pod}/{container} was refused: {refused:?}"
-        );
-    }
+    no_component_was_refused(cluster);
     let app = App::deploy(cluster);
     traffic_goes_through_ztunnel_with_the_pods_identities(cluster, &app);
     a_policy_applied_with_kubectl_denies_and_removing_it_allows_again(cluster, &app);
