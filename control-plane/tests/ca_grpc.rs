@@ -403,10 +403,24 @@ async fn a_pod_moving_node_revokes_the_node_agent_authorization() {
     let issued = ca.issue(&ztunnel_b, Some(APP)).await;
     assert!(issued.is_ok(), "ztunnel-b after the move: {issued:?}");
 
-    // A broken file keeps the last good registry.
-    std::fs::write(&ca.mesh, "- {name: [broken\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(ca.issue(&ztunnel_b, Some(APP)).await.is_ok());
+    // A broken file keeps the last good registry. Renamed into place as
+    // above (a truncated file read mid-write is an empty mesh, not a broken
+    // one), and checked only once the refusal was counted, so the request
+    // below runs after the broken file was read.
+    std::fs::write(&staged, "- {name: [broken\n").unwrap();
+    std::fs::rename(&staged, &ca.mesh).unwrap();
+    let refused = r#"mesh_reload_errors_total 1"#;
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = ca.metrics().await;
+        if text.contains(refused) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(text.contains(refused), "{text}");
+    let kept = ca.issue(&ztunnel_b, Some(APP)).await;
+    assert!(kept.is_ok(), "ztunnel-b with the broken file: {kept:?}");
 }
 
 #[tokio::test]
