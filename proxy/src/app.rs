@@ -13,10 +13,8 @@ use ztunnel_certs::identity::Identity;
 
 use crate::config::Config;
 use crate::discovery;
-use crate::hbone::H2Settings;
 use crate::identity::ca_client::{CaClient, CaClientConfig};
 use crate::metrics::Metrics;
-use crate::pool::PoolConfig;
 use crate::socket::LocalSockets;
 use crate::state::State;
 
@@ -26,27 +24,6 @@ mod shared;
 mod start;
 
 pub use start::run;
-
-/// The pool limits from the configuration.
-pub fn pool_config(config: &Config) -> PoolConfig {
-    PoolConfig {
-        max_streams_per_connection: config.pool.max_streams_per_connection as usize,
-        max_connections_per_key: config.pool.max_connections_per_key,
-        unused_release_timeout: config.pool.unused_release_timeout,
-        ..PoolConfig::default()
-    }
-}
-
-/// HTTP/2 settings from the configuration.
-pub fn h2_settings(config: &Config) -> H2Settings {
-    H2Settings {
-        stream_window: config.http2.stream_window,
-        connection_window: config.http2.connection_window,
-        max_frame_size: config.http2.frame_size,
-        client_send_buffer: config.http2.stream_window as usize,
-        ..H2Settings::default()
-    }
-}
 
 /// Builds the CA client from the configuration; `own_identity` is the
 /// dedicated workload's, `None` in shared mode (always impersonate).

@@ -1,11 +1,12 @@
-//! What the data path's connection handlers share: the [`Proxy`] of one
-//! served workload (state, certificates, metrics, sockets, pool, tracker,
-//! drain), its time limits, how it finds the workload it serves, and the
-//! policy re-check of its open connections. Outbound (`outbound.rs`) and
-//! inbound (`inbound/`) depend on this module; `app` only assembles it.
+//! What the data path's connection handlers share: the [`NodeRuntime`]
+//! every proxy of the node holds (configuration, state, certificates,
+//! metrics, resolver, connection bound, DNS proxy, HBONE settings, the
+//! same-node registry), and the [`Proxy`] of one served workload (its
+//! sockets, pool, trackers and drain) with how it finds that workload.
+//! Outbound (`outbound.rs`) and inbound (`inbound/`) depend on this module;
+//! `app` only assembles it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -13,15 +14,20 @@ use ztunnel_certs::identity::{Identity, IdentityError};
 
 use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
+use crate::dns::server::Dns;
 use crate::drain::DrainWatcher;
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::tracker::{OutboundTracker, Shown, Tracker};
 use crate::metrics::{Metrics, Reporter};
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolConfig};
 use crate::resolve::Resolver;
 use crate::socket::SocketFactory;
 use crate::state::{SharedState, State, Workload};
+
+mod local_pods;
+
+pub use local_pods::LocalPods;
 
 /// How long a peer may take to finish the TLS handshake: bounds the sockets
 /// a slow or hostile client can hold open before it is identified.
@@ -30,39 +36,51 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long dialing an upstream (application or peer ztunnel) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What every connection handler of one proxied workload shares.
-pub struct Proxy {
+/// What every proxy of the node shares, built once at start and handed to
+/// each proxy behind an `Arc`: a node-wide service is one field here, set
+/// in `app/start.rs`. What belongs to one workload is in [`Proxy`].
+pub struct NodeRuntime {
     /// The configuration.
     pub config: Arc<Config>,
     /// Workloads, services and policies.
     pub state: SharedState,
-    /// Certificates.
+    /// Certificates of every identity the node serves.
     pub identities: IdentityManager,
     /// Traffic metrics.
     pub metrics: Arc<Metrics>,
-    /// Where sockets come from.
-    pub sockets: Arc<dyn SocketFactory>,
+    /// Looks up the addresses of endpoints known by hostname, in ztunnel's
+    /// own network namespace.
+    pub resolver: Resolver,
+    /// The bound on connections the process carries, over every pod.
+    pub capacity: Arc<Capacity>,
+    /// The DNS proxy whose listeners each proxy gets; `None` when it is off.
+    pub dns: Option<Arc<Dns>>,
     /// HBONE HTTP/2 settings.
     pub h2: H2Settings,
-    /// Outbound HBONE connections.
-    pub pool: Pool,
-    /// Looks up the addresses of endpoints known by hostname; one for the
-    /// process, shared by every pod's proxy.
-    pub resolver: Resolver,
-    /// Open inbound connections, for policy re-checks and `/config_dump`.
-    pub tracker: Tracker,
-    /// Open outbound connections, for `/config_dump`.
-    pub outbound_tracker: OutboundTracker,
-    /// The bound on connections the process carries, shared by every
-    /// pod's proxy.
-    pub capacity: Arc<Capacity>,
+    /// The limits of each proxy's pool of outbound HBONE connections.
+    pub pool: PoolConfig,
+    /// The pods this process serves, for the same-node path; `None` when
+    /// there is no such path (dedicated mode, or the setting off).
+    pub local_pods: Option<Arc<LocalPods<Proxy>>>,
+}
+
+/// What every connection handler of one proxied workload shares: the
+/// node's runtime and what is this workload's own.
+pub struct Proxy {
+    /// What the node's proxies share.
+    pub node: Arc<NodeRuntime>,
     /// The workload this proxy serves.
     pub workload: WorkloadInfo,
-    /// Ends every task.
+    /// Where this workload's sockets come from (its network namespace).
+    pub sockets: Arc<dyn SocketFactory>,
+    /// Its outbound HBONE connections.
+    pub pool: Pool,
+    /// Its open inbound connections, for policy re-checks and `/config_dump`.
+    pub tracker: Tracker,
+    /// Its open outbound connections, for `/config_dump`.
+    pub outbound_tracker: OutboundTracker,
+    /// Ends its tasks: the node's drain, or a child of it for one pod.
     pub drain: DrainWatcher,
-    /// The other pods this process serves, for the same-node path; `None`
-    /// when there is no such path (dedicated mode, or the setting off).
-    pub local_pods: Option<Arc<LocalPods>>,
 }
 
 /// A proxy's open connections as `/config_dump` lists them.
@@ -75,6 +93,26 @@ pub struct ConnectionsShown {
 }
 
 impl Proxy {
+    /// The proxy of `workload` on `node`, with its own sockets and drain,
+    /// and an empty pool and trackers.
+    pub fn new(
+        node: Arc<NodeRuntime>,
+        workload: WorkloadInfo,
+        sockets: Arc<dyn SocketFactory>,
+        drain: DrainWatcher,
+    ) -> Proxy {
+        let pool = Pool::new(node.pool);
+        Proxy {
+            node,
+            workload,
+            sockets,
+            pool,
+            tracker: Tracker::default(),
+            outbound_tracker: OutboundTracker::default(),
+            drain,
+        }
+    }
+
     /// The open connections, for `/config_dump`.
     pub fn connections(&self) -> ConnectionsShown {
         ConnectionsShown {
@@ -85,13 +123,13 @@ impl Proxy {
 
     /// The served workload as the state knows it now.
     pub fn local_workload(&self) -> Option<Arc<Workload>> {
-        self.local_workload_in(&self.state.read())
+        self.local_workload_in(&self.node.state.read())
     }
 
     /// [`Proxy::local_workload`] in a state the caller already holds: the
     /// state's lock must not be taken twice by one reader.
     pub fn local_workload_in(&self, state: &State) -> Option<Arc<Workload>> {
-        find_node_workload(state, &self.workload, self.config.node_name.as_deref())
+        find_node_workload(state, &self.workload, self.node.config.node_name.as_deref())
     }
 
     /// The served workload, waiting up to `local_workload_wait` for the
@@ -104,9 +142,10 @@ impl Proxy {
         }
         let started = tokio::time::Instant::now();
         let arrived = self
-            .local_workload_within(self.config.local_workload_wait)
+            .local_workload_within(self.node.config.local_workload_wait)
             .await;
-        self.metrics
+        self.node
+            .metrics
             .record_workload_wait(reporter, arrived.is_some());
         match &arrived {
             Some(_) => tracing::debug!(
@@ -118,7 +157,7 @@ impl Proxy {
             None => tracing::warn!(
                 namespace = %self.workload.namespace,
                 name = %self.workload.name,
-                waited = ?self.config.local_workload_wait,
+                waited = ?self.node.config.local_workload_wait,
                 "the control plane has not described this pod's workload yet; connection refused"
             ),
         }
@@ -129,7 +168,7 @@ impl Proxy {
     /// `wait`; neither logged nor counted, which is the caller's part.
     pub async fn local_workload_within(&self, wait: Duration) -> Option<Arc<Workload>> {
         // Subscribed before looking, so a push in between is seen.
-        let mut changes = self.state.subscribe();
+        let mut changes = self.node.state.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(workload) = self.local_workload() {
@@ -151,69 +190,6 @@ impl Proxy {
     /// A random number that spreads connections over endpoints.
     pub fn pick(&self) -> u64 {
         rand::rng().random()
-    }
-}
-
-/// The proxies of the pods served on this node, by namespace and pod name:
-/// where a connection on the same-node path finds its destination's
-/// inbound side. Entries are weak, so a stopped pod's proxy is freed with
-/// its last connection whether or not its entry is gone yet.
-pub struct LocalPods<P = Proxy> {
-    pods: RwLock<ByNamespace<P>>,
-}
-
-/// Pod proxies by namespace, then by pod name.
-type ByNamespace<P> = HashMap<Arc<str>, HashMap<Arc<str>, Weak<P>>>;
-
-impl<P> Default for LocalPods<P> {
-    fn default() -> Self {
-        LocalPods {
-            pods: RwLock::default(),
-        }
-    }
-}
-
-impl<P> LocalPods<P> {
-    /// Serves `info`'s pod with `proxy` from now on, in place of any
-    /// earlier proxy of a pod of that name.
-    pub fn insert(&self, info: &WorkloadInfo, proxy: &Arc<P>) {
-        self.write()
-            .entry(Arc::clone(&info.namespace))
-            .or_default()
-            .insert(Arc::clone(&info.name), Arc::downgrade(proxy));
-    }
-
-    /// Forgets `proxy` as `info`'s pod, unless another proxy replaced it.
-    pub fn remove(&self, info: &WorkloadInfo, proxy: &Weak<P>) {
-        let mut pods = self.write();
-        let Some(names) = pods.get_mut(&*info.namespace) else {
-            return;
-        };
-        if names
-            .get(&*info.name)
-            .is_some_and(|entry| Weak::ptr_eq(entry, proxy))
-        {
-            names.remove(&*info.name);
-        }
-        if names.is_empty() {
-            pods.remove(&*info.namespace);
-        }
-    }
-
-    /// The live proxy of the pod `namespace`/`name`.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<P>> {
-        self.pods
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(namespace)?
-            .get(name)?
-            .upgrade()
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, ByNamespace<P>> {
-        // Each change is one insert or remove: a panic elsewhere leaves the
-        // map consistent.
-        self.pods.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -248,14 +224,14 @@ pub fn local_identity(
 /// change (a file reload, an xDS update), closing those no longer allowed
 /// (each closure logged and counted).
 pub async fn recheck_policies(proxy: Arc<Proxy>) {
-    let mut changes = proxy.state.subscribe_authorization();
+    let mut changes = proxy.node.state.subscribe_authorization();
     let drain = proxy.drain.clone();
     loop {
         tokio::select! {
             () = drain.signaled() => return,
             changed = changes.changed() => if changed.is_err() { return },
         }
-        let closed = proxy.tracker.recheck(&proxy.state.read());
+        let closed = proxy.tracker.recheck(&proxy.node.state.read());
         for closed in closed {
             tracing::info!(
                 src.addr = %closed.connection.source_ip,
@@ -263,45 +239,10 @@ pub async fn recheck_policies(proxy: Arc<Proxy>) {
                 reason = %closed.reason,
                 "connection closed: no longer allowed by policy"
             );
-            proxy.metrics.record_policy_close(Reporter::Destination);
+            proxy
+                .node
+                .metrics
+                .record_policy_close(Reporter::Destination);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(name: &str) -> WorkloadInfo {
-        WorkloadInfo {
-            namespace: "default".into(),
-            name: name.into(),
-            service_account: "sa".into(),
-        }
-    }
-
-    #[test]
-    fn a_pod_is_found_until_it_stops_and_a_replacement_survives_its_predecessor() {
-        let pods = LocalPods::<&str>::default();
-        let first = Arc::new("first");
-        pods.insert(&pod("web-0"), &first);
-        assert_eq!(pods.get("default", "web-0").as_deref(), Some(&"first"));
-        assert!(pods.get("default", "web-1").is_none());
-        assert!(pods.get("other", "web-0").is_none());
-
-        // A new pod of the same name (a new netns, or a StatefulSet's next
-        // pod) replaces it; the old one's stop must not remove the new one.
-        let second = Arc::new("second");
-        pods.insert(&pod("web-0"), &second);
-        pods.remove(&pod("web-0"), &Arc::downgrade(&first));
-        assert_eq!(pods.get("default", "web-0").as_deref(), Some(&"second"));
-
-        // A stopped proxy is not handed out even before its entry goes.
-        drop(second);
-        assert!(pods.get("default", "web-0").is_none());
-        let third = Arc::new("third");
-        pods.insert(&pod("web-0"), &third);
-        pods.remove(&pod("web-0"), &Arc::downgrade(&third));
-        assert!(pods.get("default", "web-0").is_none());
     }
 }

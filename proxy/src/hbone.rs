@@ -17,6 +17,8 @@ use std::time::Duration;
 use h2::{Ping, PingPong};
 use ztunnel_certs::error_chain::ErrorChain;
 
+use crate::config::Http2Settings;
+
 mod client;
 mod double;
 mod headers;
@@ -111,6 +113,20 @@ impl Default for H2Settings {
             server_first_request_timeout: Duration::from_secs(5),
             server_max_pending_accept_reset_streams: 20,
             server_max_local_error_resets: 1024,
+        }
+    }
+}
+
+impl From<&Http2Settings> for H2Settings {
+    /// The configured windows and frame size; a client stream buffers up to
+    /// one stream window.
+    fn from(settings: &Http2Settings) -> H2Settings {
+        H2Settings {
+            stream_window: settings.stream_window,
+            connection_window: settings.connection_window,
+            max_frame_size: settings.frame_size,
+            client_send_buffer: settings.stream_window as usize,
+            ..H2Settings::default()
         }
     }
 }

@@ -119,8 +119,8 @@ fn flags(error: &OutboundError) -> ResponseFlags {
 
 /// Accepts captured connections until the drain.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
-    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
-    let capacity = Arc::clone(&proxy.capacity);
+    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.node.metrics));
+    let capacity = Arc::clone(&proxy.node.capacity);
     let limits = (&*metrics, &*capacity);
     accept::serve(listener, "outbound", drain, limits, |tcp, peer, slot| {
         let proxy = Arc::clone(&proxy);
@@ -236,7 +236,7 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
     let decide =
         |state: &_, source: &Workload| route::route(state, source, peer.ip(), target, proxy.pick());
     let known = {
-        let state = proxy.state.read();
+        let state = proxy.node.state.read();
         proxy
             .local_workload_in(&state)
             .map(|source| (decide(&state, &source), source))
@@ -245,7 +245,7 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
         Some(known) => known,
         None => {
             let source = proxy.wait_for_local_workload(Reporter::Source).await?;
-            let route = decide(&proxy.state.read(), &source);
+            let route = decide(&proxy.node.state.read(), &source);
             (route, source)
         }
     };
@@ -326,7 +326,7 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
         Err(error) => {
             let flags = flags(&error);
             if flags == ResponseFlags::CertRevoked {
-                proxy.metrics.record_crl_rejection(Reporter::Source);
+                proxy.node.metrics.record_crl_rejection(Reporter::Source);
             }
             report.refused(flags, &error);
             None
@@ -437,11 +437,11 @@ async fn resolve(
         workload: source,
         identity: source.map(|workload| &workload.identity),
     };
-    proxy.metrics.record_on_demand_dns(&OnDemandDnsLabels {
+    proxy.node.metrics.record_on_demand_dns(&OnDemandDnsLabels {
         source: report::peer_labels(&client),
         hostname: pending.hostname.clone().into(),
     });
-    let addresses = proxy.resolver.lookup(&pending.hostname).await?;
+    let addresses = proxy.node.resolver.lookup(&pending.hostname).await?;
     let resolved = pending.resolved(&addresses, proxy.pick());
     resolved.ok_or_else(|| ResolveError::NoAddress(pending.hostname.clone()).into())
 }
@@ -462,7 +462,7 @@ fn open_report(
         .map(|workload| &workload.identity)
         .filter(|_| hbone_addr.is_some());
     Report::open(
-        &proxy.metrics,
+        &proxy.node.metrics,
         Opening {
             reporter: Reporter::Source,
             direction: Direction::Outbound,

@@ -28,6 +28,7 @@ use http::HeaderMap;
 use tokio::sync::watch;
 use ztunnel_certs::identity::Identity;
 
+use crate::config::PoolSettings;
 use crate::drain::DrainWatcher;
 use crate::hbone::{ActiveStream, Authority, H2Stream, HboneConnection, HboneError};
 
@@ -101,6 +102,18 @@ impl Default for PoolConfig {
             max_connections_per_key: 4,
             spread_threshold: 1,
             unused_release_timeout: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+impl From<&PoolSettings> for PoolConfig {
+    /// The configured limits; the spread stays the default's.
+    fn from(settings: &PoolSettings) -> PoolConfig {
+        PoolConfig {
+            max_streams_per_connection: settings.max_streams_per_connection as usize,
+            max_connections_per_key: settings.max_connections_per_key,
+            unused_release_timeout: settings.unused_release_timeout,
+            ..PoolConfig::default()
         }
     }
 }

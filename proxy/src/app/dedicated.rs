@@ -13,9 +13,7 @@ use crate::context::{self, Proxy};
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
-use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::outbound;
-use crate::pool::Pool;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
 
@@ -24,7 +22,7 @@ use ztunnel_certs::identity::Identity;
 /// the rest of the proxy serves: the DNS proxy is an addition here, not
 /// the path of the workload's traffic.
 fn serve_dns(proxy: &Arc<Proxy>, dns: &Arc<Dns>) {
-    let config = &proxy.config;
+    let config = &proxy.node.config;
     let bound = dns::server::bind_listeners(
         config.dns.address,
         config.inpod.ipv6_enabled,
@@ -43,29 +41,19 @@ const PREFETCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Binds 15001, 15006 and 15008 here and serves them for `workload`.
 pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow::Result<Started> {
-    let config = &node.config;
+    let config = &node.runtime.config;
     let listeners_ready = node.ready.register_task("listeners");
     let certificate_ready = node.ready.register_task("local workload certificate");
     let sockets = LocalSockets {
         mark: config.packet_mark,
         keepalive: config.keepalive,
     };
-    let proxy = Arc::new(Proxy {
-        config: Arc::clone(config),
-        state: node.state.clone(),
-        identities: node.identities.clone(),
-        metrics: Arc::clone(&node.metrics),
-        sockets: Arc::new(sockets),
-        h2: app::h2_settings(config),
-        pool: Pool::new(app::pool_config(config)),
-        resolver: node.resolver.clone(),
-        tracker: Tracker::default(),
-        outbound_tracker: OutboundTracker::default(),
-        capacity: Arc::clone(&node.capacity),
+    let proxy = Arc::new(Proxy::new(
+        Arc::clone(&node.runtime),
         workload,
-        drain: node.drain.clone(),
-        local_pods: None,
-    });
+        Arc::new(sockets),
+        node.drain.clone(),
+    ));
 
     let addrs = config.listeners;
     let data = node.data.handle();
@@ -86,14 +74,14 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
             .clone()
             .release_idle_until_drained(node.drain.clone()),
     );
-    if let Some(dns) = &node.dns {
+    if let Some(dns) = &node.runtime.dns {
         serve_dns(&proxy, dns);
     }
     drop(listeners_ready);
     tracing::info!(%identity, "dedicated proxy listening");
 
     node.control.spawn(prefetch_until_ready(
-        node.identities.clone(),
+        node.runtime.identities.clone(),
         identity,
         node.drain.clone(),
         certificate_ready,

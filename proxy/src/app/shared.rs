@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 
 use crate::app::start::{Node, Started};
 use crate::inpod::netns::HostNetns;
-use crate::inpod::workloads::{NodeParts, Workloads, prefetch_node_certificates};
+use crate::inpod::workloads::{PodRuntime, Workloads, prefetch_node_certificates};
 use crate::inpod::zds;
 use crate::metrics::WorkloadManagerMetrics;
 
@@ -17,18 +17,12 @@ use crate::metrics::WorkloadManagerMetrics;
 /// the certificate prefetch for the node's workloads.
 /// The pod proxy counts are registered on `registry`.
 pub fn start(node: &Node, registry: &mut Registry) -> anyhow::Result<Started> {
-    let config = &node.config;
+    let config = &node.runtime.config;
     let home = HostNetns::open_and_probe(config.packet_mark)
         .context("the shared mode needs CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN (SO_MARK)")?;
     let pods = Arc::new(Workloads::new(
-        NodeParts {
-            config: Arc::clone(config),
-            state: node.state.clone(),
-            identities: node.identities.clone(),
-            metrics: Arc::clone(&node.metrics),
-            resolver: node.resolver.clone(),
-            capacity: Arc::clone(&node.capacity),
-            dns: node.dns.clone(),
+        Arc::clone(&node.runtime),
+        PodRuntime {
             home,
             data: node.data.handle().clone(),
             drain: node.trigger.clone(),
@@ -36,14 +30,14 @@ pub fn start(node: &Node, registry: &mut Registry) -> anyhow::Result<Started> {
         WorkloadManagerMetrics::register(registry),
     ));
     node.control.spawn(prefetch_node_certificates(
-        node.state.clone(),
-        node.identities.clone(),
+        node.runtime.state.clone(),
+        node.runtime.identities.clone(),
         config.node_name.clone(),
         node.drain.clone(),
     ));
     // Readiness is held from here until the first snapshot is served.
     let session = zds::run(
-        zds::Settings::new(config.inpod.uds.clone(), Arc::clone(&node.metrics)),
+        zds::Settings::new(config.inpod.uds.clone(), Arc::clone(&node.runtime.metrics)),
         Arc::clone(&pods) as Arc<dyn crate::inpod::PodProxies>,
         node.ready.clone(),
         node.drain.clone(),

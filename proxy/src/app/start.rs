@@ -19,15 +19,17 @@ use crate::app::dump::Dump;
 use crate::app::{self, dedicated, shared};
 use crate::capacity::Capacity;
 use crate::config::{Config, ProxyMode};
-use crate::context;
+use crate::context::{self, LocalPods, NodeRuntime};
 use crate::discovery;
 use crate::dns::server::Dns;
 use crate::drain::{self, DrainTrigger, DrainWatcher};
+use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
 use crate::inpod::zds::ProtocolError;
 use crate::memory;
-use crate::metrics::{self, Metrics};
+use crate::metrics;
+use crate::pool::PoolConfig;
 use crate::readiness::{self, Ready};
 use crate::resolve::{self, Resolver};
 use crate::revocation;
@@ -36,26 +38,15 @@ use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
 use crate::xds::{XdsClient, XdsMetrics};
 
-/// What both modes build on.
+/// What both modes build on: the node's runtime, and what start-up and the
+/// main loop hold besides.
 pub struct Node {
-    /// The configuration.
-    pub config: Arc<Config>,
+    /// What every proxy of the node shares.
+    pub runtime: Arc<NodeRuntime>,
     /// Control-plane tasks.
     pub control: Runtime,
     /// Data-plane tasks.
     pub data: Runtime,
-    /// Workloads, services and policies.
-    pub state: SharedState,
-    /// Certificates.
-    pub identities: IdentityManager,
-    /// Traffic metrics.
-    pub metrics: Arc<Metrics>,
-    /// The resolver of hostname endpoints, on ztunnel's own resolv.conf.
-    pub resolver: Resolver,
-    /// The bound on connections the process carries.
-    pub capacity: Arc<Capacity>,
-    /// The DNS proxy every pod's listeners share; `None` when it is off.
-    pub dns: Option<Arc<Dns>>,
     /// Start-up tasks the readiness endpoint waits for.
     pub ready: Ready,
     /// The node's drain, held by every task.
@@ -139,10 +130,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let capacity = Capacity::register(&mut registry, config.max_connections);
     metrics::register_process_and_runtime(&mut registry, data.handle().clone());
     let dns = Dns::from_config(&config, &mut registry);
-    let node = Node {
+    // The same-node path is between the pods of the shared mode.
+    let same_node = matches!(config.mode, ProxyMode::Shared) && config.inpod.same_node_shortcut;
+    let runtime = NodeRuntime {
         config: Arc::clone(&config),
-        control,
-        data,
         state,
         identities,
         metrics: Arc::new(metrics),
@@ -152,6 +143,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         ),
         capacity,
         dns,
+        h2: H2Settings::from(&config.http2),
+        pool: PoolConfig::from(&config.pool),
+        local_pods: same_node.then(|| Arc::new(LocalPods::default())),
+    };
+    let node = Node {
+        runtime: Arc::new(runtime),
+        control,
+        data,
         ready: Ready::new(),
         drain: watcher,
         trigger,
@@ -178,13 +177,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 /// Starts the xDS client when one is configured. Its readiness tasks are
 /// registered here, before the readiness server starts.
 fn start_xds(node: &Node, metrics: XdsMetrics) -> anyhow::Result<()> {
-    let Some(settings) = &node.config.xds else {
+    let Some(settings) = &node.runtime.config.xds else {
         return Ok(());
     };
     let client = XdsClient::new(
         settings,
-        &node.config.cluster_id,
-        node.state.clone(),
+        &node.runtime.config.cluster_id,
+        node.runtime.state.clone(),
         metrics,
         &node.ready,
     )
@@ -203,7 +202,7 @@ fn serve_operations(
     pods: Option<Arc<Workloads>>,
 ) -> anyhow::Result<mpsc::Receiver<()>> {
     let _guard = node.control.enter();
-    let addrs = node.config.listeners;
+    let addrs = node.runtime.config.listeners;
     let plain = LocalSockets {
         mark: None,
         keepalive: Keepalive::OFF,
@@ -214,10 +213,10 @@ fn serve_operations(
     let (quit, quit_requests) = mpsc::channel::<()>(1);
     let admin = Admin {
         config: Arc::new(Dump {
-            state: node.state.clone(),
-            identities: node.identities.clone(),
+            state: node.runtime.state.clone(),
+            identities: node.runtime.identities.clone(),
             pods,
-            config: Arc::clone(&node.config),
+            config: Arc::clone(&node.runtime.config),
         }),
         logs,
         quit: Arc::new(move || {

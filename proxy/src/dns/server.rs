@@ -375,17 +375,18 @@ pub async fn respond(
     // SERVFAIL if it is still unknown.
     let unknown = proxy.local_workload().is_none()
         && proxy
+            .node
             .state
             .read()
             .workload_by_address("", source.ip())
             .is_none();
     if unknown {
         proxy
-            .local_workload_within(proxy.config.local_workload_wait)
+            .local_workload_within(proxy.node.config.local_workload_wait)
             .await;
     }
     let (decision, labels) = {
-        let state = proxy.state.read();
+        let state = proxy.node.state.read();
         let workload = proxy
             .local_workload_in(&state)
             .or_else(|| state.workload_by_address("", source.ip()).cloned());

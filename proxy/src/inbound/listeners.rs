@@ -155,10 +155,10 @@ async fn open_upstream_for(
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
     let admit_now = || {
-        let state = proxy.state.read();
+        let state = proxy.node.state.read();
         admit(
             &state,
-            &proxy.config.network,
+            &proxy.node.config.network,
             |workload| proxy.is_local(workload),
             arrival,
             authority,
@@ -237,7 +237,7 @@ async fn dial(
     arrival: &Arrival,
     admitted: &Admitted,
 ) -> Result<TcpStream, DialError> {
-    let loopback = admitted.loopback_dial(proxy.config.localhost_app_tunnel);
+    let loopback = admitted.loopback_dial(proxy.node.config.localhost_app_tunnel);
     let addr = loopback.unwrap_or(admitted.upstream);
     let connect = async {
         let socket = match loopback {
@@ -282,12 +282,12 @@ fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool
         peer,
         forwarded_network,
     } = ends;
-    let state = proxy.state.read();
-    let network = &proxy.config.network;
+    let state = proxy.node.state.read();
+    let network = &proxy.node.config.network;
     let source = source_workload(&state, network, arrival.source_ip, forwarded_network);
     let local = proxy.local_workload_in(&state);
     Report::open(
-        &proxy.metrics,
+        &proxy.node.metrics,
         Opening {
             reporter: Reporter::Destination,
             direction: Direction::Inbound,
@@ -369,7 +369,7 @@ impl InboundHandler for HboneInbound {
             .get(X_FORWARDED_NETWORK)
             .and_then(|value| value.to_str().ok());
         let proxy = &self.proxy;
-        let Some(slot) = proxy.capacity.admit("hbone_stream") else {
+        let Some(slot) = proxy.node.capacity.admit("hbone_stream") else {
             return Err(InboundRefusal::Unavailable("connection limit reached"));
         };
         let mut upstream =
@@ -435,16 +435,19 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
         proxy: Arc::clone(&proxy),
     });
     let drain = proxy.drain.clone();
-    let limit = proxy.config.max_pending_handshakes;
+    let limit = proxy.node.config.max_pending_handshakes;
     let pending = Arc::new(Semaphore::new(limit));
-    let gauge = proxy.metrics.pending_handshakes();
+    let gauge = proxy.node.metrics.pending_handshakes();
     // Whether the limit was hit since the last connection it let in: one
     // warning per episode, not one per connection of a flood.
     let mut at_limit = false;
-    let (metrics, capacity) = (Arc::clone(&proxy.metrics), Arc::clone(&proxy.capacity));
+    let (metrics, capacity) = (
+        Arc::clone(&proxy.node.metrics),
+        Arc::clone(&proxy.node.capacity),
+    );
     accept::serve(listener, "hbone", drain, (&metrics, &capacity), |tcp, peer, slot| {
         let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
-            proxy.metrics.record_handshake_refused("pending_limit");
+            proxy.node.metrics.record_handshake_refused("pending_limit");
             if !at_limit {
                 at_limit = true;
                 tracing::warn!(
@@ -506,7 +509,11 @@ async fn handshake_and_serve(
         tracing::warn!(%peer, "HBONE connection before the local workload is known");
         return;
     };
-    let certificate = proxy.identities.fetch_certificate(&workload.identity).await;
+    let certificate = proxy
+        .node
+        .identities
+        .fetch_certificate(&workload.identity)
+        .await;
     let watch = |cert: &WorkloadCertificate| {
         RevocationWatch::for_proxy(&proxy, Reporter::Destination, cert.roots())
     };
@@ -529,7 +536,10 @@ async fn handshake_and_serve(
             if let ServerError::Tls(handshake) = &error
                 && revocation::revoked(handshake)
             {
-                proxy.metrics.record_crl_rejection(Reporter::Destination);
+                proxy
+                    .node
+                    .metrics
+                    .record_crl_rejection(Reporter::Destination);
             }
             tracing::warn!(%peer, error = %ErrorChain(&error), "HBONE TLS handshake failed");
             return;
@@ -542,7 +552,7 @@ async fn handshake_and_serve(
     };
     let drain = proxy.drain.clone();
     if let Err(error) =
-        serve_connection(tls, client, (peer, local), &proxy.h2, handler, drain).await
+        serve_connection(tls, client, (peer, local), &proxy.node.h2, handler, drain).await
     {
         tracing::debug!(%peer, error = %ErrorChain(&error), "HBONE connection ended with an error");
     }
@@ -550,8 +560,8 @@ async fn handshake_and_serve(
 
 /// Accepts captured plaintext connections until the drain.
 pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
-    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.metrics));
-    let capacity = Arc::clone(&proxy.capacity);
+    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.node.metrics));
+    let capacity = Arc::clone(&proxy.node.capacity);
     accept::serve(
         listener,
         "inbound_plaintext",

@@ -16,46 +16,23 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use ztunnel_certs::identity::Identity;
 
-use crate::app;
-use crate::capacity::Capacity;
-use crate::config::Config;
-use crate::context::{self, ConnectionsShown, LocalPods, Proxy};
-use crate::dns::{self, server::Dns};
+use crate::context::{self, ConnectionsShown, NodeRuntime, Proxy};
+use crate::dns;
 use crate::drain::{DrainTrigger, DrainWatcher};
-use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inbound::listeners;
-use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
 use crate::inpod::{PodInfo, PodProxies, StartError};
-use crate::metrics::{Metrics, WorkloadManagerMetrics};
+use crate::metrics::WorkloadManagerMetrics;
 use crate::outbound;
-use crate::pool::Pool;
-use crate::resolve::Resolver;
 use crate::state::SharedState;
 use crate::state::{InboundProtocol, State, Workload};
 
-/// What every pod's proxy shares: configuration, state, certificates and
-/// metrics are the node's, not the pod's.
-#[derive(Clone)]
-pub struct NodeParts {
-    /// The configuration.
-    pub config: Arc<Config>,
-    /// Workloads, services and policies.
-    pub state: SharedState,
-    /// Certificates of every identity on the node.
-    pub identities: IdentityManager,
-    /// Traffic metrics.
-    pub metrics: Arc<Metrics>,
-    /// The resolver of hostname endpoints, shared by every pod: lookups
-    /// run in ztunnel's own network namespace.
-    pub resolver: Resolver,
-    /// The bound on connections the process carries, over every pod.
-    pub capacity: Arc<Capacity>,
-    /// The DNS proxy, whose listeners each pod gets; `None` when it is off.
-    pub dns: Option<Arc<Dns>>,
+/// What the pods' proxies need beyond the node's runtime: where their
+/// tasks run, and the drain each pod's drain is a child of.
+pub struct PodRuntime {
     /// Where runtime threads return after creating a pod's socket.
     pub home: HostNetns,
     /// The data-plane runtime the pods' tasks run on.
@@ -67,14 +44,11 @@ pub struct NodeParts {
 
 /// The pods served, keyed by uid.
 pub struct Workloads {
-    node: NodeParts,
+    node: Arc<NodeRuntime>,
+    pod_runtime: PodRuntime,
     /// How many pod proxies run, started and stopped.
     counts: WorkloadManagerMetrics,
-    h2: H2Settings,
     pods: Mutex<HashMap<Arc<str>, Served>>,
-    /// The pods' proxies by pod name, for the same-node path; `None` when
-    /// the setting turns the path off.
-    local_pods: Option<Arc<LocalPods>>,
 }
 
 /// A pod being served.
@@ -89,19 +63,16 @@ struct Served {
 
 impl Workloads {
     /// No pods yet; `counts` follows the pods served.
-    pub fn new(node: NodeParts, counts: WorkloadManagerMetrics) -> Workloads {
-        let h2 = app::h2_settings(&node.config);
-        let local_pods = node
-            .config
-            .inpod
-            .same_node_shortcut
-            .then(|| Arc::new(LocalPods::default()));
+    pub fn new(
+        node: Arc<NodeRuntime>,
+        pod_runtime: PodRuntime,
+        counts: WorkloadManagerMetrics,
+    ) -> Workloads {
         Workloads {
             node,
+            pod_runtime,
             counts,
-            h2,
             pods: Mutex::default(),
-            local_pods,
         }
     }
 
@@ -173,31 +144,21 @@ impl Workloads {
             Some(_) => Some(self.bind_dns(&netns)?),
             None => None,
         };
-        let (trigger, watcher) = self.node.drain.child();
+        let (trigger, watcher) = self.pod_runtime.drain.child();
         let sockets = NetnsSockets {
             netns,
-            home: self.node.home.clone(),
+            home: self.pod_runtime.home.clone(),
             mark: config.packet_mark,
             keepalive: config.keepalive,
             transparent: bound.transparent,
         };
-        let proxy = Arc::new(Proxy {
-            config: Arc::clone(config),
-            state: self.node.state.clone(),
-            identities: self.node.identities.clone(),
-            metrics: Arc::clone(&self.node.metrics),
-            sockets: Arc::new(sockets),
-            h2: self.h2.clone(),
-            pool: Pool::new(app::pool_config(config)),
-            resolver: self.node.resolver.clone(),
-            tracker: Tracker::default(),
-            outbound_tracker: OutboundTracker::default(),
-            capacity: Arc::clone(&self.node.capacity),
-            workload: pod.workload.clone(),
-            drain: watcher.clone(),
-            local_pods: self.local_pods.clone(),
-        });
-        let runtime = self.node.data.enter();
+        let proxy = Arc::new(Proxy::new(
+            Arc::clone(&self.node),
+            pod.workload.clone(),
+            Arc::new(sockets),
+            watcher.clone(),
+        ));
+        let runtime = self.pod_runtime.data.enter();
         let register = |listener, what| {
             TcpListener::from_std(listener).map_err(|source| StartError::Bind { what, source })
         };
@@ -216,7 +177,7 @@ impl Workloads {
             })?;
         }
         drop(runtime);
-        if let Some(local_pods) = &self.local_pods {
+        if let Some(local_pods) = &self.node.local_pods {
             local_pods.insert(&pod.workload, &proxy);
         }
         Ok((trigger, Arc::downgrade(&proxy)))
@@ -254,7 +215,7 @@ impl Workloads {
     /// Takes a pod's proxy out of the same-node registry, so that no new
     /// connection takes the same-node path to it.
     fn forget(&self, served: &Served) {
-        if let Some(local_pods) = &self.local_pods {
+        if let Some(local_pods) = &self.node.local_pods {
             local_pods.remove(&served.info.workload, &served.proxy);
         }
     }
@@ -262,7 +223,7 @@ impl Workloads {
     /// Drains a pod that was removed or replaced, without grace (WIRE.md
     /// §5 removes a pod at once).
     fn drain_now(&self, trigger: DrainTrigger) {
-        self.node.data.spawn(async move {
+        self.pod_runtime.data.spawn(async move {
             trigger.drain(Duration::ZERO).await;
         });
     }
@@ -270,7 +231,7 @@ impl Workloads {
 
 impl PodProxies for Workloads {
     fn add(&self, pod: &PodInfo, netns: &OwnedFd) -> Result<(), StartError> {
-        if self.node.drain.is_draining() {
+        if self.pod_runtime.drain.is_draining() {
             return Err(StartError::Draining);
         }
         let netns = PodNetns::new(netns).map_err(StartError::Netns)?;

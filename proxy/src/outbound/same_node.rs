@@ -42,8 +42,8 @@ const JOIN_AFTER_READS: u8 = 4;
 /// same-node path: the path is on, the pod is served by this process and
 /// not draining, and [`eligible`].
 pub(super) fn destination(proxy: &Proxy, route: &HboneRoute) -> Option<Arc<Proxy>> {
-    let pods = proxy.local_pods.as_ref()?;
-    let node = proxy.config.node_name.as_deref();
+    let pods = proxy.node.local_pods.as_ref()?;
+    let node = proxy.node.config.node_name.as_deref();
     if !eligible(route, node) {
         return None;
     }
@@ -86,11 +86,13 @@ pub(super) async fn open(
     // pod whose identity the CA does not issue here gets no connection
     // with it on this path either.
     proxy
+        .node
         .identities
         .fetch_certificate(&source.identity)
         .await
         .map_err(OutboundError::Certificate)?;
     proxy
+        .node
         .identities
         .fetch_certificate(&route.workload.identity)
         .await
@@ -111,7 +113,7 @@ pub(super) async fn open(
 /// copy before it is joined in the kernel; `None` when it is not: the
 /// setting is off, or the kernel refused the socket maps.
 pub(super) fn join_after(proxy: &Proxy) -> Option<u8> {
-    let on = proxy.config.inpod.same_node_splice && Splicer::shared().is_some();
+    let on = proxy.node.config.inpod.same_node_splice && Splicer::shared().is_some();
     on.then_some(JOIN_AFTER_READS)
 }
 
@@ -127,6 +129,7 @@ pub(super) async fn join<S: Future<Output = ()>>(
 ) -> Result<Transferred, CopyError> {
     let counted = |joined| {
         proxy
+            .node
             .metrics
             .record_join(if joined { "joined" } else { "refused" })
     };

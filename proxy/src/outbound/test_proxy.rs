@@ -14,13 +14,12 @@ use ztunnel_certs::issuer::{Issuer, SigningRequest};
 
 use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
-use crate::context::Proxy;
+use crate::context::{NodeRuntime, Proxy};
 use crate::drain::{self, DrainTrigger};
 use crate::hbone::H2Settings;
 use crate::identity::manager::{CertificateSource, IdentityManager};
-use crate::inbound::tracker::{OutboundTracker, Tracker};
 use crate::metrics::Metrics;
-use crate::pool::{Pool, PoolConfig};
+use crate::pool::PoolConfig;
 use crate::resolve::Resolver;
 use crate::socket::LocalSockets;
 use crate::state::{SharedState, State};
@@ -62,26 +61,25 @@ impl TestProxy<'_> {
         tokio::spawn(manager);
         let (trigger, drain) = drain::channel();
         let mut registry = Registry::default();
-        let proxy = Proxy {
+        let node = NodeRuntime {
             config: Arc::new(config),
             state: SharedState::new(state),
             identities,
             metrics: Arc::new(Metrics::register(&mut registry, "test")),
-            sockets: Arc::new(LocalSockets::default()),
-            h2: H2Settings::default(),
-            pool: Pool::new(self.pool),
             resolver: self.resolver,
-            tracker: Tracker::default(),
-            outbound_tracker: OutboundTracker::default(),
             capacity: Arc::new(Capacity::new(64)),
-            workload: WorkloadInfo {
-                namespace: "default".into(),
-                name: self.name.into(),
-                service_account: self.service_account.into(),
-            },
-            drain,
+            dns: None,
+            h2: H2Settings::default(),
+            pool: self.pool,
             local_pods: None,
         };
+        let workload = WorkloadInfo {
+            namespace: "default".into(),
+            name: self.name.into(),
+            service_account: self.service_account.into(),
+        };
+        let sockets = Arc::new(LocalSockets::default());
+        let proxy = Proxy::new(Arc::new(node), workload, sockets, drain);
         (proxy, registry, trigger)
     }
 }

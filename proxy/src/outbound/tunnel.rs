@@ -70,7 +70,8 @@ pub(super) async fn double_tunnel(
         .map_err(|error| tunnel(HboneError::TlsConfig(error)))?;
     let headers = headers(source, client, Some(&route.service.hostname))?;
     let mut inner_headers = headers.clone();
-    let network = HeaderValue::from_str(&proxy.config.network).map_err(hbone::HeaderError::from)?;
+    let network =
+        HeaderValue::from_str(&proxy.node.config.network).map_err(hbone::HeaderError::from)?;
     inner_headers.insert(X_FORWARDED_NETWORK, network);
     let checkout = checkout(
         proxy,
@@ -89,7 +90,7 @@ pub(super) async fn double_tunnel(
     let inner = hbone::connect_inner(
         outer,
         Arc::new(inner_tls),
-        &proxy.h2,
+        &proxy.node.h2,
         &route.authority,
         inner_headers,
         watch,
@@ -106,6 +107,7 @@ async fn certificate(
     source: &Workload,
 ) -> Result<Arc<WorkloadCertificate>, OutboundError> {
     proxy
+        .node
         .identities
         .fetch_certificate(&source.identity)
         .await
@@ -154,7 +156,7 @@ async fn checkout(
                 .await
                 .map_err(HboneError::Connect)?;
             let watch = RevocationWatch::for_proxy(proxy, Reporter::Source, certificate.roots());
-            hbone::connect(tcp, Arc::new(tls), &proxy.h2, watch).await
+            hbone::connect(tcp, Arc::new(tls), &proxy.node.h2, watch).await
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await

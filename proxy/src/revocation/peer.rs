@@ -37,10 +37,10 @@ impl RevocationWatch {
     /// clients, outbound ones servers), verified against `roots`; `None`
     /// without `CRL_PATH`, so that a connection then costs nothing here.
     pub fn for_proxy(proxy: &Proxy, reporter: Reporter, roots: &TrustRoots) -> Option<Self> {
-        proxy.config.crl_path.as_ref()?;
+        proxy.node.config.crl_path.as_ref()?;
         Some(RevocationWatch {
             roots: roots.clone(),
-            metrics: Arc::clone(&proxy.metrics),
+            metrics: Arc::clone(&proxy.node.metrics),
             reporter,
         })
     }

@@ -249,7 +249,7 @@ async fn connect(client: &Node, server: &Server) -> TcpStream {
     let (captured, peer) = listener.accept().await.unwrap();
     let proxy = Arc::clone(&client.proxy);
     let workload = {
-        let state = proxy.state.read();
+        let state = proxy.node.state.read();
         let ip = server.app.ip();
         let found = state.workloads().find(|w| w.addresses.contains(&ip));
         Arc::clone(found.unwrap())

@@ -338,7 +338,7 @@ async fn connect(topology: &Topology, dst: &str) -> Result<hbone::H2Stream, Outb
     let client = topology.proxy.local_workload().unwrap();
     let client_addr: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let routed = route(
-        &topology.proxy.state.read(),
+        &topology.proxy.node.state.read(),
         &client,
         client_addr.ip(),
         dst.parse().unwrap(),
