@@ -16,6 +16,7 @@ pub mod admin;
 pub mod app;
 pub mod backoff;
 pub mod capacity;
+pub mod cidr;
 pub mod config;
 pub mod context;
 pub mod control_plane;

@@ -8,14 +8,13 @@
 
 use std::sync::Arc;
 
-use crate::state::Cidr;
+use crate::cidr::Cidr;
 
 mod authorize;
 mod proto;
 
 pub use authorize::{
-    Connection, Decision, DenyReason, DryRunMatch, PolicyName, Verdict, applicable_policies,
-    authorize,
+    Connection, Decision, DenyReason, DryRunMatch, PolicyName, Verdict, authorize,
 };
 
 /// Why an `Authorization` resource is rejected. The messages are those a NACK

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use ztunnel_certs::identity::IdentityError;
 use ztunnel_proto::istio::workload as proto;
 
+use crate::cidr::AddressError;
 use crate::rbac::{Policy, Scope};
 
 // Crate-visible so that conversions elsewhere share the wire helpers; the
@@ -31,7 +32,7 @@ pub(crate) mod workload;
 pub use gateway::{GatewayTarget, find_gateway};
 pub use intern::Interner;
 pub use network::{
-    Cidr, GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
+    GatewayAddress, GatewayDestination, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
 pub use service::{
     HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, RoutingScope, Service, Visibility,
@@ -51,17 +52,9 @@ pub use workload::{
 /// are those a NACK carries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResourceError {
-    /// An IP address is neither 4 nor 16 bytes.
-    #[error("failed to parse address, had {0} bytes")]
-    AddressLength(usize),
-    /// A prefix length is above 32 (IPv4) or 128 (IPv6).
-    #[error("invalid cidr: prefix length {length} is above {max}")]
-    PrefixLength {
-        /// The length given.
-        length: u32,
-        /// The family's maximum.
-        max: u8,
-    },
+    /// An address or a CIDR is malformed.
+    #[error(transparent)]
+    Address(#[from] AddressError),
     /// A checked enum holds a value this proxy does not know.
     #[error("decode error: {value}")]
     UnknownEnum {
@@ -437,6 +430,30 @@ impl State {
     /// The policy stored under resource `name`.
     pub fn policy(&self, name: &str) -> Option<&Arc<Policy>> {
         self.policies.get(name)
+    }
+
+    /// The policies that apply to connections to `workload`: GLOBAL ones of any
+    /// namespace, NAMESPACE ones of its namespace, then the resource names in
+    /// its `authorization_policies`. Names not (yet) known are skipped, and a
+    /// named policy already applying by scope is not repeated.
+    pub fn applicable_policies<'a>(
+        &'a self,
+        workload: &'a Workload,
+    ) -> impl Iterator<Item = &'a Policy> + 'a {
+        let applies_by_scope = move |policy: &Policy| match policy.scope {
+            Scope::Global => true,
+            Scope::Namespace => policy.namespace == workload.namespace,
+            Scope::WorkloadSelector => false,
+        };
+        let named = workload
+            .authorization_policies
+            .iter()
+            .filter_map(|name| self.policy(name))
+            .filter(move |policy| !applies_by_scope(policy));
+        self.global_policies()
+            .chain(self.namespace_policies(&workload.namespace))
+            .chain(named)
+            .map(|policy| &**policy)
     }
 
     /// Every policy with its resource name, in no particular order.

@@ -12,7 +12,7 @@ use ztunnel_certs::identity::Identity;
 use crate::hbone::{Authority, InboundRefusal};
 use crate::metrics::ResponseFlags;
 use crate::outbound::route::PROXY_PORTS;
-use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, applicable_policies, authorize};
+use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, authorize};
 use crate::state::{
     ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload, find_gateway,
 };
@@ -216,7 +216,7 @@ pub fn admit(
         destination_namespace: workload.namespace.clone(),
         destination_workload: workload.uid.clone(),
     };
-    let decision = authorize(&connection, applicable_policies(state, &workload));
+    let decision = authorize(&connection, state.applicable_policies(&workload));
     match decision.verdict {
         Verdict::Allow => Ok(Admitted {
             workload,
@@ -358,7 +358,7 @@ pub fn still_allowed(state: &State, connection: &Connection) -> Result<(), DenyR
         // its proxy is being torn down.
         return Ok(());
     };
-    match authorize(connection, applicable_policies(state, workload)).verdict {
+    match authorize(connection, state.applicable_policies(workload)).verdict {
         Verdict::Allow => Ok(()),
         Verdict::Deny(reason) => Err(reason),
     }

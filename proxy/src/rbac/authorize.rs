@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use ztunnel_certs::identity::Identity;
 
-use super::{Action, Policy, Scope};
-use crate::state::{State, Workload};
+use super::{Action, Policy};
 
 /// What authorization knows about a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,31 +154,6 @@ fn dry_run_match(policy: &&Policy) -> DryRunMatch {
         policy: policy.policy_name(),
         action: policy.action,
     }
-}
-
-/// The policies that apply to connections to `workload`: GLOBAL ones of any
-/// namespace, NAMESPACE ones of its namespace, then the resource names in
-/// its `authorization_policies`. Names not (yet) known are skipped, and a
-/// named policy already applying by scope is not repeated.
-pub fn applicable_policies<'a>(
-    state: &'a State,
-    workload: &'a Workload,
-) -> impl Iterator<Item = &'a Policy> + 'a {
-    let applies_by_scope = move |policy: &Policy| match policy.scope {
-        Scope::Global => true,
-        Scope::Namespace => policy.namespace == workload.namespace,
-        Scope::WorkloadSelector => false,
-    };
-    let named = workload
-        .authorization_policies
-        .iter()
-        .filter_map(|name| state.policy(name))
-        .filter(move |policy| !applies_by_scope(policy));
-    state
-        .global_policies()
-        .chain(state.namespace_policies(&workload.namespace))
-        .chain(named)
-        .map(|policy| &**policy)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use ztunnel_proto::istio::security as wire;
 use super::{
     Action, Clause, Match, Policy, PolicyError, Rule, Scope, ServiceAccountMatch, StringMatch,
 };
-use crate::state::Cidr;
-use crate::state::network::ip_from_bytes;
+use crate::cidr::Cidr;
+use crate::cidr::ip_from_bytes;
 
 impl TryFrom<&wire::Authorization> for Policy {
     type Error = PolicyError;

@@ -6,13 +6,14 @@
 //! config file are parsed in `config/local`.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
+use crate::cidr::{Cidr, ip_from_bytes, max_prefix_len};
 
 /// An IP address inside one network. Two networks may reuse the same IPs, so
 /// an IP alone does not name an endpoint.
@@ -27,91 +28,6 @@ pub struct NetworkAddress {
 impl fmt::Display for NetworkAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.address)
-    }
-}
-
-/// A block of addresses: an IP with a prefix length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
-    /// The first address of the block; host bits are zero.
-    address: IpAddr,
-    prefix_len: u8,
-}
-
-impl Cidr {
-    /// The block `address/prefix_len`. Host bits of `address` are cleared, so
-    /// `10.1.2.3/8` is `10.0.0.0/8`.
-    pub fn new(address: IpAddr, prefix_len: u32) -> Result<Self, ResourceError> {
-        let address = address.to_canonical();
-        let max = max_prefix_len(address);
-        let prefix_len = u8::try_from(prefix_len)
-            .ok()
-            .filter(|len| *len <= max)
-            .ok_or(ResourceError::PrefixLength {
-                length: prefix_len,
-                max,
-            })?;
-        Ok(Cidr {
-            address: mask(address, prefix_len),
-            prefix_len,
-        })
-    }
-
-    /// The block holding only `address`.
-    pub fn host(address: IpAddr) -> Self {
-        let address = address.to_canonical();
-        Cidr {
-            address,
-            prefix_len: max_prefix_len(address),
-        }
-    }
-
-    /// The first address of the block.
-    pub fn address(&self) -> IpAddr {
-        self.address
-    }
-
-    /// The prefix length.
-    pub fn prefix_len(&self) -> u8 {
-        self.prefix_len
-    }
-
-    /// Whether `ip` is inside the block. An IPv4-mapped IPv6 address counts
-    /// as its IPv4 address; otherwise the families must be equal.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = ip.to_canonical();
-        ip.is_ipv4() == self.address.is_ipv4() && mask(ip, self.prefix_len) == self.address
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.address, self.prefix_len)
-    }
-}
-
-fn max_prefix_len(address: IpAddr) -> u8 {
-    match address {
-        IpAddr::V4(_) => 32,
-        IpAddr::V6(_) => 128,
-    }
-}
-
-/// Clears the bits after the first `prefix_len`; `prefix_len` is in range.
-fn mask(address: IpAddr, prefix_len: u8) -> IpAddr {
-    match address {
-        IpAddr::V4(v4) => {
-            let bits = u32::from(v4);
-            let kept = bits.checked_shr(32 - u32::from(prefix_len)).unwrap_or(0);
-            let masked = kept.checked_shl(32 - u32::from(prefix_len)).unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(masked))
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let kept = bits.checked_shr(128 - u32::from(prefix_len)).unwrap_or(0);
-            let masked = kept.checked_shl(128 - u32::from(prefix_len)).unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(masked))
-        }
     }
 }
 
@@ -214,17 +130,6 @@ impl TryFrom<&proto::GatewayAddress> for GatewayAddress {
             hbone_mtls_port: port_from_proto(gateway.hbone_mtls_port)?,
         })
     }
-}
-
-/// An IP from its raw bytes: 4 for IPv4, 16 for IPv6 (WIRE.md §8).
-pub(crate) fn ip_from_bytes(bytes: &[u8]) -> Result<IpAddr, ResourceError> {
-    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
-        return Ok(IpAddr::from(v4));
-    }
-    if let Ok(v6) = <[u8; 16]>::try_from(bytes) {
-        return Ok(IpAddr::from(v6).to_canonical());
-    }
-    Err(ResourceError::AddressLength(bytes.len()))
 }
 
 /// The address and, when the message carries a prefix shorter than a host's,

@@ -12,10 +12,10 @@ use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
 use super::network::{
-    Cidr, GatewayAddress, NamespacedHostname, NetworkAddress, NetworkCidr,
-    network_address_from_proto,
+    GatewayAddress, NamespacedHostname, NetworkAddress, NetworkCidr, network_address_from_proto,
 };
 use super::workload::{HealthStatus, PortMap, port_map_from_proto};
+use crate::cidr::Cidr;
 
 /// A service: a name and VIPs in front of a set of workloads.
 #[derive(Clone, Debug, PartialEq, Eq)]

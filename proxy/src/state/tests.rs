@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use crate::cidr::Cidr;
+
 use super::*;
 
 fn ip(text: &str) -> IpAddr {
@@ -479,4 +481,60 @@ fn the_workloads_of_a_node_follow_inserts_replacements_and_removals() {
     assert!(sorted(&state, "node-a").is_empty());
     assert_eq!(sorted(&state, "node-b"), ["a2", "b1"]);
     assert!(sorted(&state, "node-c").is_empty());
+}
+
+#[test]
+fn applicable_policies_follow_scope_and_workload_names() {
+    let mut state = State::new();
+    state.insert_policy(
+        "istio-system/mesh".into(),
+        Policy::for_test("istio-system", "mesh", Scope::Global),
+    );
+    state.insert_policy(
+        "server-ns/ns-wide".into(),
+        Policy::for_test("server-ns", "ns-wide", Scope::Namespace),
+    );
+    state.insert_policy(
+        "other-ns/other".into(),
+        Policy::for_test("other-ns", "other", Scope::Namespace),
+    );
+    state.insert_policy(
+        "server-ns/selected".into(),
+        Policy::for_test("server-ns", "selected", Scope::WorkloadSelector),
+    );
+    state.insert_policy(
+        "server-ns/unselected".into(),
+        Policy::for_test("server-ns", "unselected", Scope::WorkloadSelector),
+    );
+
+    let mut workload = Workload::for_test("server", "server-ns", &[]);
+    workload.authorization_policies = Box::new([
+        Arc::from("server-ns/selected"),
+        Arc::from("server-ns/not-yet-known"),
+        Arc::from("istio-system/mesh"),
+        Arc::from("server-ns/ns-wide"),
+    ]);
+    let names: Vec<&str> = state
+        .applicable_policies(&workload)
+        .map(|p| &*p.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["mesh", "ns-wide", "selected"],
+        "named policies that apply by scope are not repeated"
+    );
+
+    let bystander = Workload::for_test("bystander", "third-ns", &[]);
+    let names: Vec<&str> = state
+        .applicable_policies(&bystander)
+        .map(|p| &*p.name)
+        .collect();
+    assert_eq!(names, ["mesh"]);
+
+    // A named policy that arrives after the workload takes effect then.
+    state.insert_policy(
+        "server-ns/not-yet-known".into(),
+        Policy::for_test("server-ns", "late", Scope::WorkloadSelector),
+    );
+    assert_eq!(state.applicable_policies(&workload).count(), 4);
 }

@@ -12,9 +12,8 @@ use ztunnel_proto::istio::workload as proto;
 
 use super::ResourceError;
 use super::intern::{GroupParts, Interner};
-use super::network::{
-    GatewayAddress, NamespacedHostname, ip_from_bytes, port_from_proto, split_key,
-};
+use super::network::{GatewayAddress, NamespacedHostname, port_from_proto, split_key};
+use crate::cidr::ip_from_bytes;
 
 /// Trust domain of a workload that names none (WIRE.md §2).
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";

@@ -4,8 +4,9 @@
 
 use serde::Serialize;
 
+use crate::cidr::Cidr;
 use crate::rbac::{Action, Match, Policy, Scope, ServiceAccountMatch, StringMatch};
-use crate::state::{Cidr, State};
+use crate::state::State;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::values::{StringMatchForm, Text};
+use crate::cidr::Cidr;
 use crate::rbac::{Action, Clause, Match, Policy, Rule, Scope, ServiceAccountMatch, StringMatch};
-use crate::state::Cidr;
 
 /// One `policies[]` entry as written.
 #[derive(Deserialize)]

@@ -7,13 +7,14 @@ use std::path::Path;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use super::*;
+use crate::cidr::Cidr;
 use crate::rbac::{Action, Scope, ServiceAccountMatch, StringMatch};
 use crate::state::{
     ApplicationTunnelProtocol, HealthPolicy, IpFamilies, LoadBalancingMode, RoutingScope,
     Visibility, WorkloadType,
 };
 use crate::state::{
-    Cidr, Destination, GatewayDestination, HealthStatus, InboundProtocol, NamespacedHostname,
+    Destination, GatewayDestination, HealthStatus, InboundProtocol, NamespacedHostname,
     NetworkMode, Workload, select_upstream,
 };
 
@@ -445,7 +446,8 @@ fn the_loaded_state_routes_and_authorizes() {
     );
 
     let server = state.workload("Kubernetes//Pod/default/server-0").unwrap();
-    let names: Vec<&str> = crate::rbac::applicable_policies(&state, server)
+    let names: Vec<&str> = state
+        .applicable_policies(server)
         .map(|p| &*p.name)
         .collect();
     assert_eq!(names, ["deny-legacy", "default-ns", "allow-client"]);

@@ -15,10 +15,10 @@ use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visito
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::ports::HBONE_PORT;
 
+use crate::cidr::Cidr;
 use crate::rbac::StringMatch;
 use crate::state::{
-    Cidr, GatewayAddress, GatewayDestination, Interner, NamespacedHostname, NetworkAddress,
-    NetworkCidr,
+    GatewayAddress, GatewayDestination, Interner, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
 
 /// A value written as one string in the file.

@@ -1,12 +1,9 @@
 //! Decision tables: the WIRE.md §9 evaluation order with dry-run and
 //! deny-over-allow, the denial texts, and which policies apply.
 
-use std::sync::Arc;
-
 use super::*;
 use crate::rbac::tests::{CLIENT, from, policy, rules_of};
 use crate::rbac::{Match, Rule};
-use crate::state::{State, Workload};
 
 /// Rules that match the fixture connection (port 8080).
 fn hit() -> Vec<Rule> {
@@ -110,58 +107,4 @@ fn deny_reasons_read_as_the_destination_ztunnel_logs_them() {
         DenyReason::NotAllowed.to_string(),
         "allow policies exist, but none allowed"
     );
-}
-
-#[test]
-fn applicable_policies_follow_scope_and_workload_names() {
-    let mut state = State::new();
-    state.insert_policy(
-        "istio-system/mesh".into(),
-        Policy::for_test("istio-system", "mesh", Scope::Global),
-    );
-    state.insert_policy(
-        "server-ns/ns-wide".into(),
-        Policy::for_test("server-ns", "ns-wide", Scope::Namespace),
-    );
-    state.insert_policy(
-        "other-ns/other".into(),
-        Policy::for_test("other-ns", "other", Scope::Namespace),
-    );
-    state.insert_policy(
-        "server-ns/selected".into(),
-        Policy::for_test("server-ns", "selected", Scope::WorkloadSelector),
-    );
-    state.insert_policy(
-        "server-ns/unselected".into(),
-        Policy::for_test("server-ns", "unselected", Scope::WorkloadSelector),
-    );
-
-    let mut workload = Workload::for_test("server", "server-ns", &[]);
-    workload.authorization_policies = Box::new([
-        Arc::from("server-ns/selected"),
-        Arc::from("server-ns/not-yet-known"),
-        Arc::from("istio-system/mesh"),
-        Arc::from("server-ns/ns-wide"),
-    ]);
-    let names: Vec<&str> = applicable_policies(&state, &workload)
-        .map(|p| &*p.name)
-        .collect();
-    assert_eq!(
-        names,
-        ["mesh", "ns-wide", "selected"],
-        "named policies that apply by scope are not repeated"
-    );
-
-    let bystander = Workload::for_test("bystander", "third-ns", &[]);
-    let names: Vec<&str> = applicable_policies(&state, &bystander)
-        .map(|p| &*p.name)
-        .collect();
-    assert_eq!(names, ["mesh"]);
-
-    // A named policy that arrives after the workload takes effect then.
-    state.insert_policy(
-        "server-ns/not-yet-known".into(),
-        Policy::for_test("server-ns", "late", Scope::WorkloadSelector),
-    );
-    assert_eq!(applicable_policies(&state, &workload).count(), 4);
 }

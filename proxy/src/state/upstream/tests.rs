@@ -8,9 +8,8 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::*;
-use crate::state::{
-    Cidr, HealthStatus, NamespacedHostname, NetworkCidr, NetworkMode, Service, Workload,
-};
+use crate::cidr::Cidr;
+use crate::state::{HealthStatus, NamespacedHostname, NetworkCidr, NetworkMode, Service, Workload};
 
 const SVC: &str = "default/echo.default.svc.cluster.local";
 
