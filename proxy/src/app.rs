@@ -6,15 +6,23 @@
 //! (`drain.rs`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
 use ztunnel_certs::identity::Identity;
 
 use crate::config::Config;
+use crate::context::NodeRuntime;
 use crate::discovery;
+use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::identity::ca_client::{CaClient, CaClientConfig};
+use crate::inpod::workloads::Workloads;
+use crate::inpod::zds::ProtocolError;
 use crate::metrics::Metrics;
+use crate::readiness::Ready;
 use crate::socket::LocalSockets;
 use crate::state::State;
 
@@ -24,6 +32,32 @@ mod shared;
 mod start;
 
 pub use start::run;
+
+/// What both modes build on: the node's runtime, and what start-up and the
+/// main loop hold besides.
+pub struct Node {
+    /// What every proxy of the node shares.
+    pub runtime: Arc<NodeRuntime>,
+    /// Control-plane tasks.
+    pub control: Runtime,
+    /// Data-plane tasks.
+    pub data: Runtime,
+    /// Start-up tasks the readiness endpoint waits for.
+    pub ready: Ready,
+    /// The node's drain, held by every task.
+    pub drain: DrainWatcher,
+    /// Starts the node's drain; pods' drains are children of it.
+    pub trigger: DrainTrigger,
+}
+
+/// What a mode started, for the admin view and the main loop.
+pub struct Started {
+    /// The shared mode's pods, for `/config_dump`.
+    pub pods: Option<Arc<Workloads>>,
+    /// The shared mode's ZDS session: it ends with an error that must stop
+    /// the process (a protocol error), or once the drain has started.
+    pub session: Option<JoinHandle<Result<(), ProtocolError>>>,
+}
 
 /// Builds the CA client from the configuration; `own_identity` is the
 /// dedicated workload's, `None` in shared mode (always impersonate).

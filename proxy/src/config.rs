@@ -17,6 +17,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::control_plane::{ControlPlaneError, ExtraHeaders};
+use crate::ports::{INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
 use crate::version::BuildInfo;
 
 mod dns;
@@ -387,13 +388,17 @@ struct Args {
     #[arg(long, env = "SECRET_TTL", default_value = "24h")]
     secret_ttl: String,
     /// Outbound capture listener.
-    #[arg(long, env = "ZTUNNEL_OUTBOUND_ADDR", default_value = "[::]:15001")]
+    #[arg(
+        long,
+        env = "ZTUNNEL_OUTBOUND_ADDR",
+        default_value_t = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), OUTBOUND_PORT)
+    )]
     outbound_addr: SocketAddr,
     /// Inbound plaintext capture listener.
     #[arg(
         long,
         env = "ZTUNNEL_INBOUND_PLAINTEXT_ADDR",
-        default_value = "[::]:15006"
+        default_value_t = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT)
     )]
     inbound_plaintext_addr: SocketAddr,
     /// Inbound HBONE listener.

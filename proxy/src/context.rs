@@ -11,19 +11,21 @@ use std::time::Duration;
 
 use rand::Rng;
 use ztunnel_certs::identity::{Identity, IdentityError};
+use ztunnel_certs::tls::TrustRoots;
 
 use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
-use crate::dns::server::Dns;
+use crate::dns::{self, server::Dns};
 use crate::drain::DrainWatcher;
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
-use crate::inbound::tracker::{OutboundTracker, Shown, Tracker};
 use crate::metrics::{Metrics, Reporter};
 use crate::pool::{Pool, PoolConfig};
 use crate::resolve::Resolver;
+use crate::revocation::RevocationWatch;
 use crate::socket::SocketFactory;
 use crate::state::{SharedState, State, Workload};
+use crate::tracker::{OutboundTracker, Shown, Tracker};
 
 mod local_pods;
 
@@ -167,24 +169,39 @@ impl Proxy {
     /// The served workload once the state describes it, waiting at most
     /// `wait`; neither logged nor counted, which is the caller's part.
     pub async fn local_workload_within(&self, wait: Duration) -> Option<Arc<Workload>> {
-        // Subscribed before looking, so a push in between is seen.
-        let mut changes = self.node.state.subscribe();
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            if let Some(workload) = self.local_workload() {
-                return Some(workload);
-            }
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
-                Ok(Ok(())) => {}
-                // The deadline, or the state's sender gone (shutting down).
-                Ok(Err(_)) | Err(_) => return None,
-            }
-        }
+        self.node
+            .state
+            .first_within(wait, |state| self.local_workload_in(state))
+            .await
     }
 
     /// Whether `workload` is the one this proxy serves.
     pub fn is_local(&self, workload: &Workload) -> bool {
         *workload.namespace == *self.workload.namespace && *workload.name == *self.workload.name
+    }
+
+    /// How this proxy's connections as `reporter` are watched for
+    /// revocation, their peers verified against `roots`; `None` without
+    /// `CRL_PATH`.
+    pub fn revocation_watch(
+        &self,
+        reporter: Reporter,
+        roots: &TrustRoots,
+    ) -> Option<RevocationWatch> {
+        RevocationWatch::configured(&self.node.config, &self.node.metrics, reporter, roots)
+    }
+
+    /// This proxy's side of the node's DNS proxy `dns`: its listeners
+    /// answer for this proxy's workload from its namespace, until its drain.
+    pub fn dns_side(&self, dns: &Arc<Dns>) -> Arc<dns::server::Served> {
+        Arc::new(dns::server::Served {
+            dns: Arc::clone(dns),
+            config: Arc::clone(&self.node.config),
+            state: self.node.state.clone(),
+            workload: self.workload.clone(),
+            sockets: Arc::clone(&self.sockets),
+            drain: self.drain.clone(),
+        })
     }
 
     /// A random number that spreads connections over endpoints.
@@ -217,32 +234,5 @@ pub fn local_identity(
     match find_node_workload(state, info, config.node_name.as_deref()) {
         Some(workload) => Ok(workload.identity.clone()),
         None => Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
-    }
-}
-
-/// Re-checks open inbound connections whenever policies or workloads
-/// change (a file reload, an xDS update), closing those no longer allowed
-/// (each closure logged and counted).
-pub async fn recheck_policies(proxy: Arc<Proxy>) {
-    let mut changes = proxy.node.state.subscribe_authorization();
-    let drain = proxy.drain.clone();
-    loop {
-        tokio::select! {
-            () = drain.signaled() => return,
-            changed = changes.changed() => if changed.is_err() { return },
-        }
-        let closed = proxy.tracker.recheck(&proxy.node.state.read());
-        for closed in closed {
-            tracing::info!(
-                src.addr = %closed.connection.source_ip,
-                dst.workload = %closed.connection.destination_workload,
-                reason = %closed.reason,
-                "connection closed: no longer allowed by policy"
-            );
-            proxy
-                .node
-                .metrics
-                .record_policy_close(Reporter::Destination);
-        }
     }
 }

@@ -39,9 +39,6 @@ pub mod name;
 pub mod server;
 pub mod wire;
 
-/// The DNS proxy's port, fixed by istio-cni's capture rules (WIRE.md §1).
-pub const DNS_PORT: u16 = 15053;
-
 /// Why a query got no answer of its own, or the proxy could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {

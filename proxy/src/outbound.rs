@@ -25,7 +25,6 @@ use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
 use crate::inbound::listeners::{self, AppConnection};
-use crate::inbound::tracker::{Shown, ShownProtocol};
 use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
@@ -33,6 +32,7 @@ use crate::resolve::ResolveError;
 use crate::revocation;
 use crate::socket::{canonical, original_destination};
 use crate::state::{Service, Workload};
+use crate::tracker::{Shown, ShownProtocol};
 
 pub mod route;
 mod same_node;

@@ -24,14 +24,14 @@ use crate::control_plane::ControlPlaneError;
 
 mod apply;
 mod client;
+mod known;
 mod metrics;
 mod reconnect;
 mod request;
 
-pub use apply::{
-    Applied, Change, KnownVersions, Rejection, Update, VersionChange, apply_changes, decide,
-};
+pub use apply::{Applied, Change, Update, apply_changes, decide};
 pub use client::XdsClient;
+pub use known::{KnownVersions, Rejection, VersionChange};
 pub use metrics::XdsMetrics;
 pub use reconnect::{Reconnect, StreamEnd};
 pub use request::{ack, initial_requests, nack, node};

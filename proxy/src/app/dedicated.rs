@@ -7,12 +7,12 @@ use std::time::Duration;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::app;
-use crate::app::start::{Node, Started};
+use crate::app::{Node, Started};
 use crate::config::WorkloadInfo;
-use crate::context::{self, Proxy};
+use crate::context::Proxy;
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::listeners;
+use crate::inbound::{self, listeners};
 use crate::outbound;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
@@ -29,7 +29,7 @@ fn serve_dns(proxy: &Arc<Proxy>, dns: &Arc<Dns>) {
         config.packet_mark,
         false,
     )
-    .and_then(|listeners| dns::server::serve(proxy, dns, listeners));
+    .and_then(|listeners| dns::server::serve(&proxy.dns_side(dns), listeners));
     if let Err(error) = bound {
         tracing::warn!(address = %config.dns.address, error = %ErrorChain(&error), "DNS proxy not listening");
     }
@@ -67,7 +67,7 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         Arc::clone(&proxy),
         plaintext_listener,
     ));
-    data.spawn(context::recheck_policies(Arc::clone(&proxy)));
+    data.spawn(inbound::recheck_policies(Arc::clone(&proxy)));
     data.spawn(
         proxy
             .pool

@@ -20,10 +20,10 @@ use crate::admin::ConfigDump;
 use crate::config::{Config, ProxyMode, local};
 use crate::context::ConnectionsShown;
 use crate::identity::manager::{CertificateSummary, IdentityManager};
-use crate::inbound::tracker::Shown;
 use crate::inpod::PodInfo;
 use crate::inpod::workloads::Workloads;
 use crate::state::{SharedState, State};
+use crate::tracker::Shown;
 use crate::version::BuildInfo;
 
 mod certificate;

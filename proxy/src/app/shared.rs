@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 
-use crate::app::start::{Node, Started};
+use crate::app::{Node, Started};
 use crate::inpod::netns::HostNetns;
 use crate::inpod::workloads::{PodRuntime, Workloads, prefetch_node_certificates};
 use crate::inpod::zds;

@@ -16,13 +16,13 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::admin::{self, Admin};
 use crate::app::dump::Dump;
-use crate::app::{self, dedicated, shared};
+use crate::app::{self, Node, dedicated, shared};
 use crate::capacity::Capacity;
 use crate::config::{Config, ProxyMode};
 use crate::context::{self, LocalPods, NodeRuntime};
 use crate::discovery;
 use crate::dns::server::Dns;
-use crate::drain::{self, DrainTrigger, DrainWatcher};
+use crate::drain::{self, DrainTrigger};
 use crate::hbone::H2Settings;
 use crate::identity::manager::IdentityManager;
 use crate::inpod::workloads::Workloads;
@@ -37,32 +37,6 @@ use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
 use crate::xds::{XdsClient, XdsMetrics};
-
-/// What both modes build on: the node's runtime, and what start-up and the
-/// main loop hold besides.
-pub struct Node {
-    /// What every proxy of the node shares.
-    pub runtime: Arc<NodeRuntime>,
-    /// Control-plane tasks.
-    pub control: Runtime,
-    /// Data-plane tasks.
-    pub data: Runtime,
-    /// Start-up tasks the readiness endpoint waits for.
-    pub ready: Ready,
-    /// The node's drain, held by every task.
-    pub drain: DrainWatcher,
-    /// Starts the node's drain; pods' drains are children of it.
-    pub trigger: DrainTrigger,
-}
-
-/// What a mode started, for the admin view and the main loop.
-pub struct Started {
-    /// The shared mode's pods, for `/config_dump`.
-    pub pods: Option<Arc<Workloads>>,
-    /// The shared mode's ZDS session: it ends with an error that must stop
-    /// the process (a protocol error), or once the drain has started.
-    pub session: Option<JoinHandle<Result<(), ProtocolError>>>,
-}
 
 /// Runs the proxy until it is drained (SIGTERM, SIGINT or `/quitquitquit`),
 /// or until a fatal error, which is returned.

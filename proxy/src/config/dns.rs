@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::ArgAction;
 
 use super::{ConfigError, ValueError};
-use crate::dns::DNS_PORT;
+use crate::ports::DNS_PORT;
 
 /// Where the DNS proxy's upstream resolvers come from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,11 +26,11 @@ use super::forward::{self, Forwarder};
 use super::metrics::{DnsLabels, DnsMetrics, query_type_label};
 use super::wire::{self, Transport};
 use crate::accept;
-use crate::config::{Config, DnsAddress, DnsUpstream};
-use crate::context::Proxy;
+use crate::config::{Config, DnsAddress, DnsUpstream, WorkloadInfo};
+use crate::drain::DrainWatcher;
 use crate::metrics::LabelValue;
-use crate::socket::{self, Keepalive};
-use crate::state::Workload;
+use crate::socket::{self, Keepalive, SocketFactory};
+use crate::state::{SharedState, State, Workload};
 
 /// UDP queries of one pod answered or forwarded at once. A forwarded query
 /// waits up to the upstream's timeout, so this is what one pod may have
@@ -83,6 +83,46 @@ impl Dns {
             forwarder,
             metrics: DnsMetrics::register(registry),
         }))
+    }
+}
+
+/// The DNS side of one proxy: the node's DNS proxy, and what its
+/// listeners read of the proxy they serve (the pod's workload in the
+/// state, the sockets of its namespace, its drain). Answers in flight hold
+/// it, and with it the drain watcher: a draining proxy waits for them.
+pub struct Served {
+    /// The node's DNS proxy.
+    pub dns: Arc<Dns>,
+    /// The configuration: the node's name and how long a query waits for
+    /// a new pod's workload.
+    pub config: Arc<Config>,
+    /// Workloads and services, which answers are made of.
+    pub state: SharedState,
+    /// The pod whose queries these are.
+    pub workload: WorkloadInfo,
+    /// Where forwarded queries leave from: the pod's namespace.
+    pub sockets: Arc<dyn SocketFactory>,
+    /// Ends the listeners.
+    pub drain: DrainWatcher,
+}
+
+impl Served {
+    /// The served pod's workload in `state`, among the node's (`NODE_NAME`).
+    fn local_workload_in(&self, state: &State) -> Option<Arc<Workload>> {
+        let workload = &self.workload;
+        state
+            .local_workload(
+                &workload.namespace,
+                &workload.name,
+                &workload.service_account,
+                self.config.node_name.as_deref(),
+            )
+            .cloned()
+    }
+
+    /// The served pod's workload as the state knows it now.
+    fn local_workload(&self) -> Option<Arc<Workload>> {
+        self.local_workload_in(&self.state.read())
     }
 }
 
@@ -141,28 +181,28 @@ pub fn bind_listeners(
     Ok(listeners)
 }
 
-/// Serves `listeners` for `proxy`'s workload on the current runtime until
+/// Serves `listeners` for `served`'s pod on the current runtime until
 /// the drain.
-pub fn serve(proxy: &Arc<Proxy>, dns: &Arc<Dns>, listeners: Listeners) -> std::io::Result<()> {
+pub fn serve(served: &Arc<Served>, listeners: Listeners) -> std::io::Result<()> {
     for udp in listeners.udp {
         let udp = UdpSocket::from_std(udp)?;
-        tokio::spawn(serve_udp(Arc::clone(proxy), Arc::clone(dns), udp));
+        tokio::spawn(serve_udp(Arc::clone(served), udp));
     }
     for tcp in listeners.tcp {
         let tcp = TcpListener::from_std(tcp)?;
-        tokio::spawn(serve_tcp(Arc::clone(proxy), Arc::clone(dns), tcp));
+        tokio::spawn(serve_tcp(Arc::clone(served), tcp));
     }
     Ok(())
 }
 
-/// Serves UDP queries on `socket` for `proxy`'s workload until the drain,
+/// Serves UDP queries on `socket` for `served`'s pod until the drain,
 /// then hands off: the kernel stops choosing this socket for new queries
 /// ([`stop_receiving`]), and the queries already queued on it are
 /// answered before it closes. Closing it at once would lose them: in a
 /// rollout the new ztunnel's socket beside it (SO_REUSEPORT) shares the
 /// pod's queries with it until then, and the pod's resolver waits out its
 /// timeout (glibc's 5 s) for each one lost.
-pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
+pub async fn serve_udp(served: Arc<Served>, socket: UdpSocket) {
     let socket = Arc::new(socket);
     let in_flight = Arc::new(Semaphore::new(UDP_IN_FLIGHT));
     // A datagram is at most 64 KiB; a DNS query is far less, but reading
@@ -172,9 +212,9 @@ pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
         let received = tokio::select! {
             // Cancel safe: `recv_from` loses nothing when dropped.
             received = socket.recv_from(&mut buffer) => received,
-            () = proxy.drain.signaled() => break,
+            () = served.drain.signaled() => break,
         };
-        answer_datagram(&proxy, &dns, &socket, &in_flight, &buffer, received);
+        answer_datagram(&served, &socket, &in_flight, &buffer, received);
     }
     if let Err(error) = stop_receiving(&socket) {
         tracing::warn!(target: "dns", error = %error, "a draining DNS listener could not stop taking new queries; the few it has queued when it closes are lost");
@@ -185,9 +225,9 @@ pub async fn serve_udp(proxy: Arc<Proxy>, dns: Arc<Dns>, socket: UdpSocket) {
                 Ok(received) => received,
                 Err(_quiet) => return,
             },
-            () = proxy.drain.forced() => return,
+            () = served.drain.forced() => return,
         };
-        answer_datagram(&proxy, &dns, &socket, &in_flight, &buffer, received);
+        answer_datagram(&served, &socket, &in_flight, &buffer, received);
     }
 }
 
@@ -222,8 +262,7 @@ pub fn stop_receiving(socket: &impl AsFd) -> std::io::Result<()> {
 /// Answers one received datagram in a task of its own, or drops it when
 /// `in_flight` is full; a receive error is logged and skipped.
 fn answer_datagram(
-    proxy: &Arc<Proxy>,
-    dns: &Arc<Dns>,
+    served: &Arc<Served>,
     socket: &Arc<UdpSocket>,
     in_flight: &Arc<Semaphore>,
     buffer: &[u8],
@@ -241,11 +280,11 @@ fn answer_datagram(
         return;
     };
     let query = buffer[..length].to_vec();
-    let (proxy, dns, socket) = (Arc::clone(proxy), Arc::clone(dns), Arc::clone(socket));
-    // The task holds the proxy, and with it the drain watcher: a draining
+    let (served, socket) = (Arc::clone(served), Arc::clone(socket));
+    // The task holds `served`, and with it the drain watcher: a draining
     // proxy waits for its answers to go out.
     tokio::spawn(async move {
-        if let Some(response) = respond(&proxy, &dns, &query, source, Transport::Udp).await
+        if let Some(response) = respond(&served, &query, source, Transport::Udp).await
             && let Err(error) = socket.send_to(&response, source).await
         {
             tracing::debug!(target: "dns", error = %error, "sending a DNS response");
@@ -254,35 +293,34 @@ fn answer_datagram(
     });
 }
 
-/// Serves TCP connections on `listener` for `proxy`'s workload until the
+/// Serves TCP connections on `listener` for `served`'s pod until the
 /// drain; then the connections the kernel queued for it are served too,
 /// since closing it would reset them (as the capture listeners do, see
 /// `accept.rs`).
-pub async fn serve_tcp(proxy: Arc<Proxy>, dns: Arc<Dns>, listener: TcpListener) {
+pub async fn serve_tcp(served: Arc<Served>, listener: TcpListener) {
     let connections = Arc::new(Semaphore::new(TCP_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             // Cancel safe: a connection not yet accepted stays queued.
             accepted = listener.accept() => accepted,
-            () = proxy.drain.signaled() => break,
+            () = served.drain.signaled() => break,
         };
         match accepted {
-            Ok((stream, source)) => serve_later(&proxy, &dns, &connections, stream, source),
+            Ok((stream, source)) => serve_later(&served, &connections, stream, source),
             Err(error) => {
                 tracing::debug!(target: "dns", error = %error, "accepting a DNS connection");
             }
         }
     }
     for (stream, source) in accept::queued(&listener, "dns") {
-        serve_later(&proxy, &dns, &connections, stream, source);
+        serve_later(&served, &connections, stream, source);
     }
 }
 
 /// Serves one TCP connection in a task of its own, or closes it when the
 /// pod already has [`TCP_CONNECTIONS`].
 fn serve_later(
-    proxy: &Arc<Proxy>,
-    dns: &Arc<Dns>,
+    served: &Arc<Served>,
     connections: &Arc<Semaphore>,
     stream: TcpStream,
     source: SocketAddr,
@@ -291,11 +329,11 @@ fn serve_later(
         tracing::debug!(target: "dns", %source, "too many DNS connections; one closed");
         return;
     };
-    let (proxy, dns) = (Arc::clone(proxy), Arc::clone(dns));
+    let served = Arc::clone(served);
     tokio::spawn(async move {
         let served = tokio::select! {
-            served = serve_connection(&proxy, &dns, stream, source) => served,
-            () = proxy.drain.forced() => Ok(()),
+            served = serve_connection(&served, stream, source) => served,
+            () = served.drain.forced() => Ok(()),
         };
         if let Err(error) = served {
             tracing::debug!(target: "dns", error = %error, "DNS connection ended");
@@ -311,8 +349,7 @@ fn serve_later(
 /// closed; the client's resolver asks its next question on a new one,
 /// which the new ztunnel takes.
 async fn serve_connection(
-    proxy: &Proxy,
-    dns: &Dns,
+    served: &Served,
     mut stream: TcpStream,
     source: SocketAddr,
 ) -> std::io::Result<()> {
@@ -328,14 +365,14 @@ async fn serve_connection(
             },
             // Waiting for a further query when the drain starts; a query
             // already there is taken first (biased).
-            () = proxy.drain.signaled(), if answered > 0 => return Ok(()),
+            () = served.drain.signaled(), if answered > 0 => return Ok(()),
         };
         let mut query = vec![0; usize::from(length)];
         match tokio::time::timeout(forward::TIMEOUT, stream.read_exact(&mut query)).await {
             Ok(read) => read?,
             Err(_) => return Ok(()),
         };
-        let Some(response) = respond(proxy, dns, &query, source, Transport::Tcp).await else {
+        let Some(response) = respond(served, &query, source, Transport::Tcp).await else {
             return Ok(());
         };
         let Ok(length) = u16::try_from(response.len()) else {
@@ -356,8 +393,7 @@ async fn serve_connection(
 /// The response to one query, or `None` when nothing should be sent back
 /// (bytes without a DNS header, a failure to encode).
 pub async fn respond(
-    proxy: &Proxy,
-    dns: &Dns,
+    served: &Served,
     query: &[u8],
     source: SocketAddr,
     transport: Transport,
@@ -373,37 +409,39 @@ pub async fn respond(
     // before the push that describes it: the query waits for it as a
     // connection does (LOCAL_WORKLOAD_WAIT, Istio's 5 s), then is answered
     // SERVFAIL if it is still unknown.
-    let unknown = proxy.local_workload().is_none()
-        && proxy
-            .node
+    let unknown = served.local_workload().is_none()
+        && served
             .state
             .read()
             .workload_by_address("", source.ip())
             .is_none();
     if unknown {
-        proxy
-            .local_workload_within(proxy.node.config.local_workload_wait)
+        served
+            .state
+            .first_within(served.config.local_workload_wait, |state| {
+                served.local_workload_in(state)
+            })
             .await;
     }
     let (decision, labels) = {
-        let state = proxy.node.state.read();
-        let workload = proxy
+        let state = served.state.read();
+        let workload = served
             .local_workload_in(&state)
             .or_else(|| state.workload_by_address("", source.ip()).cloned());
         let client = workload.as_deref().map(client_of);
         let decision = answer::decide(
             &request,
             client.as_ref(),
-            &dns.settings,
+            &served.dns.settings,
             &state,
             &mut rand::rng(),
         );
         (decision, labels(&request, workload.as_deref(), transport))
     };
-    dns.metrics.requests.get_or_create(&labels).inc();
+    served.dns.metrics.requests.get_or_create(&labels).inc();
     let result = match decision {
         Decision::Answer(response) => wire::encode(response, &request, transport),
-        Decision::Forward => forward(proxy, dns, &request, query, transport, &labels).await,
+        Decision::Forward => forward(served, &request, query, transport, &labels).await,
     };
     match result {
         Ok(bytes) => Some(bytes),
@@ -417,25 +455,37 @@ pub async fn respond(
 
 /// Relays `query` to the upstream, timing and counting it.
 async fn forward(
-    proxy: &Proxy,
-    dns: &Dns,
+    served: &Served,
     request: &Message,
     query: &[u8],
     transport: Transport,
     labels: &DnsLabels,
 ) -> Result<Vec<u8>, DnsError> {
-    dns.metrics.upstream_requests.get_or_create(labels).inc();
+    served
+        .dns
+        .metrics
+        .upstream_requests
+        .get_or_create(labels)
+        .inc();
     let started = Instant::now();
-    let forwarded = dns
+    let forwarded = served
+        .dns
         .forwarder
-        .forward(&*proxy.sockets, query, request.metadata.id, transport)
+        .forward(&*served.sockets, query, request.metadata.id, transport)
         .await;
-    dns.metrics
+    served
+        .dns
+        .metrics
         .upstream_duration
         .get_or_create(labels)
         .observe(started.elapsed().as_secs_f64());
     if forwarded.is_err() {
-        dns.metrics.upstream_failures.get_or_create(labels).inc();
+        served
+            .dns
+            .metrics
+            .upstream_failures
+            .get_or_create(labels)
+            .inc();
     }
     forwarded
 }

@@ -11,7 +11,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::hbone::{Authority, InboundRefusal};
 use crate::metrics::ResponseFlags;
-use crate::outbound::route::PROXY_PORTS;
+use crate::ports::PROXY_PORTS;
 use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, authorize};
 use crate::state::{
     ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload, find_gateway,

@@ -31,12 +31,12 @@ use crate::hbone::{
 };
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
-use crate::inbound::tracker::{Shown, ShownProtocol, TrackedGuard};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
-use crate::revocation::{self, RevocationWatch};
+use crate::revocation;
 use crate::socket::{canonical, original_destination};
+use crate::tracker::{Shown, ShownProtocol, TrackedGuard};
 
 /// An admitted, connected application socket with what its close reports.
 pub struct AppConnection {
@@ -514,9 +514,8 @@ async fn handshake_and_serve(
         .identities
         .fetch_certificate(&workload.identity)
         .await;
-    let watch = |cert: &WorkloadCertificate| {
-        RevocationWatch::for_proxy(&proxy, Reporter::Destination, cert.roots())
-    };
+    let watch =
+        |cert: &WorkloadCertificate| proxy.revocation_watch(Reporter::Destination, cert.roots());
     let (config, watch) = match certificate.map(|cert| (cert.server_config(), watch(&cert))) {
         Ok((Ok(config), watch)) => (config, watch),
         Ok((Err(error), _)) => {

@@ -16,11 +16,11 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 use ztunnel_certs::identity::Identity;
 
-use crate::context::{self, ConnectionsShown, NodeRuntime, Proxy};
+use crate::context::{ConnectionsShown, NodeRuntime, Proxy};
 use crate::dns;
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::listeners;
+use crate::inbound::{self, listeners};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
@@ -168,12 +168,14 @@ impl Workloads {
         tokio::spawn(outbound::serve(Arc::clone(&proxy), outbound));
         tokio::spawn(listeners::serve_plaintext(Arc::clone(&proxy), plaintext));
         tokio::spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound));
-        tokio::spawn(context::recheck_policies(Arc::clone(&proxy)));
+        tokio::spawn(inbound::recheck_policies(Arc::clone(&proxy)));
         tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
         if let (Some(dns), Some(listeners)) = (&self.node.dns, dns_listeners) {
-            dns::server::serve(&proxy, dns, listeners).map_err(|source| StartError::Bind {
-                what: "DNS",
-                source,
+            dns::server::serve(&proxy.dns_side(dns), listeners).map_err(|source| {
+                StartError::Bind {
+                    what: "DNS",
+                    source,
+                }
             })?;
         }
         drop(runtime);

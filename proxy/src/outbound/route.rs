@@ -16,14 +16,12 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_proto::ports::HBONE_PORT;
 
 use crate::hbone::Authority;
+use crate::ports::PROXY_PORTS;
 use crate::state::{
     Destination, Endpoint, EndpointAddress, GatewayAddress, GatewayDestination, GatewayTarget,
     InboundProtocol, Resolution, Service, State, Workload, find_gateway, select_upstream,
     service_endpoint,
 };
-
-/// Ports a connection must never be sent back to: ztunnel's own listeners.
-pub const PROXY_PORTS: [u16; 3] = [15001, 15006, HBONE_PORT];
 
 /// Where a captured outbound connection goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

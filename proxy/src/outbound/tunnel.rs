@@ -20,7 +20,6 @@ use crate::hbone::{
 };
 use crate::metrics::Reporter;
 use crate::pool::{Checkout, PoolKey};
-use crate::revocation::RevocationWatch;
 use crate::state::Workload;
 
 /// Opens a CONNECT stream to `route` on a pooled HBONE connection.
@@ -86,7 +85,7 @@ pub(super) async fn double_tunnel(
         .send_connect(&route.authority, headers)
         .await
         .map_err(tunnel)?;
-    let watch = RevocationWatch::for_proxy(proxy, Reporter::Source, certificate.roots());
+    let watch = proxy.revocation_watch(Reporter::Source, certificate.roots());
     let inner = hbone::connect_inner(
         outer,
         Arc::new(inner_tls),
@@ -155,7 +154,7 @@ async fn checkout(
             let tcp = super::dial(proxy, dial)
                 .await
                 .map_err(HboneError::Connect)?;
-            let watch = RevocationWatch::for_proxy(proxy, Reporter::Source, certificate.roots());
+            let watch = proxy.revocation_watch(Reporter::Source, certificate.roots());
             hbone::connect(tcp, Arc::new(tls), &proxy.node.h2, watch).await
         };
         tokio::time::timeout(CONNECT_TIMEOUT, connect)

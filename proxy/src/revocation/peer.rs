@@ -13,7 +13,7 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::TrustRoots;
 use ztunnel_certs::tls::revocation::{self, PeerChain, PeerRole, Revocation, Tracked};
 
-use crate::context::Proxy;
+use crate::config::Config;
 use crate::metrics::{Metrics, Reporter};
 
 /// Why a stream ended: a revocation list installed while its connection
@@ -33,14 +33,20 @@ pub struct RevocationWatch {
 }
 
 impl RevocationWatch {
-    /// The watch of `proxy`'s connections as `reporter` (inbound peers are
-    /// clients, outbound ones servers), verified against `roots`; `None`
-    /// without `CRL_PATH`, so that a connection then costs nothing here.
-    pub fn for_proxy(proxy: &Proxy, reporter: Reporter, roots: &TrustRoots) -> Option<Self> {
-        proxy.node.config.crl_path.as_ref()?;
+    /// The watch of connections as `reporter` (inbound peers are clients,
+    /// outbound ones servers), verified against `roots`, counted on
+    /// `metrics`; `None` without `CRL_PATH` in `config`, so that a
+    /// connection then costs nothing here.
+    pub fn configured(
+        config: &Config,
+        metrics: &Arc<Metrics>,
+        reporter: Reporter,
+        roots: &TrustRoots,
+    ) -> Option<Self> {
+        config.crl_path.as_ref()?;
         Some(RevocationWatch {
             roots: roots.clone(),
-            metrics: Arc::clone(&proxy.node.metrics),
+            metrics: Arc::clone(metrics),
             reporter,
         })
     }

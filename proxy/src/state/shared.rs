@@ -5,6 +5,7 @@
 //! xDS (`xds.rs`) both write through it.
 
 use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -72,5 +73,27 @@ impl SharedState {
     /// this call.
     pub fn subscribe_authorization(&self) -> watch::Receiver<u64> {
         self.authorization.subscribe()
+    }
+
+    /// What `find` finds in the state, looked for again after each change
+    /// for at most `wait`: `None` after the wait, or once the state's
+    /// sender is gone (shutting down).
+    pub async fn first_within<T>(
+        &self,
+        wait: Duration,
+        find: impl Fn(&State) -> Option<T>,
+    ) -> Option<T> {
+        // Subscribed before looking, so a change in between is seen.
+        let mut changes = self.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(found) = find(&self.read()) {
+                return Some(found);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return None,
+            }
+        }
     }
 }

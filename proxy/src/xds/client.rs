@@ -31,7 +31,8 @@ use crate::readiness::{BlockReady, Ready};
 use crate::state::{Interner, SharedState};
 
 use super::XdsError;
-use super::apply::{self, Applied, KnownVersions};
+use super::apply::{self, Applied};
+use super::known::KnownVersions;
 use super::metrics::XdsMetrics;
 use super::reconnect::{Reconnect, StreamEnd};
 use super::request;

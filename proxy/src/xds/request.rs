@@ -12,7 +12,7 @@ use ztunnel_proto::xds_types::ResourceKind;
 
 use crate::config::NodeSettings;
 
-use super::apply::{KnownVersions, Rejection};
+use super::known::{KnownVersions, Rejection};
 
 /// The node type istiod expects of a ztunnel (the first part of the id).
 const NODE_TYPE: &str = "ztunnel";

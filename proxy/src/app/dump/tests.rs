@@ -17,7 +17,7 @@ use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_ro
 use super::*;
 use crate::config::WorkloadInfo;
 use crate::identity::manager::CertificateState;
-use crate::inbound::tracker::ShownProtocol;
+use crate::tracker::ShownProtocol;
 
 mod reader;
 

@@ -1,6 +1,7 @@
 //! Tables for [`decide`] and [`apply_changes`]: what is applied, what is
 //! NACKed and with which text, and what is remembered.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 
 use prost::Message;

@@ -13,9 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::inbound::decision::still_allowed;
 use crate::rbac::{Connection, DenyReason};
-use crate::state::State;
 
 /// The open connections of one direction: `E` is what each entry keeps
 /// beside what is listed, [`Recheck`] inbound and nothing outbound, where
@@ -153,12 +151,15 @@ impl Tracker {
 
     /// Re-checks every open connection against `state` and closes the ones
     /// it no longer allows.
-    pub fn recheck(&self, state: &State) -> Vec<Closed> {
+    pub fn recheck(
+        &self,
+        still_allowed: impl Fn(&Connection) -> Result<(), DenyReason>,
+    ) -> Vec<Closed> {
         let mut closed = Vec::new();
         let mut open = self.lock();
         open.retain(|_, tracked| {
             let recheck = &tracked.entry;
-            match still_allowed(state, &recheck.connection) {
+            match still_allowed(&recheck.connection) {
                 Ok(()) => true,
                 Err(reason) => {
                     let _ = recheck.closed_by.set(reason.clone());
