@@ -12,7 +12,7 @@
 //! answered 503), `ztunnel_connections_refused_total{listener}` counts it,
 //! and the log has one warning when refusals start and one line when a
 //! connection is admitted again. Which listener refuses, and how, is the
-//! caller's: `accept.rs` for listeners, `inbound/listeners.rs` for streams.
+//! caller's: `accept.rs` for listeners, `inbound/hbone.rs` for streams.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use crate::context::Proxy;
 use crate::metrics::Reporter;
 
+pub mod application;
 pub mod decision;
-pub mod listeners;
+pub mod hbone;
+pub mod plaintext;
 pub mod proxy_protocol;
 
 /// Re-checks open inbound connections whenever policies or workloads

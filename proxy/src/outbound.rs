@@ -24,7 +24,7 @@ use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
-use crate::inbound::listeners::{self, AppConnection};
+use crate::inbound::application::{self, AppConnection};
 use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
@@ -177,7 +177,7 @@ async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
         report.close_with(&result);
     }
     if let Either::Right(app) = &mut upstream {
-        listeners::close_report(app, &result);
+        application::close_report(app, &result);
     }
 }
 

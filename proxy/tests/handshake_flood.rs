@@ -31,7 +31,7 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// own bookkeeping and the log lines written meanwhile. Well under what the
 /// flood itself holds (about 2 MiB), so the memory must really go back:
 /// the proxy returns it to the system when the last pending handshake of a
-/// flood ends (`inbound/listeners.rs`, `memory.rs`).
+/// flood ends (`inbound/hbone.rs`, `memory.rs`).
 const GIVEN_BACK_SLACK: u64 = 512 * 1024;
 
 /// The resident memory of `node-a`'s ztunnel, bytes.

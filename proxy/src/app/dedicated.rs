@@ -12,7 +12,7 @@ use crate::config::WorkloadInfo;
 use crate::context::Proxy;
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::{self, listeners};
+use crate::inbound::{self, hbone, plaintext};
 use crate::outbound;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
@@ -62,8 +62,8 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
     let inbound_listener = app::bind(&sockets, addrs.inbound, "inbound HBONE")?;
     let plaintext_listener = app::bind(&sockets, addrs.inbound_plaintext, "inbound plaintext")?;
     data.spawn(outbound::serve(Arc::clone(&proxy), outbound_listener));
-    data.spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound_listener));
-    data.spawn(listeners::serve_plaintext(
+    data.spawn(hbone::serve_hbone(Arc::clone(&proxy), inbound_listener));
+    data.spawn(plaintext::serve_plaintext(
         Arc::clone(&proxy),
         plaintext_listener,
     ));

@@ -20,7 +20,7 @@ use crate::context::{ConnectionsShown, NodeRuntime, Proxy};
 use crate::dns;
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::{self, listeners};
+use crate::inbound::{self, hbone, plaintext};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
@@ -166,8 +166,8 @@ impl Workloads {
         let plaintext = register(bound.inbound_plaintext, "inbound plaintext")?;
         let inbound = register(bound.inbound, "inbound HBONE")?;
         tokio::spawn(outbound::serve(Arc::clone(&proxy), outbound));
-        tokio::spawn(listeners::serve_plaintext(Arc::clone(&proxy), plaintext));
-        tokio::spawn(listeners::serve_hbone(Arc::clone(&proxy), inbound));
+        tokio::spawn(plaintext::serve_plaintext(Arc::clone(&proxy), plaintext));
+        tokio::spawn(hbone::serve_hbone(Arc::clone(&proxy), inbound));
         tokio::spawn(inbound::recheck_policies(Arc::clone(&proxy)));
         tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
         if let (Some(dns), Some(listeners)) = (&self.node.dns, dns_listeners) {

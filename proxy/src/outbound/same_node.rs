@@ -23,8 +23,8 @@ use tokio::net::TcpStream;
 
 use crate::context::Proxy;
 use crate::copy::{CopyError, Transferred};
+use crate::inbound::application::{self, AppConnection};
 use crate::inbound::decision::Arrival;
-use crate::inbound::listeners::{self, AppConnection};
 use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
 use crate::splice::Splicer;
@@ -104,7 +104,7 @@ pub(super) async fn open(
         local_ip: route.dial.ip(),
         target: route.authority,
     };
-    listeners::open_upstream(destination, &arrival, Some(&source.identity), true)
+    application::open_upstream(destination, &arrival, Some(&source.identity), true)
         .await
         .map_err(OutboundError::SameNode)
 }

@@ -214,7 +214,7 @@ impl Server {
         let hbone = TcpListener::bind((ip, 0)).await.unwrap();
         let (app_addr, hbone_addr) = (app.local_addr().unwrap(), hbone.local_addr().unwrap());
         tokio::spawn(echo(app));
-        tokio::spawn(crate::inbound::listeners::serve_hbone(
+        tokio::spawn(crate::inbound::hbone::serve_hbone(
             Arc::clone(&node.proxy),
             hbone,
         ));

@@ -1,41 +1,31 @@
-//! The inbound listeners' accept loops: HBONE on 15008 (TLS with the local
-//! workload's certificate, then the HBONE server with our handler) and
-//! plaintext on 15006 (original destination, authorization without an
-//! identity). Both dial the application only after admission.
+//! Reaching the application once an arrival is admitted: the admission,
+//! the dial (a PROXY tunnel on loopback, or the upstream from the client's
+//! IP), the connection's report and its policy tracking. The HBONE side
+//! (`hbone.rs`), the plaintext side (`plaintext.rs`) and the same-node path
+//! (`outbound/same_node.rs`) all come here.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-use ztunnel_certs::cert::WorkloadCertificate;
-use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::revocation::Revocation;
 
-use crate::accept;
 use crate::access_log::{self, Direction};
 use crate::capacity::Slot;
-use crate::context::{CONNECT_TIMEOUT, Proxy, TLS_HANDSHAKE_TIMEOUT};
-use crate::copy::{CopyError, Transferred, copy_bidirectional_until};
-use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,
-    X_FORWARDED_NETWORK, accept_tls, serve_connection,
-};
+use crate::context::{CONNECT_TIMEOUT, Proxy};
+use crate::copy::{CopyError, Transferred};
+use crate::hbone::{Authority, InboundRefusal};
 use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
 use crate::inbound::proxy_protocol::{self, HeaderError};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
 use crate::revocation;
-use crate::socket::{canonical, original_destination};
 use crate::tracker::{Shown, ShownProtocol, TrackedGuard};
 
 /// An admitted, connected application socket with what its close reports.
@@ -45,14 +35,14 @@ pub struct AppConnection {
     report: Option<Report>,
     /// Cancelled when the copy must stop now: the drain is forced, or a
     /// policy re-check no longer allows the connection.
-    stop: CancellationToken,
+    pub(super) stop: CancellationToken,
     tracked: TrackedGuard,
     /// An HBONE stream's slot in the process's connection bound; a
     /// connection accepted on a listener holds its own there instead.
-    slot: Option<Slot>,
+    pub(super) slot: Option<Slot>,
     /// Fires when the HBONE connection the stream came on is closed for
     /// its client's revocation, which the close then reports.
-    revocation: Option<Revocation>,
+    pub(super) revocation: Option<Revocation>,
 }
 
 impl AsyncRead for AppConnection {
@@ -146,7 +136,7 @@ pub(crate) async fn open_upstream(
 /// HBONE CONNECT names (an address the connection may not have arrived
 /// on, or a service hostname), with the network it says it was forwarded
 /// from (`x-forwarded-network`).
-async fn open_upstream_for(
+pub(super) async fn open_upstream_for(
     proxy: &Proxy,
     arrival: &Arrival,
     authority: &Authority,
@@ -335,268 +325,3 @@ pub(crate) fn close_report(upstream: &mut AppConnection, result: &Result<Transfe
 #[derive(Debug, thiserror::Error)]
 #[error("closed on a policy re-check: {0}")]
 struct PolicyClosed(DenyReason);
-
-/// The HBONE server's handler.
-pub struct HboneInbound {
-    proxy: Arc<Proxy>,
-}
-
-impl InboundHandler for HboneInbound {
-    type Upstream = AppConnection;
-
-    async fn open(&self, request: &InboundRequest) -> Result<AppConnection, InboundRefusal> {
-        let local_ip = canonical(request.local_addr).ip();
-        let (authority, target) = match &request.authority {
-            Authority::Address(address) => {
-                let address = canonical(*address);
-                (Authority::Address(address), address)
-            }
-            Authority::Hostname { port, .. } => {
-                (request.authority.clone(), SocketAddr::new(local_ip, *port))
-            }
-        };
-        let arrival = Arrival {
-            peer_identity: Some(request.peer_identity.clone()),
-            source_ip: canonical(request.peer_addr).ip(),
-            source_port: request.peer_addr.port(),
-            local_ip,
-            target,
-        };
-        let peer = Some(&request.peer_identity);
-        // Not visible ASCII: no network we could be named by, as if absent.
-        let forwarded_network = request
-            .headers
-            .get(X_FORWARDED_NETWORK)
-            .and_then(|value| value.to_str().ok());
-        let proxy = &self.proxy;
-        let Some(slot) = proxy.node.capacity.admit("hbone_stream") else {
-            return Err(InboundRefusal::Unavailable("connection limit reached"));
-        };
-        let mut upstream =
-            open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await?;
-        upstream.slot = Some(slot);
-        upstream.revocation = request.revocation.clone();
-        Ok(upstream)
-    }
-
-    fn stop(upstream: &AppConnection) -> CancellationToken {
-        upstream.stop.clone()
-    }
-
-    fn closed(&self, mut upstream: AppConnection, result: Result<Transferred, CopyError>) {
-        close_report(&mut upstream, &result);
-    }
-}
-
-/// A connection counted against its listener's handshake limit until it
-/// is dropped, after the TLS handshake (or its failure).
-struct PendingHandshake {
-    _permit: OwnedSemaphorePermit,
-    gauge: Gauge,
-}
-
-/// Pending handshakes (over all listeners, as the gauge counts them) from
-/// which their end counts as the end of a flood, whose memory is then given
-/// back to the system.
-const FLOOD: i64 = 256;
-
-/// Whether the pending handshakes reached [`FLOOD`] since they were last
-/// all done.
-static FLOODED: AtomicBool = AtomicBool::new(false);
-
-impl PendingHandshake {
-    fn new(permit: OwnedSemaphorePermit, gauge: Gauge) -> Self {
-        if gauge.inc() + 1 >= FLOOD {
-            FLOODED.store(true, Ordering::Relaxed);
-        }
-        Self {
-            _permit: permit,
-            gauge,
-        }
-    }
-}
-
-impl Drop for PendingHandshake {
-    fn drop(&mut self) {
-        // The last pending handshake of a flood: the tasks of thousands of
-        // silent connections were freed on this worker, and the allocator
-        // would keep their pages until it needs them again.
-        if self.gauge.dec() == 1 && FLOODED.swap(false, Ordering::Relaxed) {
-            crate::memory::give_back();
-        }
-    }
-}
-
-/// Accepts HBONE connections until the drain; each is served on its own
-/// task. At most `max_pending_handshakes` wait for their TLS handshake at
-/// once; beyond that a new connection is closed at once and counted.
-pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
-    let handler = Arc::new(HboneInbound {
-        proxy: Arc::clone(&proxy),
-    });
-    let drain = proxy.drain.clone();
-    let limit = proxy.node.config.max_pending_handshakes;
-    let pending = Arc::new(Semaphore::new(limit));
-    let gauge = proxy.node.metrics.pending_handshakes();
-    // Whether the limit was hit since the last connection it let in: one
-    // warning per episode, not one per connection of a flood.
-    let mut at_limit = false;
-    let (metrics, capacity) = (
-        Arc::clone(&proxy.node.metrics),
-        Arc::clone(&proxy.node.capacity),
-    );
-    accept::serve(listener, "hbone", drain, (&metrics, &capacity), |tcp, peer, slot| {
-        let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
-            proxy.node.metrics.record_handshake_refused("pending_limit");
-            if !at_limit {
-                at_limit = true;
-                tracing::warn!(
-                    %peer,
-                    limit,
-                    "too many HBONE handshakes pending on this listener; closing new connections until some finish"
-                );
-            }
-            drop(tcp);
-            return;
-        };
-        at_limit = false;
-        let waiting = PendingHandshake::new(permit, gauge.clone());
-        let proxy = Arc::clone(&proxy);
-        let handler = Arc::clone(&handler);
-        tokio::spawn(async move {
-            // Nothing of the handshake (workload lookup, certificate, TLS
-            // state and its buffers) exists until the client has sent a
-            // byte: a silent connection costs this small task only. A peek,
-            // not a readiness wait, which can wake without data.
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
-                Ok(Ok(0)) => {
-                    tracing::debug!(%peer, "HBONE client closed before sending anything");
-                    return;
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "HBONE connection failed before its first byte");
-                    return;
-                }
-                Err(_) => {
-                    // Debug only: a flood of these would be a flood of lines.
-                    tracing::debug!(%peer, timeout = ?TLS_HANDSHAKE_TIMEOUT, "HBONE client sent nothing; closed");
-                    return;
-                }
-            }
-            Box::pin(handshake_and_serve(proxy, handler, tcp, peer, waiting)).await;
-            drop(slot);
-        });
-    })
-    .await;
-}
-
-/// The TLS handshake of an HBONE connection whose client has started
-/// talking, then the HBONE server on it.
-async fn handshake_and_serve(
-    proxy: Arc<Proxy>,
-    handler: Arc<HboneInbound>,
-    tcp: TcpStream,
-    peer: SocketAddr,
-    waiting: PendingHandshake,
-) {
-    let local = match tcp.local_addr() {
-        Ok(local) => local,
-        Err(_) => return,
-    };
-    let Some(workload) = proxy.wait_for_local_workload(Reporter::Destination).await else {
-        tracing::warn!(%peer, "HBONE connection before the local workload is known");
-        return;
-    };
-    let certificate = proxy
-        .node
-        .identities
-        .fetch_certificate(&workload.identity)
-        .await;
-    let watch =
-        |cert: &WorkloadCertificate| proxy.revocation_watch(Reporter::Destination, cert.roots());
-    let (config, watch) = match certificate.map(|cert| (cert.server_config(), watch(&cert))) {
-        Ok((Ok(config), watch)) => (config, watch),
-        Ok((Err(error), _)) => {
-            tracing::warn!(error = %ErrorChain(&error), "cannot build the HBONE server TLS config");
-            return;
-        }
-        Err(error) => {
-            tracing::warn!(error = %ErrorChain(&error), "no certificate for the local workload");
-            return;
-        }
-    };
-    let accepted = accept_tls(tcp, config, TLS_HANDSHAKE_TIMEOUT).await;
-    drop(waiting);
-    let (tls, client) = match accepted {
-        Ok(accepted) => accepted,
-        Err(error) => {
-            if let ServerError::Tls(handshake) = &error
-                && revocation::revoked(handshake)
-            {
-                proxy
-                    .node
-                    .metrics
-                    .record_crl_rejection(Reporter::Destination);
-            }
-            tracing::warn!(%peer, error = %ErrorChain(&error), "HBONE TLS handshake failed");
-            return;
-        }
-    };
-    let watched = watch.and_then(|watch| watch.watch(client.chain, &client.identity));
-    let client = ServedClient {
-        identity: client.identity,
-        watched,
-    };
-    let drain = proxy.drain.clone();
-    if let Err(error) =
-        serve_connection(tls, client, (peer, local), &proxy.node.h2, handler, drain).await
-    {
-        tracing::debug!(%peer, error = %ErrorChain(&error), "HBONE connection ended with an error");
-    }
-}
-
-/// Accepts captured plaintext connections until the drain.
-pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
-    let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.node.metrics));
-    let capacity = Arc::clone(&proxy.node.capacity);
-    accept::serve(
-        listener,
-        "inbound_plaintext",
-        drain,
-        (&metrics, &capacity),
-        |mut tcp, peer, slot| {
-            let proxy = Arc::clone(&proxy);
-            tokio::spawn(async move {
-                let target = match original_destination(&tcp) {
-                    Ok(target) => target,
-                    Err(error) => {
-                        tracing::warn!(%peer, %error, "no original destination on 15006");
-                        return;
-                    }
-                };
-                let arrival = Arrival {
-                    peer_identity: None,
-                    source_ip: canonical(peer).ip(),
-                    source_port: peer.port(),
-                    local_ip: target.ip(),
-                    target,
-                };
-                // A refusal closes the connection (dropping it), as istio does.
-                // Boxed: the admission and dial state is freed before the copy,
-                // not carried in the task for the connection's life.
-                let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None, false)).await
-                else {
-                    return;
-                };
-                let stop = upstream.stop.clone();
-                let result =
-                    copy_bidirectional_until(&mut tcp, &mut upstream, stop.cancelled()).await;
-                close_report(&mut upstream, &result);
-                drop(slot);
-            });
-        },
-    )
-    .await;
-}
