@@ -1,15 +1,28 @@
-//! Addresses as bytes and blocks: an IP from its wire bytes and a CIDR.
+//! Addresses as bytes and blocks: an IP from its wire bytes or its text, and
+//! a CIDR with its text form `"<ip>/<length>"`, which the local config file
+//! reads and `/config_dump` writes.
 //! The leaf under both the state (workloads, services) and the policies
 //! (`rbac`), which match connections against CIDRs; where an address sits
 //! in the mesh (network, gateway) is `state/network.rs`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
 
-/// Why an address or a block is refused. The messages are those a NACK
-/// carries (WIRE.md §7).
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Why an address or a block is refused. From the wire, the messages are
+/// those a NACK carries (WIRE.md §7); from text, those the local config
+/// file's errors show.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddressError {
+    /// Text that is not an IP address.
+    #[error("invalid IP address {0:?}")]
+    IpText(String),
+    /// Text after a `/` that is not a prefix length.
+    #[error("invalid prefix length {0:?}")]
+    PrefixLengthText(String),
     /// An IP address is neither 4 nor 16 bytes.
     #[error("failed to parse address, had {0} bytes")]
     Length(usize),
@@ -81,6 +94,63 @@ impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.address, self.prefix_len)
     }
+}
+
+/// `"<ip>/<length>"`, or a bare IP for the block of that host alone.
+impl FromStr for Cidr {
+    type Err = AddressError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.split_once('/') {
+            None => Ok(Cidr::host(parse_ip(text)?)),
+            Some((ip, length)) => Cidr::new(parse_ip(ip)?, parse_prefix_len(length)?),
+        }
+    }
+}
+
+/// As [`Display`](fmt::Display) writes it, which is how `/config_dump`
+/// shows a policy's CIDRs.
+impl Serialize for Cidr {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// As [`FromStr`] reads it, from one string, which is how the local config
+/// file writes a policy's CIDRs; a bad one is reported at the value.
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(CidrVisitor)
+    }
+}
+
+struct CidrVisitor;
+
+impl Visitor<'_> for CidrVisitor {
+    type Value = Cidr;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a CIDR \"<ip>/<length>\"")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        text.parse().map_err(E::custom)
+    }
+}
+
+/// An IP address from its text; an IPv4-mapped IPv6 address is its IPv4
+/// address.
+pub fn parse_ip(text: &str) -> Result<IpAddr, AddressError> {
+    text.parse::<IpAddr>()
+        .map(|ip| ip.to_canonical())
+        .map_err(|_| AddressError::IpText(text.to_owned()))
+}
+
+/// A prefix length from its text; whether it fits the family is
+/// [`Cidr::new`]'s check.
+pub fn parse_prefix_len(text: &str) -> Result<u32, AddressError> {
+    text.parse()
+        .map_err(|_| AddressError::PrefixLengthText(text.to_owned()))
 }
 
 /// 32 for IPv4, 128 for IPv6.

@@ -1,6 +1,12 @@
 //! L4 authorization (WIRE.md §9): typed policies and how one connection is
 //! matched against them.
 //!
+//! These types are the one form of a policy in the proxy: xDS converts into
+//! them, the local config file is read straight into them and
+//! `/config_dump` writes them. Their serde is derived here, in camelCase;
+//! what a derive cannot say (a string match, which the two spell
+//! differently) is `rbac/form.rs`.
+//!
 //! The decision over a set of policies is `rbac/authorize.rs`; conversion
 //! from `istio.security.Authorization` is `rbac/proto.rs`. Policies are
 //! stored and indexed in `state.rs`. All matching is exact string
@@ -8,9 +14,12 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::cidr::Cidr;
 
 mod authorize;
+mod form;
 mod proto;
 
 pub use authorize::{
@@ -30,20 +39,26 @@ pub enum PolicyError {
 }
 
 /// One authorization policy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Policy {
     /// Policy name, printed in denials.
+    #[serde(with = "form::arc_str")]
     pub name: Arc<str>,
     /// Policy namespace: printed in denials, and the namespace a NAMESPACE
     /// policy applies to.
+    #[serde(with = "form::arc_str")]
     pub namespace: Arc<str>,
     /// Which destination workloads it applies to.
     pub scope: Scope,
     /// What a match does.
     pub action: Action,
     /// Evaluate and log only; never changes the decision.
+    #[serde(default)]
     pub dry_run: bool,
-    /// OR-ed; a policy with no rules never matches.
+    /// OR-ed; a policy with no rules never matches. Written three lists
+    /// deep: rules, their clauses, their matches.
+    #[serde(default)]
     pub rules: Vec<Rule>,
 }
 
@@ -66,7 +81,7 @@ impl Policy {
 }
 
 /// Which destination workloads a policy applies to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Scope {
     /// Every workload, whatever the policy's namespace.
     Global,
@@ -77,7 +92,7 @@ pub enum Scope {
 }
 
 /// What a matching policy does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Action {
     /// Permit the connection.
     Allow,
@@ -86,7 +101,9 @@ pub enum Action {
 }
 
 /// AND of clauses; a rule with no clauses matches every connection.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Written as the list of its clauses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Rule {
     /// All must match.
     pub clauses: Vec<Clause>,
@@ -100,8 +117,10 @@ impl Rule {
     }
 }
 
-/// OR of matches; a clause with no matches counts as matched.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// OR of matches; a clause with no matches counts as matched. Written as
+/// the list of its matches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Clause {
     /// Any must match. Empty ones are skipped, not counted as matched.
     pub matches: Vec<Match>,
@@ -121,31 +140,47 @@ impl Clause {
 /// Conditions on one connection. Each kind (namespaces, principals, IPs,
 /// ports, service accounts) passes when its positive list is empty or has a
 /// hit, and its negative list is empty or has no hit; all kinds must pass.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// A list left out of the local config file is empty, and `/config_dump`
+/// leaves empty lists out, as istio/ztunnel's does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct Match {
     /// Namespace of the peer identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<StringMatch>,
     /// Negated `namespaces`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_namespaces: Vec<StringMatch>,
     /// Peer identity without `spiffe://`, e.g. `cluster.local/ns/a/sa/b`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub principals: Vec<StringMatch>,
     /// Negated `principals`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_principals: Vec<StringMatch>,
     /// Client IP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub source_ips: Vec<Cidr>,
     /// Negated `source_ips`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_source_ips: Vec<Cidr>,
     /// Upstream (destination workload) IP.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub destination_ips: Vec<Cidr>,
     /// Negated `destination_ips`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ips: Vec<Cidr>,
     /// Destination port after service → target translation.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub destination_ports: Vec<u16>,
     /// Negated `destination_ports`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ports: Vec<u16>,
     /// Peer namespace and service account, trust domain ignored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub service_accounts: Vec<ServiceAccountMatch>,
     /// Negated `service_accounts`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
 }
 
@@ -223,7 +258,9 @@ impl<'a> Peer<'a> {
     }
 }
 
-/// A string condition. There are no regexes.
+/// A string condition. There are no regexes. Its serde is written by hand
+/// in `rbac/form.rs`: the local config file and `/config_dump` spell
+/// `Presence` differently.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum StringMatch {
     /// Equal to the value.
@@ -249,11 +286,14 @@ impl StringMatch {
 }
 
 /// A peer's namespace and service account, whatever its trust domain.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServiceAccountMatch {
     /// Namespace, compared exactly.
+    #[serde(with = "form::arc_str")]
     pub namespace: Arc<str>,
     /// Service account, compared exactly.
+    #[serde(with = "form::arc_str")]
     pub service_account: Arc<str>,
 }
 

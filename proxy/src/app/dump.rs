@@ -5,7 +5,8 @@
 //! configuration and, in shared mode, the pods served. Keys are sorted
 //! at every level, as the dump is rendered through `serde_json::Value`.
 //!
-//! How each resource is rendered is `dump/{mesh,policy,certificate}.rs`.
+//! How each resource is rendered is `dump/{mesh,certificate}.rs`; a policy
+//! is written in its own form (`rbac`), the one the local file reads.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,13 +23,13 @@ use crate::context::ConnectionsShown;
 use crate::identity::manager::{CertificateSummary, IdentityManager};
 use crate::inpod::PodInfo;
 use crate::inpod::workloads::Workloads;
+use crate::rbac::Policy;
 use crate::state::{SharedState, State};
 use crate::tracker::Shown;
 use crate::version::BuildInfo;
 
 mod certificate;
 mod mesh;
-mod policy;
 
 /// `/config_dump`'s sources.
 pub struct Dump {
@@ -85,7 +86,7 @@ fn render(
 ) -> Value {
     let static_config = match file {
         Some(file) => json!({
-            "policies": policy::policies(file),
+            "policies": policies(file),
             "services": mesh::services(file),
             "workloads": mesh::workloads(file),
         }),
@@ -94,7 +95,7 @@ fn render(
     let mut dump = json!({
         "certificates": certificate::certificates(certificates),
         "config": ConfigShown::of(config),
-        "policies": policy::policies(state),
+        "policies": policies(state),
         "services": mesh::services(state),
         // Endpoints are kept whether or not their service has arrived, so
         // none waits for it here.
@@ -107,6 +108,13 @@ fn render(
         top.insert("workloadState".to_owned(), workload_state(pods));
     }
     dump
+}
+
+/// `policies[]` (AMBIENT.md §6.4): every policy, sorted by resource name.
+fn policies(state: &State) -> Vec<&Policy> {
+    let mut policies: Vec<_> = state.policies().collect();
+    policies.sort_by(|a, b| a.0.cmp(b.0));
+    policies.into_iter().map(|(_, policy)| &**policy).collect()
 }
 
 /// `workloadState`: each pod served, by its uid from ZDS, with its

@@ -3,8 +3,10 @@
 //! of istio/ztunnel's local file, parsed into the same typed model that xDS
 //! feeds. Loading a file replaces the whole state.
 //!
-//! Entry forms live in `local/{workload,service,policy}.rs`, scalar forms in
-//! `local/values.rs`. Watching the file for changes is not done here.
+//! Entry forms live in `local/{workload,service}.rs`, scalar forms in
+//! `local/values.rs`. A policy entry is read straight into the proxy's own
+//! [`Policy`], whose form is `rbac`'s. Watching the file for changes is not
+//! done here.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -16,7 +18,6 @@ use ztunnel_certs::identity::IdentityError;
 use crate::rbac::Policy;
 use crate::state::{Interner, Service, State, Workload};
 
-mod policy;
 mod service;
 mod values;
 mod workload;
@@ -103,7 +104,7 @@ struct FileForm {
     #[serde(default)]
     services: Vec<service::ServiceForm>,
     #[serde(default)]
-    policies: Vec<policy::PolicyForm>,
+    policies: Vec<Policy>,
 }
 
 /// Reads and parses the file at `path`.
@@ -231,12 +232,13 @@ fn convert(file: &FileForm, path: &Path) -> Result<LocalConfig, LocalConfigError
     }
 
     let mut policies = BTreeMap::new();
-    for form in &file.policies {
-        let name = form.resource_name();
+    for policy in &file.policies {
+        // Local policies are stored under `namespace/name`.
+        let name: Arc<str> = format!("{}/{}", policy.namespace, policy.name).into();
         if policies.contains_key(&name) {
             return Err(duplicate("policy", &name));
         }
-        policies.insert(name, Policy::from(form));
+        policies.insert(name, policy.deep_copy());
     }
     Ok(LocalConfig {
         workloads,

@@ -178,3 +178,56 @@ fn structure_table() {
         assert_eq!(policy.matches(&from(Some(CLIENT))), want, "{name}");
     }
 }
+
+/// The local config file's policies are parsed on a thread whose heap must
+/// be empty when it ends; the store keeps a deep copy (`rbac/form.rs`).
+#[test]
+fn a_deep_copy_is_equal_and_shares_no_text() {
+    let conditions = Match {
+        namespaces: vec![exact("ns"), StringMatch::Presence],
+        not_principals: vec![prefix("cluster.local/ns/evil/")],
+        principals: vec![suffix("/sa/client")],
+        not_namespaces: vec![exact("kube-system")],
+        service_accounts: vec![account("client-ns", "client-sa")],
+        not_service_accounts: vec![account("client-ns", "banned")],
+        source_ips: vec![cidr("10.0.0.0/8")],
+        destination_ports: vec![8080],
+        ..Match::default()
+    };
+    let original = policy("p", Action::Deny, true, rules_of(vec![conditions]));
+    let copy = original.deep_copy();
+    assert_eq!(copy, original);
+
+    let texts = |policy: &Policy| {
+        let mut texts = vec![policy.name.clone(), policy.namespace.clone()];
+        for m in policy
+            .rules
+            .iter()
+            .flat_map(|r| &r.clauses)
+            .flat_map(|c| &c.matches)
+        {
+            let strings = [
+                &m.namespaces,
+                &m.not_namespaces,
+                &m.principals,
+                &m.not_principals,
+            ];
+            for string in strings.into_iter().flatten() {
+                if let StringMatch::Exact(t) | StringMatch::Prefix(t) | StringMatch::Suffix(t) =
+                    string
+                {
+                    texts.push(t.clone());
+                }
+            }
+            for a in m.service_accounts.iter().chain(&m.not_service_accounts) {
+                texts.extend([a.namespace.clone(), a.service_account.clone()]);
+            }
+        }
+        texts
+    };
+    let (original_texts, copied_texts) = (texts(&original), texts(&copy));
+    assert_eq!(original_texts.len(), 10);
+    for (original, copied) in original_texts.iter().zip(&copied_texts) {
+        assert!(!Arc::ptr_eq(original, copied), "{original} is shared");
+    }
+}

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::istio::workload as proto;
@@ -106,8 +107,10 @@ pub struct LoadBalancing {
     pub health_policy: HealthPolicy,
 }
 
-/// A locality level that endpoints are matched on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A locality level that endpoints are matched on. Its serde form, the
+/// variant's name, is how the local config file and `/config_dump` write
+/// `routingPreferences`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RoutingScope {
     /// Same region.
     Region,

@@ -99,7 +99,7 @@ pub(super) struct ServiceDump<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     weighted_waypoints: Vec<WeightedWaypointDump>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    load_balancer: Option<LoadBalancerDump>,
+    load_balancer: Option<LoadBalancerDump<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ip_families: Option<&'static str>,
     canonical: bool,
@@ -128,8 +128,8 @@ struct WeightedWaypointDump {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct LoadBalancerDump {
-    routing_preferences: Vec<&'static str>,
+struct LoadBalancerDump<'a> {
+    routing_preferences: &'a [RoutingScope],
     mode: &'static str,
     health_policy: &'static str,
 }
@@ -250,11 +250,7 @@ fn service_dump<'a>(state: &'a State, service: &'a Service) -> ServiceDump<'a> {
             .load_balancing
             .as_ref()
             .map(|balancing| LoadBalancerDump {
-                routing_preferences: balancing
-                    .routing_preferences
-                    .iter()
-                    .map(|scope| routing_scope(*scope))
-                    .collect(),
+                routing_preferences: &balancing.routing_preferences,
                 mode: match balancing.mode {
                     LoadBalancingMode::Standard => "Standard",
                     LoadBalancingMode::Strict => "Strict",
@@ -312,17 +308,6 @@ fn locality(locality: &Locality) -> Option<LocalityDump<'_>> {
         zone: &locality.zone,
         subzone: &locality.subzone,
     })
-}
-
-fn routing_scope(scope: RoutingScope) -> &'static str {
-    match scope {
-        RoutingScope::Region => "Region",
-        RoutingScope::Zone => "Zone",
-        RoutingScope::Subzone => "Subzone",
-        RoutingScope::Node => "Node",
-        RoutingScope::Cluster => "Cluster",
-        RoutingScope::Network => "Network",
-    }
 }
 
 fn is_false(value: &bool) -> bool {

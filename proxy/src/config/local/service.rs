@@ -113,7 +113,7 @@ struct WeightedWaypointForm {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct LoadBalancerForm {
     #[serde(default)]
-    routing_preferences: Vec<RoutingScopeForm>,
+    routing_preferences: Vec<RoutingScope>,
     #[serde(default)]
     mode: ModeForm,
     #[serde(default)]
@@ -123,12 +123,7 @@ struct LoadBalancerForm {
 impl From<&LoadBalancerForm> for LoadBalancing {
     fn from(form: &LoadBalancerForm) -> Self {
         LoadBalancing {
-            routing_preferences: form
-                .routing_preferences
-                .iter()
-                .copied()
-                .map(Into::into)
-                .collect(),
+            routing_preferences: form.routing_preferences.clone(),
             mode: match form.mode {
                 ModeForm::Standard => LoadBalancingMode::Standard,
                 ModeForm::Strict => LoadBalancingMode::Strict,
@@ -139,29 +134,6 @@ impl From<&LoadBalancerForm> for LoadBalancing {
                 HealthPolicyForm::OnlyHealthy => HealthPolicy::OnlyHealthy,
                 HealthPolicyForm::AllowAll => HealthPolicy::AllowAll,
             },
-        }
-    }
-}
-
-#[derive(Clone, Copy, Deserialize)]
-enum RoutingScopeForm {
-    Region,
-    Zone,
-    Subzone,
-    Node,
-    Cluster,
-    Network,
-}
-
-impl From<RoutingScopeForm> for RoutingScope {
-    fn from(form: RoutingScopeForm) -> Self {
-        match form {
-            RoutingScopeForm::Region => RoutingScope::Region,
-            RoutingScopeForm::Zone => RoutingScope::Zone,
-            RoutingScopeForm::Subzone => RoutingScope::Subzone,
-            RoutingScopeForm::Node => RoutingScope::Node,
-            RoutingScopeForm::Cluster => RoutingScope::Cluster,
-            RoutingScopeForm::Network => RoutingScope::Network,
         }
     }
 }

@@ -1,22 +1,20 @@
 //! Scalar forms of the local config file that name mesh values: addresses
-//! `"<network>/<ip>"`, CIDRs, `namespace/hostname` keys, identities, string
-//! matches `!Exact "..."`, and gateway destinations.
+//! `"<network>/<ip>"`, CIDR VIPs, `namespace/hostname` keys, identities and
+//! gateway destinations. A policy's CIDRs and string matches are forms of
+//! the policy's own types (`cidr.rs`, `rbac/form.rs`).
 //!
 //! Each is parsed inside deserialization, so that a bad value is reported
 //! with the line and column of the value itself.
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::IpAddr;
-use std::sync::Arc;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::ports::HBONE_PORT;
 
-use crate::cidr::Cidr;
-use crate::rbac::StringMatch;
+use crate::cidr::{Cidr, parse_ip, parse_prefix_len};
 use crate::state::{
     GatewayAddress, GatewayDestination, Interner, NamespacedHostname, NetworkAddress, NetworkCidr,
 };
@@ -54,12 +52,6 @@ impl<T: TextForm> Visitor<'_> for TextVisitor<T> {
     }
 }
 
-fn parse_ip(text: &str) -> Result<IpAddr, String> {
-    text.parse::<IpAddr>()
-        .map(|ip| ip.to_canonical())
-        .map_err(|_| format!("invalid IP address {text:?}"))
-}
-
 /// `"<network>/<ip>"`; the network may be empty (`"/10.96.0.10"`) or left
 /// out with its slash (`"10.96.0.10"`).
 impl TextForm for NetworkAddress {
@@ -69,27 +61,8 @@ impl TextForm for NetworkAddress {
         let (network, ip) = text.split_once('/').unwrap_or(("", text));
         Ok(NetworkAddress {
             network: network.into(),
-            address: parse_ip(ip)?,
+            address: parse_ip(ip).map_err(|e| e.to_string())?,
         })
-    }
-}
-
-fn parse_prefix_len(text: &str) -> Result<u32, String> {
-    text.parse()
-        .map_err(|_| format!("invalid prefix length {text:?}"))
-}
-
-/// `"<ip>/<length>"`, or a bare IP for a single host.
-impl TextForm for Cidr {
-    const EXPECTING: &'static str = "a CIDR \"<ip>/<length>\"";
-
-    fn parse_text(text: &str) -> Result<Self, String> {
-        match text.split_once('/') {
-            None => Ok(Cidr::host(parse_ip(text)?)),
-            Some((ip, length)) => {
-                Cidr::new(parse_ip(ip)?, parse_prefix_len(length)?).map_err(|e| e.to_string())
-            }
-        }
     }
 }
 
@@ -105,8 +78,9 @@ impl TextForm for NetworkCidr {
             ));
         };
         let address = NetworkAddress::parse_text(address)?;
-        let cidr =
-            Cidr::new(address.address, parse_prefix_len(length)?).map_err(|e| e.to_string())?;
+        let cidr = parse_prefix_len(length)
+            .and_then(|length| Cidr::new(address.address, length))
+            .map_err(|e| e.to_string())?;
         Ok(NetworkCidr {
             network: address.network,
             cidr,
@@ -131,56 +105,6 @@ impl TextForm for Identity {
     fn parse_text(text: &str) -> Result<Self, String> {
         text.parse()
             .map_err(|e| format!("invalid identity {text:?}: {e}"))
-    }
-}
-
-/// A string match: `!Exact "v"`, `!Prefix "v"`, `!Suffix "v"`, or presence
-/// written `!Presence`, `!Presence null`, `!Presence []` or a bare `Presence`.
-pub(super) struct StringMatchForm(pub StringMatch);
-
-impl<'de> Deserialize<'de> for StringMatchForm {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(StringMatchVisitor)
-    }
-}
-
-#[derive(Deserialize)]
-enum StringMatchTag {
-    Exact,
-    Prefix,
-    Suffix,
-    Presence,
-}
-
-struct StringMatchVisitor;
-
-impl<'de> Visitor<'de> for StringMatchVisitor {
-    type Value = StringMatchForm;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string match: !Exact, !Prefix, !Suffix or !Presence")
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
-        match text {
-            "Presence" => Ok(StringMatchForm(StringMatch::Presence)),
-            _ => Err(E::invalid_value(de::Unexpected::Str(text), &self)),
-        }
-    }
-
-    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Self::Value, A::Error> {
-        let (tag, value) = data.variant::<StringMatchTag>()?;
-        let text = |value: A::Variant| value.newtype_variant::<String>().map(Arc::<str>::from);
-        let matched = match tag {
-            StringMatchTag::Exact => StringMatch::Exact(text(value)?),
-            StringMatchTag::Prefix => StringMatch::Prefix(text(value)?),
-            StringMatchTag::Suffix => StringMatch::Suffix(text(value)?),
-            StringMatchTag::Presence => {
-                value.newtype_variant::<de::IgnoredAny>()?;
-                StringMatch::Presence
-            }
-        };
-        Ok(StringMatchForm(matched))
     }
 }
 
