@@ -13,7 +13,6 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::tls::revocation::Revocation;
@@ -24,7 +23,7 @@ use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
-use crate::inbound::application::{self, AppConnection};
+use crate::inbound::application;
 use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
 use crate::pool::PoolError;
 use crate::report::{self, End, Opening, Report};
@@ -39,9 +38,11 @@ mod same_node;
 #[cfg(test)]
 mod test_proxy;
 mod tunnel;
+mod upstream;
 
-use route::{Direct, DoubleHboneRoute, HboneRoute, ResolveRoute, Route};
-use tunnel::{double_tunnel, tunnel};
+use route::{Direct, HboneRoute, ResolveRoute, Route};
+use tunnel::Tunnel;
+use upstream::Upstream;
 
 /// Why an outbound connection failed before its bytes flowed: every step
 /// of connecting it, in one flat type.
@@ -153,18 +154,18 @@ async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
     // task holds one copy's state whichever path it took. A same-node
     // connection may leave it, quiet, to be joined in the kernel.
     let (destination_stop, join_after) = match &upstream {
-        Either::Left(_) => (None, None),
-        Either::Right(app) => (Some(app.stop().clone()), same_node::join_after(proxy)),
+        Upstream::SameNode(app) => (Some(app.stop().clone()), same_node::join_after(proxy)),
+        Upstream::Tcp(_) | Upstream::Hbone(_) => (None, None),
     };
     let revocation = match &upstream {
-        Either::Left(Either::Right(stream)) => stream.revocation().cloned(),
-        Either::Left(Either::Left(_)) | Either::Right(_) => None,
+        Upstream::Hbone(stream) => stream.revocation().cloned(),
+        Upstream::Tcp(_) | Upstream::SameNode(_) => None,
     };
     let mut stop = pin!(stopped(proxy, destination_stop, revocation.as_ref()));
     let copied =
         copy_bidirectional_until_quiet(&mut tcp, &mut upstream, stop.as_mut(), join_after).await;
     let result = match (copied, &mut upstream) {
-        (Ok(Ended::Quiet(before)), Either::Right(app)) => {
+        (Ok(Ended::Quiet(before)), Upstream::SameNode(app)) => {
             // Boxed: only joined connections hold the join's state.
             Box::pin(same_node::join(proxy, tcp, app, before, stop)).await
         }
@@ -176,16 +177,10 @@ async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
     } else {
         report.close_with(&result);
     }
-    if let Either::Right(app) = &mut upstream {
+    if let Upstream::SameNode(app) = &mut upstream {
         application::close_report(app, &result);
     }
 }
-
-/// The other end of an outbound connection: over the network (a TCP
-/// connection or an HBONE stream), or on the same-node path the
-/// application of another pod this proxy serves, admitted by that pod's
-/// inbound side.
-type Connected = Either<OutboundStream, AppConnection>;
 
 /// Resolves when a connection's copy must stop: the proxy's drain is
 /// forced; on the same-node path, the destination stops it (its pod left,
@@ -210,7 +205,7 @@ async fn stopped(
 
 /// An opened connection: its report, its upstream, and what `/config_dump`
 /// lists of it.
-type Opened = (Report, Connected, Shown);
+type Opened = (Report, Upstream, Shown);
 
 /// Routes a captured connection and connects its upstream. `None` when it
 /// failed; the failure is logged and its report closed already.
@@ -284,7 +279,7 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
         }
         Route::DoubleHbone(route) => {
             (shown.actual_dst, shown.protocol) = (route.dial, ShownProtocol::DoubleHbone);
-            open_double_hbone(proxy, peer, source, target, &route).await
+            open_tunnel(proxy, peer, source, &Tunnel::double(&route, target)).await
         }
         Route::Resolve(pending) => match resolve(proxy, peer, source, &pending).await {
             Ok(Direct::Hbone(route)) => {
@@ -343,7 +338,7 @@ async fn open_tcp(
     target: SocketAddr,
     workload: Option<&Workload>,
     service: Option<&Service>,
-) -> (Report, Result<Connected, OutboundError>) {
+) -> (Report, Result<Upstream, OutboundError>) {
     let destination = End {
         addr: target,
         workload,
@@ -352,7 +347,7 @@ async fn open_tcp(
     let report = open_report(proxy, peer, source, destination, service, None, false);
     let connected = dial(proxy, target)
         .await
-        .map(|tcp| Either::Left(Either::Left(tcp)))
+        .map(Upstream::Tcp)
         .map_err(|source| OutboundError::Connect {
             addr: target,
             source,
@@ -367,60 +362,56 @@ async fn open_hbone(
     peer: SocketAddr,
     source: Option<&Workload>,
     route: &HboneRoute,
-) -> (Report, Result<Connected, OutboundError>) {
-    let same_node = same_node::destination(proxy, route);
-    let destination = End {
-        addr: route.authority,
-        workload: Some(&route.workload),
-        identity: route.expected.first(),
+) -> (Report, Result<Upstream, OutboundError>) {
+    let tunnel = Tunnel::single(route);
+    let Some(destination) = same_node::destination(proxy, route) else {
+        return open_tunnel(proxy, peer, source, &tunnel).await;
     };
-    let report = open_report(
-        proxy,
-        peer,
-        source,
-        destination,
-        route.service.as_deref(),
-        Some(route.dial),
-        same_node.is_some(),
-    );
-    let connected = match same_node {
-        Some(destination) => same_node::open(proxy, &destination, source, peer, route)
-            .await
-            .map(Either::Right),
-        None => tunnel(proxy, source, peer, route)
-            .await
-            .map(|stream| Either::Left(Either::Right(stream))),
-    };
+    let report = tunnel_report(proxy, peer, source, &tunnel, true);
+    let connected = same_node::open(proxy, &destination, source, peer, route)
+        .await
+        .map(|app| Upstream::SameNode(Box::new(app)));
     (report, connected)
 }
 
-/// The double tunnel of `route`, through another network's gateway, for
-/// a connection to `target`.
-async fn open_double_hbone(
+/// The HBONE stream of `tunnel`, over one hop or two.
+async fn open_tunnel(
     proxy: &Proxy,
     peer: SocketAddr,
     source: Option<&Workload>,
-    target: SocketAddr,
-    route: &DoubleHboneRoute,
-) -> (Report, Result<Connected, OutboundError>) {
+    tunnel: &Tunnel<'_>,
+) -> (Report, Result<Upstream, OutboundError>) {
+    let report = tunnel_report(proxy, peer, source, tunnel, false);
+    let connected = tunnel::open(proxy, source, peer, tunnel)
+        .await
+        .map(Upstream::Hbone);
+    (report, connected)
+}
+
+/// Opens the report of a connection through `tunnel`, or, `same_node`,
+/// handed over in-process to its destination.
+fn tunnel_report(
+    proxy: &Proxy,
+    peer: SocketAddr,
+    source: Option<&Workload>,
+    tunnel: &Tunnel<'_>,
+    same_node: bool,
+) -> Report {
     let destination = End {
-        addr: target,
-        workload: Some(&route.workload),
-        identity: route.expected.first(),
+        addr: tunnel.destination,
+        workload: Some(tunnel.workload),
+        identity: tunnel.far_end_expected().first(),
     };
-    let report = open_report(
+    let hbone_addr = Some(tunnel.dial);
+    open_report(
         proxy,
         peer,
         source,
         destination,
-        Some(&route.service),
-        Some(route.dial),
-        false,
-    );
-    let connected = double_tunnel(proxy, source, peer, route)
-        .await
-        .map(|stream| Either::Left(Either::Right(stream)));
-    (report, connected)
+        tunnel.service,
+        hbone_addr,
+        same_node,
+    )
 }
 
 /// Looks up the address of the endpoint of `pending`, known by hostname,
@@ -478,10 +469,6 @@ fn open_report(
         },
     )
 }
-
-/// Where an outbound connection's bytes go: a plain TCP connection or an
-/// HBONE stream. One type, so the copy (and the task) is one shape.
-type OutboundStream = Either<TcpStream, hbone::H2Stream>;
 
 /// A marked TCP connection to `target`; a connect that takes longer than
 /// [`CONNECT_TIMEOUT`] fails as `TimedOut`.

@@ -15,7 +15,6 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, SimplexStream};
 use tokio::net::TcpStream;
-use tokio_util::either::Either;
 
 use super::{INITIAL_BUFFER, MAX_BUFFER, RELEASE_UP_TO};
 
@@ -54,31 +53,6 @@ impl Side for TcpStream {}
 impl Side for DuplexStream {}
 
 impl Side for SimplexStream {}
-
-/// Whichever side it holds, with that side's way of reading and writing.
-impl<L: Side, R: Side> Side for Either<L, R> {
-    fn poll_read_bytes(
-        &mut self,
-        cx: &mut Context<'_>,
-        buffer: &mut ReadBuffer,
-    ) -> Poll<io::Result<Bytes>> {
-        match self {
-            Either::Left(side) => side.poll_read_bytes(cx, buffer),
-            Either::Right(side) => side.poll_read_bytes(cx, buffer),
-        }
-    }
-
-    fn poll_write_bytes(
-        &mut self,
-        cx: &mut Context<'_>,
-        bytes: &mut Bytes,
-    ) -> Poll<io::Result<usize>> {
-        match self {
-            Either::Left(side) => side.poll_write_bytes(cx, bytes),
-            Either::Right(side) => side.poll_write_bytes(cx, bytes),
-        }
-    }
-}
 
 /// The memory one direction of a copy reads a socket into. It grows with the
 /// traffic from 1 KiB to 256 KiB and, while no bigger than 16 KiB, is given

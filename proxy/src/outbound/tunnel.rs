@@ -1,7 +1,8 @@
-//! Opening the HBONE streams a route asks for: one CONNECT on a pooled
-//! connection (to the destination's ztunnel or a waypoint), or, through a
-//! network gateway, a CONNECT on a pooled connection to the gateway with
-//! a session of its own inside it (`hbone/double.rs`). Which route to take
+//! Opening the HBONE streams a route asks for, one path whatever the
+//! number of hops ([`Tunnel`]): one CONNECT on a pooled connection (to the
+//! destination's ztunnel or a waypoint), or, through a network gateway, a
+//! CONNECT on a pooled connection to the gateway with a session of its own
+//! inside it (`hbone/double.rs`). Which route to take
 //! is `outbound/route.rs`'s decision; the copy that follows is `outbound.rs`'s.
 
 use std::io;
@@ -20,84 +21,123 @@ use crate::hbone::{
 };
 use crate::metrics::Reporter;
 use crate::pool::{Checkout, PoolKey};
-use crate::state::Workload;
+use crate::state::{Service, Workload};
 
-/// Opens a CONNECT stream to `route` on a pooled HBONE connection.
-pub(super) async fn tunnel(
+/// The HBONE hops of a route, as data: a CONNECT on a pooled connection
+/// to `dial`, and, through another network's gateway, a session of its
+/// own inside that stream to the service.
+pub(super) struct Tunnel<'a> {
+    /// The HBONE listener dialled: the destination's ztunnel, a waypoint,
+    /// or a network gateway.
+    pub dial: SocketAddr,
+    /// Identities whoever answers at `dial` may present.
+    pub dial_expected: &'a [Identity],
+    /// The `:authority` of every CONNECT.
+    pub authority: Authority,
+    /// The inner session's expected identities, for a tunnel inside the
+    /// tunnel; `None` for one hop.
+    pub inner: Option<&'a [Identity]>,
+    /// The address the connection is reported to.
+    pub destination: SocketAddr,
+    /// The workload reached, for reports.
+    pub workload: &'a Workload,
+    /// The service dialled, named in the CONNECT's headers and reports.
+    pub service: Option<&'a Service>,
+}
+
+impl<'a> Tunnel<'a> {
+    /// One hop: to the destination's ztunnel, or to a waypoint.
+    pub fn single(route: &'a HboneRoute) -> Self {
+        Tunnel {
+            dial: route.dial,
+            dial_expected: &route.expected,
+            authority: Authority::Address(route.authority),
+            inner: None,
+            destination: route.authority,
+            workload: &route.workload,
+            service: route.service.as_deref(),
+        }
+    }
+
+    /// Two hops: to another network's gateway, and through it to the
+    /// service, for a connection to `target`.
+    pub fn double(route: &'a DoubleHboneRoute, target: SocketAddr) -> Self {
+        Tunnel {
+            dial: route.dial,
+            dial_expected: &route.gateway_expected,
+            authority: route.authority.clone(),
+            inner: Some(&route.expected),
+            destination: target,
+            workload: &route.workload,
+            service: Some(&route.service),
+        }
+    }
+
+    /// Identities the far end may present: the inner session's, else the
+    /// one hop's.
+    pub fn far_end_expected(&self) -> &'a [Identity] {
+        self.inner.unwrap_or(self.dial_expected)
+    }
+}
+
+/// Opens the tunnel's CONNECT stream on a pooled HBONE connection, and for
+/// two hops the session inside it, with the same certificate, whose
+/// CONNECT tells the far side the network it came from.
+pub(super) async fn open(
     proxy: &Proxy,
     source: Option<&Workload>,
     client: SocketAddr,
-    route: &HboneRoute,
+    tunnel: &Tunnel<'_>,
 ) -> Result<hbone::H2Stream, OutboundError> {
     let source = source.ok_or(OutboundError::UnknownSource)?;
     let certificate = certificate(proxy, source).await?;
-    let service = route.service.as_deref().map(|service| &*service.hostname);
+    let failed = |error| OutboundError::Tunnel(Arc::new(error));
+    // Built first: an empty list (a service without SANs) fails here, as
+    // nothing could prove who ends the inner session, and the gateway is
+    // not bothered with a tunnel that could not be used.
+    let inner_tls = tunnel
+        .inner
+        .map(|expected| ztunnel_certs::tls::client_config(&certificate, expected.to_vec()))
+        .transpose()
+        .map_err(|error| failed(HboneError::TlsConfig(error)))?;
+    let service = tunnel.service.map(|service| &*service.hostname);
     let headers = headers(source, client, service)?;
     let checkout = checkout(
         proxy,
         source,
         client,
         &certificate,
-        route.dial,
-        &route.expected,
+        tunnel.dial,
+        tunnel.dial_expected,
     )
     .await?;
-    let authority = Authority::Address(route.authority);
-    checkout
-        .send_connect(&authority, headers)
-        .await
-        .map_err(|error| OutboundError::Tunnel(Arc::new(error)))
-}
-
-/// Opens the double tunnel of `route`: a CONNECT stream to the network
-/// gateway on a pooled connection, and inside it a session of its own to
-/// the service, with the same certificate, whose CONNECT tells the far
-/// side the network it came from.
-pub(super) async fn double_tunnel(
-    proxy: &Proxy,
-    source: Option<&Workload>,
-    client: SocketAddr,
-    route: &DoubleHboneRoute,
-) -> Result<hbone::H2Stream, OutboundError> {
-    let source = source.ok_or(OutboundError::UnknownSource)?;
-    let certificate = certificate(proxy, source).await?;
-    let tunnel = |error| OutboundError::Tunnel(Arc::new(error));
-    // Built first: an empty list (a service without SANs) fails here, as
-    // nothing could prove who ends the inner session, and the gateway is
-    // not bothered with a tunnel that could not be used.
-    let inner_tls = ztunnel_certs::tls::client_config(&certificate, route.expected.clone())
-        .map_err(|error| tunnel(HboneError::TlsConfig(error)))?;
-    let headers = headers(source, client, Some(&route.service.hostname))?;
+    let Some(inner_tls) = inner_tls else {
+        return checkout
+            .send_connect(&tunnel.authority, headers)
+            .await
+            .map_err(failed);
+    };
     let mut inner_headers = headers.clone();
     let network =
         HeaderValue::from_str(&proxy.node.config.network).map_err(hbone::HeaderError::from)?;
     inner_headers.insert(X_FORWARDED_NETWORK, network);
-    let checkout = checkout(
-        proxy,
-        source,
-        client,
-        &certificate,
-        route.dial,
-        &route.gateway_expected,
-    )
-    .await?;
     let outer = checkout
-        .send_connect(&route.authority, headers)
+        .send_connect(&tunnel.authority, headers)
         .await
-        .map_err(tunnel)?;
+        .map_err(failed)?;
     let watch = proxy.revocation_watch(Reporter::Source, certificate.roots());
     let inner = hbone::connect_inner(
         outer,
         Arc::new(inner_tls),
         &proxy.node.h2,
-        &route.authority,
+        &tunnel.authority,
         inner_headers,
         watch,
     );
     tokio::time::timeout(CONNECT_TIMEOUT, inner)
         .await
         .unwrap_or_else(|_elapsed| Err(HboneError::Connect(io::ErrorKind::TimedOut.into())))
-        .map_err(tunnel)
+        .map_err(failed)
 }
 
 /// The source workload's certificate.

@@ -132,7 +132,7 @@ fn lines<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
         .collect()
 }
 
-async fn open(proxy: &Proxy, dst: &str) -> Option<(Report, Connected)> {
+async fn open(proxy: &Proxy, dst: &str) -> Option<(Report, Upstream)> {
     let opened = open_to(proxy, PEER.parse().unwrap(), dst.parse().unwrap());
     let opened = tokio::time::timeout(PATIENCE, opened).await.unwrap();
     opened.map(|(report, upstream, _shown)| (report, upstream))
@@ -148,7 +148,7 @@ async fn a_hostname_endpoint_is_dialled_where_its_name_resolves_and_each_lookup_
 
     for _ in 0..2 {
         let (report, upstream) = open(&proxy, APP_VIP).await.expect("connected");
-        let Either::Left(Either::Left(mut tcp)) = upstream else {
+        let Upstream::Tcp(mut tcp) = upstream else {
             panic!("plain TCP to a workload that takes no tunnel");
         };
         assert_eq!(tcp.peer_addr().unwrap(), echo_addr);

@@ -347,7 +347,8 @@ async fn connect(topology: &Topology, dst: &str) -> Result<hbone::H2Stream, Outb
     let Route::DoubleHbone(double) = routed else {
         panic!("{dst}: {routed:?}");
     };
-    let tunnel = double_tunnel(&topology.proxy, Some(&client), client_addr, &double);
+    let tunnel = Tunnel::double(&double, dst.parse().unwrap());
+    let tunnel = open(&topology.proxy, Some(&client), client_addr, &tunnel);
     tokio::time::timeout(PATIENCE, tunnel).await.unwrap()
 }
 
