@@ -3,7 +3,7 @@
 //! policies: the per-connection cost the inbound path pays in
 //! `inbound::decision::admit` once it has found the destination workload.
 //!
-//! Each iteration walks `rbac::applicable_policies` (the store's scope
+//! Each iteration walks `State::applicable_policies` (the store's scope
 //! indexes plus the workload's named policies) and runs `rbac::authorize`
 //! over what it yields, for three outcomes: allowed, denied by a DENY
 //! policy, and denied because no ALLOW policy matched; `allow_matching_only`
@@ -25,11 +25,12 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use ztunnel_certs::identity::Identity;
 use ztunnel_proto::istio::workload as proto;
+use ztunnel_proxy::cidr::Cidr;
 use ztunnel_proxy::rbac::{
     Action, Clause, Connection, Decision, DenyReason, Match, Policy, Rule, Scope, StringMatch,
-    Verdict, applicable_policies, authorize,
+    Verdict, authorize,
 };
-use ztunnel_proxy::state::{Cidr, DEFAULT_TRUST_DOMAIN, State, Workload};
+use ztunnel_proxy::state::{DEFAULT_TRUST_DOMAIN, State, Workload};
 
 /// Policies in the store: the scale of a large mesh, where a linear walk
 /// would be noticed per connection.
@@ -271,7 +272,7 @@ fn connection(workload: &Workload, peer: (&str, &str)) -> Connection {
 }
 
 fn decide(state: &State, workload: &Workload, connection: &Connection) -> Decision {
-    authorize(connection, applicable_policies(state, workload))
+    authorize(connection, state.applicable_policies(workload))
 }
 
 fn authz(c: &mut Criterion) {
@@ -279,7 +280,7 @@ fn authz(c: &mut Criterion) {
     state.replace_all([destination()], [], policies());
     assert_eq!(state.policies().count(), POLICIES);
     let workload = Arc::clone(state.workload(DESTINATION_UID).unwrap());
-    let evaluated = applicable_policies(&state, &workload).count();
+    let evaluated = state.applicable_policies(&workload).count();
     assert_eq!(
         evaluated,
         GLOBAL_POLICIES + NAMESPACE_POLICIES + SELECTED_POLICIES
@@ -312,7 +313,7 @@ fn authz(c: &mut Criterion) {
     }
     // The matching alone, over the policies collected once: the rest of
     // `allow` is the walk of the indexes.
-    let applicable: Vec<&Policy> = applicable_policies(&state, &workload).collect();
+    let applicable: Vec<&Policy> = state.applicable_policies(&workload).collect();
     group.bench_function("allow_matching_only", |b| {
         b.iter(|| authorize(black_box(&allowed), applicable.iter().copied()))
     });
