@@ -1,8 +1,9 @@
 //! How many worker threads the data-plane runtime gets, as istio/ztunnel
-//! derives it from the container's CPU limit and request (AMBIENT.md §8.2).
-//! Pure: the caller passes the raw settings and the machine's logical CPUs.
+//! derives it from the container's CPU limit and request (AMBIENT.md §8.2),
+//! and the flags that give them. Pure: the caller passes the flags as given
+//! and the machine's logical CPUs.
 
-use super::ValueError;
+use super::{ConfigError, ValueError};
 
 /// The fewest workers the default gives a proxy whose limit is not known.
 const DEFAULT_MIN_WORKERS: usize = 2;
@@ -11,31 +12,58 @@ const DEFAULT_MIN_WORKERS: usize = 2;
 /// proxy on a large node does not start a thread per core it may never get.
 const DEFAULT_CORE_SHARE_PERCENT: u64 = 25;
 
-/// The raw settings, as given.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct WorkerSettings<'a> {
-    /// `ZTUNNEL_WORKER_THREADS`: `N`, `0` (every core) or `N%` of the cores.
-    pub worker_threads: Option<&'a str>,
-    /// `ZTUNNEL_RESOURCE_CPU_LIMIT`: a Kubernetes quantity (`2`, `1.5`, `500m`).
-    pub resource_cpu_limit: Option<&'a str>,
-    /// `ZTUNNEL_RESOURCE_CPU_REQUEST`: a Kubernetes quantity.
-    pub resource_cpu_request: Option<&'a str>,
-    /// `ZTUNNEL_CPU_LIMIT`: whole cores (the node's when unlimited).
-    pub cpu_limit: Option<usize>,
+/// The raw settings, as given: the flags and variables, flattened into the
+/// command line.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub(super) struct WorkerArgs {
+    /// Data-plane worker threads: a count, `0` for one per core, or `N%` of
+    /// the cores [default: the resource CPU limit (raised to the request)
+    /// when set, else a quarter of the cores, at least the request and 2].
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
+    worker_threads: Option<String>,
+    /// The cores the proxy has, in whole cores, as Istio's ztunnel chart
+    /// sets it from the downward API (limits.cpu rounded up; the node's
+    /// cores when no limit is set) [default: the logical CPUs].
+    #[arg(long, env = "ZTUNNEL_CPU_LIMIT")]
+    cpu_limit: Option<usize>,
+    /// The container's CPU limit as a quantity (`2`, `1.5`, `500m`), which
+    /// Istio's chart sets only when a limit is set: the cores the proxy
+    /// has, and its default worker count.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_LIMIT")]
+    resource_cpu_limit: Option<String>,
+    /// The container's CPU request as a quantity: the default worker
+    /// count is never below it.
+    #[arg(long, env = "ZTUNNEL_RESOURCE_CPU_REQUEST")]
+    resource_cpu_request: Option<String>,
+}
+
+impl WorkerArgs {
+    /// The worker count; `logical_cpus` stands in when nothing says how
+    /// many cores the proxy has. `ZTUNNEL_CPU_LIMIT` may not be 0.
+    pub(super) fn parse(&self, logical_cpus: usize) -> Result<usize, ConfigError> {
+        if self.cpu_limit == Some(0) {
+            return Err(ConfigError::Value {
+                name: "ZTUNNEL_CPU_LIMIT",
+                source: ValueError::Zero,
+            });
+        }
+        worker_threads(self, logical_cpus)
+            .map_err(|(name, source)| ConfigError::Value { name, source })
+    }
 }
 
 /// Which setting a bad value came from, for the error.
-pub type Blame = (&'static str, ValueError);
+type Blame = (&'static str, ValueError);
 
 /// The worker count, at least 1; `logical_cpus` stands in when nothing
 /// says how many cores the proxy has.
-pub fn worker_threads(settings: WorkerSettings<'_>, logical_cpus: usize) -> Result<usize, Blame> {
-    let limit = quantity(settings.resource_cpu_limit)
+fn worker_threads(settings: &WorkerArgs, logical_cpus: usize) -> Result<usize, Blame> {
+    let limit = quantity(settings.resource_cpu_limit.as_deref())
         .map_err(|error| ("ZTUNNEL_RESOURCE_CPU_LIMIT", error))?;
-    let request = quantity(settings.resource_cpu_request)
+    let request = quantity(settings.resource_cpu_request.as_deref())
         .map_err(|error| ("ZTUNNEL_RESOURCE_CPU_REQUEST", error))?;
     let cores = limit.or(settings.cpu_limit).unwrap_or(logical_cpus);
-    let workers = match settings.worker_threads {
+    let workers = match settings.worker_threads.as_deref() {
         Some(text) => explicit(text, cores).map_err(|error| ("ZTUNNEL_WORKER_THREADS", error))?,
         None => match limit {
             Some(limit) => limit.max(request.unwrap_or(0)),
@@ -111,11 +139,12 @@ mod tests {
 
     #[test]
     fn workers_follow_istios_rules() {
-        let none = WorkerSettings::default();
-        let with = |worker_threads, limit, request, cpu_limit| WorkerSettings {
-            worker_threads,
-            resource_cpu_limit: limit,
-            resource_cpu_request: request,
+        let none = WorkerArgs::default;
+        let text = |value: Option<&str>| value.map(str::to_owned);
+        let with = |worker_threads, limit, request, cpu_limit| WorkerArgs {
+            worker_threads: text(worker_threads),
+            resource_cpu_limit: text(limit),
+            resource_cpu_request: text(request),
             cpu_limit,
         };
         // (settings, logical cpus, workers): AMBIENT.md §8.2's examples first.
@@ -133,8 +162,8 @@ mod tests {
             (with(None, Some("4"), Some("8"), None), 64, 8),
             (with(Some("0"), None, None, Some(6)), 64, 6),
             // No limit at all: a quarter of the logical cores, at least 2.
-            (none, 64, 16),
-            (none, 4, 2),
+            (none(), 64, 16),
+            (none(), 4, 2),
             // The request raises the default; the resource limit wins over
             // ZTUNNEL_CPU_LIMIT as the core count.
             (with(None, None, Some("6"), None), 8, 6),
@@ -142,7 +171,7 @@ mod tests {
         ];
         for (settings, logical_cpus, expected) in table {
             assert_eq!(
-                worker_threads(settings, logical_cpus),
+                worker_threads(&settings, logical_cpus),
                 Ok(expected),
                 "{settings:?} on {logical_cpus} cpus"
             );
@@ -162,17 +191,17 @@ mod tests {
             (None, Some("NaN"), "ZTUNNEL_RESOURCE_CPU_LIMIT"),
         ];
         for (worker_threads, limit, setting) in table {
-            let settings = WorkerSettings {
-                worker_threads,
-                resource_cpu_limit: limit,
-                ..WorkerSettings::default()
+            let settings = WorkerArgs {
+                worker_threads: worker_threads.map(str::to_owned),
+                resource_cpu_limit: limit.map(str::to_owned),
+                ..WorkerArgs::default()
             };
-            let blamed = worker_threads_blame(settings);
+            let blamed = worker_threads_blame(&settings);
             assert_eq!(blamed, Some(setting), "{settings:?}");
         }
     }
 
-    fn worker_threads_blame(settings: WorkerSettings<'_>) -> Option<&'static str> {
+    fn worker_threads_blame(settings: &WorkerArgs) -> Option<&'static str> {
         worker_threads(settings, 4)
             .err()
             .map(|(setting, _)| setting)

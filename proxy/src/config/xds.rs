@@ -1,9 +1,13 @@
-//! The xDS client's settings (WIRE.md §7), parsed from the environment
+//! Where the proxy's configuration comes from: the local file
+//! (`LOCAL_XDS_PATH`, whose format is `local.rs`'s) or the xDS client, and
+//! the xDS client's settings (WIRE.md §7), parsed from the environment
 //! once: the server address and its roots, the token source, extra headers,
 //! and the node id and metadata the client announces itself with.
 //!
 //! Prefixed variables (`XDS_HEADER_*`, `ISTIO_META_*`, `ISTIO_METAJSON_*`)
-//! come from the environment the caller hands in; clap reads the rest.
+//! come from the environment the caller hands in; clap reads the rest. The
+//! token (`AUTH_TOKEN`) and node name (`NODE_NAME`) are the CA's and the
+//! mesh's flags, handed in too.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -78,69 +82,95 @@ pub struct NodeSettings {
     pub invalid_metadata: Vec<(String, String)>,
 }
 
-/// The raw xDS-related values clap parsed.
-pub(super) struct XdsArgs<'a> {
-    pub address: Option<&'a str>,
-    pub local_file: bool,
-    pub root_ca: &'a str,
-    pub alt_hostname: Option<&'a str>,
-    pub auth_token: Option<&'a str>,
-    pub instance_ip: Option<&'a str>,
-    pub pod_name: Option<&'a str>,
-    pub pod_namespace: Option<&'a str>,
-    pub node_name: Option<&'a str>,
+/// The flags and variables, flattened into the command line.
+#[derive(Debug, clap::Args)]
+pub(super) struct XdsArgs {
+    /// Local workloads/services/policies file (YAML), reloaded on change.
+    #[arg(long, env = "LOCAL_XDS_PATH")]
+    pub(super) local_xds_path: Option<PathBuf>,
+    /// xDS server address; empty means no xDS [default: https://istiod.istio-system.svc:15012, or none with LOCAL_XDS_PATH].
+    #[arg(long, env = "XDS_ADDRESS")]
+    xds_address: Option<String>,
+    /// Roots of the xDS server: a PEM file, inline PEM, or SYSTEM.
+    #[arg(
+        long,
+        env = "XDS_ROOT_CA",
+        default_value = DEFAULT_ROOT_CA
+    )]
+    xds_root_ca: String,
+    /// A second name the xDS server's certificate may carry.
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    alt_xds_hostname: Option<String>,
+    /// This pod's IP, in the xDS node id [default: 1.1.1.1].
+    #[arg(long, env = "INSTANCE_IP")]
+    instance_ip: Option<String>,
+    /// This pod's name, in the xDS node id.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    /// This pod's namespace, in the xDS node id.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pod_namespace: Option<String>,
 }
 
-/// The xDS settings, or `None` when xDS is off: `XDS_ADDRESS` empty, or
-/// unset while `LOCAL_XDS_PATH` supplies the configuration. Both set is an
-/// error: a file reload replaces everything xDS delivered.
-pub(super) fn parse(
-    args: &XdsArgs<'_>,
-    env: &[(String, String)],
-) -> Result<Option<XdsSettings>, ConfigError> {
-    let address = match (args.address, args.local_file) {
-        (Some(""), _) | (None, true) => return Ok(None),
-        (Some(_), true) => return Err(ConfigError::Conflict("LOCAL_XDS_PATH", "XDS_ADDRESS")),
-        (Some(address), false) => address,
-        (None, false) => DEFAULT_XDS_ADDRESS,
-    };
-    let address = address
-        .parse()
-        .map_err(|source| ConfigError::ControlPlane {
-            name: "XDS_ADDRESS",
-            source,
-        })?;
-    let headers = ExtraHeaders::parse(prefixed(env, XDS_HEADER_PREFIX), XDS_HEADER_PREFIX)
-        .map_err(|source| ConfigError::ControlPlane {
-            name: "XDS_HEADER_*",
-            source,
-        })?;
-    let instance_ip = match args.instance_ip.filter(|ip| !ip.is_empty()) {
-        None => DEFAULT_INSTANCE_IP,
-        Some(text) => text.parse().map_err(|_| ConfigError::Value {
-            name: "INSTANCE_IP",
-            source: super::ValueError::Address(text.to_owned()),
-        })?,
-    };
-    let (metadata, invalid_metadata) = metadata(env);
-    Ok(Some(XdsSettings {
-        address,
-        root: root_source(args.root_ca),
-        alt_hostname: args
-            .alt_hostname
-            .filter(|name| !name.is_empty())
-            .map(str::to_owned),
-        token: token_source(args.auth_token),
-        headers,
-        node: NodeSettings {
-            instance_ip,
-            pod_name: args.pod_name.unwrap_or_default().to_owned(),
-            pod_namespace: args.pod_namespace.unwrap_or_default().to_owned(),
-            node_name: args.node_name.unwrap_or_default().to_owned(),
-            metadata,
-            invalid_metadata,
-        },
-    }))
+impl XdsArgs {
+    /// The xDS settings, or `None` when xDS is off: `XDS_ADDRESS` empty, or
+    /// unset while `LOCAL_XDS_PATH` supplies the configuration. Both set is
+    /// an error: a file reload replaces everything xDS delivered.
+    /// `auth_token` and `node_name` are `AUTH_TOKEN` and `NODE_NAME` as
+    /// given.
+    pub(super) fn parse(
+        &self,
+        auth_token: Option<&str>,
+        node_name: Option<&str>,
+        env: &[(String, String)],
+    ) -> Result<Option<XdsSettings>, ConfigError> {
+        let address = match (self.xds_address.as_deref(), self.local_xds_path.is_some()) {
+            (Some(""), _) | (None, true) => return Ok(None),
+            (Some(_), true) => {
+                return Err(ConfigError::Conflict("LOCAL_XDS_PATH", "XDS_ADDRESS"));
+            }
+            (Some(address), false) => address,
+            (None, false) => DEFAULT_XDS_ADDRESS,
+        };
+        let address = address
+            .parse()
+            .map_err(|source| ConfigError::ControlPlane {
+                name: "XDS_ADDRESS",
+                source,
+            })?;
+        let headers = ExtraHeaders::parse(prefixed(env, XDS_HEADER_PREFIX), XDS_HEADER_PREFIX)
+            .map_err(|source| ConfigError::ControlPlane {
+                name: "XDS_HEADER_*",
+                source,
+            })?;
+        let instance_ip = match self.instance_ip.as_deref().filter(|ip| !ip.is_empty()) {
+            None => DEFAULT_INSTANCE_IP,
+            Some(text) => text.parse().map_err(|_| ConfigError::Value {
+                name: "INSTANCE_IP",
+                source: super::ValueError::Address(text.to_owned()),
+            })?,
+        };
+        let (metadata, invalid_metadata) = metadata(env);
+        Ok(Some(XdsSettings {
+            address,
+            root: root_source(&self.xds_root_ca),
+            alt_hostname: self
+                .alt_xds_hostname
+                .as_deref()
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned),
+            token: token_source(auth_token),
+            headers,
+            node: NodeSettings {
+                instance_ip,
+                pod_name: self.pod_name.as_deref().unwrap_or_default().to_owned(),
+                pod_namespace: self.pod_namespace.as_deref().unwrap_or_default().to_owned(),
+                node_name: node_name.unwrap_or_default().to_owned(),
+                metadata,
+                invalid_metadata,
+            },
+        }))
+    }
 }
 
 /// `XDS_ROOT_CA`: a file when one exists at that path, `SYSTEM` for the OS
@@ -210,18 +240,21 @@ mod tests {
 
     use super::*;
 
-    fn args(address: Option<&str>, local_file: bool) -> XdsArgs<'_> {
+    fn args(address: Option<&str>, local_file: bool) -> XdsArgs {
         XdsArgs {
-            address,
-            local_file,
-            root_ca: DEFAULT_ROOT_CA,
-            alt_hostname: None,
-            auth_token: None,
+            local_xds_path: local_file.then(|| PathBuf::from("local.yaml")),
+            xds_address: address.map(str::to_owned),
+            xds_root_ca: DEFAULT_ROOT_CA.to_owned(),
+            alt_xds_hostname: None,
             instance_ip: None,
             pod_name: None,
             pod_namespace: None,
-            node_name: None,
         }
+    }
+
+    /// Without a token or a node name.
+    fn parse(args: &XdsArgs, env: &[(String, String)]) -> Result<Option<XdsSettings>, ConfigError> {
+        args.parse(None, None, env)
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -253,7 +286,7 @@ mod tests {
         assert_eq!(settings.node.instance_ip.to_string(), "1.1.1.1");
         assert_eq!(settings.node.pod_name, "");
         let mut bad_ip = args(None, false);
-        bad_ip.instance_ip = Some("10.0.0");
+        bad_ip.instance_ip = Some("10.0.0".to_owned());
         let error = parse(&bad_ip, &[]).unwrap_err();
         assert!(error.to_string().starts_with("INSTANCE_IP"), "{error}");
     }
