@@ -39,6 +39,7 @@ pub mod readiness;
 pub mod report;
 pub mod resolve;
 pub mod revocation;
+pub mod serve;
 pub mod socket;
 pub mod splice;
 pub mod state;

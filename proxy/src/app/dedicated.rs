@@ -12,8 +12,7 @@ use crate::config::WorkloadInfo;
 use crate::context::Proxy;
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::{self, hbone, plaintext};
-use crate::outbound;
+use crate::serve;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
 
@@ -58,22 +57,12 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
     let addrs = config.listeners;
     let data = node.data.handle();
     let _guard = data.enter();
-    let outbound_listener = app::bind(&sockets, addrs.outbound, "outbound")?;
-    let inbound_listener = app::bind(&sockets, addrs.inbound, "inbound HBONE")?;
-    let plaintext_listener = app::bind(&sockets, addrs.inbound_plaintext, "inbound plaintext")?;
-    data.spawn(outbound::serve(Arc::clone(&proxy), outbound_listener));
-    data.spawn(hbone::serve_hbone(Arc::clone(&proxy), inbound_listener));
-    data.spawn(plaintext::serve_plaintext(
-        Arc::clone(&proxy),
-        plaintext_listener,
-    ));
-    data.spawn(inbound::recheck_policies(Arc::clone(&proxy)));
-    data.spawn(
-        proxy
-            .pool
-            .clone()
-            .release_idle_until_drained(node.drain.clone()),
-    );
+    let listeners = serve::Listeners {
+        outbound: app::bind(&sockets, addrs.outbound, "outbound")?,
+        inbound: app::bind(&sockets, addrs.inbound, "inbound HBONE")?,
+        inbound_plaintext: app::bind(&sockets, addrs.inbound_plaintext, "inbound plaintext")?,
+    };
+    serve::spawn(&proxy, listeners);
     if let Some(dns) = &node.runtime.dns {
         serve_dns(&proxy, dns);
     }

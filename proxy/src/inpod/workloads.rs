@@ -20,13 +20,12 @@ use crate::context::{ConnectionsShown, NodeRuntime, Proxy};
 use crate::dns;
 use crate::drain::{DrainTrigger, DrainWatcher};
 use crate::identity::manager::IdentityManager;
-use crate::inbound::{self, hbone, plaintext};
 use crate::inpod::netns::{
     HostNetns, ListenerOptions, NetnsId, NetnsSockets, PodNetns, bind_pod_listeners,
 };
 use crate::inpod::{PodInfo, PodProxies, StartError};
 use crate::metrics::WorkloadManagerMetrics;
-use crate::outbound;
+use crate::serve;
 use crate::state::SharedState;
 use crate::state::{InboundProtocol, State, Workload};
 
@@ -156,20 +155,18 @@ impl Workloads {
             Arc::clone(&self.node),
             pod.workload.clone(),
             Arc::new(sockets),
-            watcher.clone(),
+            watcher,
         ));
         let runtime = self.pod_runtime.data.enter();
         let register = |listener, what| {
             TcpListener::from_std(listener).map_err(|source| StartError::Bind { what, source })
         };
-        let outbound = register(bound.outbound, "outbound")?;
-        let plaintext = register(bound.inbound_plaintext, "inbound plaintext")?;
-        let inbound = register(bound.inbound, "inbound HBONE")?;
-        tokio::spawn(outbound::serve(Arc::clone(&proxy), outbound));
-        tokio::spawn(plaintext::serve_plaintext(Arc::clone(&proxy), plaintext));
-        tokio::spawn(hbone::serve_hbone(Arc::clone(&proxy), inbound));
-        tokio::spawn(inbound::recheck_policies(Arc::clone(&proxy)));
-        tokio::spawn(proxy.pool.clone().release_idle_until_drained(watcher));
+        let listeners = serve::Listeners {
+            outbound: register(bound.outbound, "outbound")?,
+            inbound_plaintext: register(bound.inbound_plaintext, "inbound plaintext")?,
+            inbound: register(bound.inbound, "inbound HBONE")?,
+        };
+        serve::spawn(&proxy, listeners);
         if let (Some(dns), Some(listeners)) = (&self.node.dns, dns_listeners) {
             dns::server::serve(&proxy.dns_side(dns), listeners).map_err(|source| {
                 StartError::Bind {

@@ -1,0 +1,38 @@
+//! The tasks of one proxy, started alike in both modes: its three capture
+//! listeners (outbound 15001, inbound plaintext 15006, inbound HBONE 15008),
+//! the policy re-check of its open connections, and its pool's release of
+//! idle connections. Where the listeners are bound (this namespace, or a
+//! pod's) is the mode's business (`app/dedicated.rs`, `inpod/workloads.rs`);
+//! the DNS listeners are `dns/server.rs`'s.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::context::Proxy;
+use crate::inbound::{self, hbone, plaintext};
+use crate::outbound;
+
+/// One proxy's capture listeners, bound and registered with the runtime.
+pub struct Listeners {
+    /// Outbound capture.
+    pub outbound: TcpListener,
+    /// Inbound plaintext capture.
+    pub inbound_plaintext: TcpListener,
+    /// Inbound HBONE.
+    pub inbound: TcpListener,
+}
+
+/// Spawns `proxy`'s tasks on the current runtime; each ends with the
+/// proxy's drain.
+pub fn spawn(proxy: &Arc<Proxy>, listeners: Listeners) {
+    tokio::spawn(outbound::serve(Arc::clone(proxy), listeners.outbound));
+    tokio::spawn(plaintext::serve_plaintext(
+        Arc::clone(proxy),
+        listeners.inbound_plaintext,
+    ));
+    tokio::spawn(hbone::serve_hbone(Arc::clone(proxy), listeners.inbound));
+    tokio::spawn(inbound::recheck_policies(Arc::clone(proxy)));
+    let drain = proxy.drain.clone();
+    tokio::spawn(proxy.pool.clone().release_idle_until_drained(drain));
+}
