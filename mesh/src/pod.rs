@@ -117,7 +117,9 @@ impl Pod {
             .all(|(key, value)| self.labels.get(key) == Some(value))
     }
 
-    /// Whether the pod runs or is about to: the phases that make a workload.
+    /// Whether the pod runs or is about to: the phases that make a workload
+    /// and that the CA issues identities for. A finished pod (`Succeeded`,
+    /// `Failed`) or one whose node stopped reporting (`Unknown`) is not.
     pub fn is_live(&self) -> bool {
         matches!(self.phase, PodPhase::Running | PodPhase::Pending)
     }
@@ -141,7 +143,7 @@ impl Pod {
     }
 }
 
-/// `status.phase`. Failed pods do not count as running an identity on a node.
+/// `status.phase`; which phases are live is [`Pod::is_live`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub enum PodPhase {
     /// Accepted, not all containers started.

@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
-use super::pod::{Pod, PodPhase};
+use super::pod::Pod;
 use super::policy::{Policy, PolicyScope};
 use super::service::{Service, TargetPort};
 use super::waypoint::{GatewayAddress, GatewayDestination, NetworkGateway};
@@ -101,8 +101,8 @@ pub struct MeshSnapshot {
     by_name: HashMap<(String, String), usize>,
     /// Index into `pods` by uid.
     by_uid: HashMap<String, usize>,
-    /// (node, namespace, service account) of every pod not in phase Failed:
-    /// the identities each node may be issued.
+    /// (node, namespace, service account) of every live pod
+    /// ([`Pod::is_live`]): the identities each node may be issued.
     live_on_node: HashMap<(String, String, String), usize>,
     /// Services, in file order.
     services: Vec<Service>,
@@ -173,8 +173,8 @@ impl MeshSnapshot {
             .find(|gateway| gateway.network == network && gateway.hbone_mtls_port != 0)
     }
 
-    /// Whether some pod with this namespace and service account, not in
-    /// phase Failed, is on `node`.
+    /// Whether some live pod ([`Pod::is_live`]: pending or running) with
+    /// this namespace and service account is on `node`.
     pub fn has_live_pod(&self, node: &str, namespace: &str, service_account: &str) -> bool {
         let key = (
             node.to_owned(),
@@ -257,7 +257,7 @@ impl MeshSnapshot {
                     }
                 }
             }
-            if pod.phase != PodPhase::Failed
+            if pod.is_live()
                 && let Some(node) = &pod.node_name
             {
                 let key = (

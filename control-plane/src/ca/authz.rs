@@ -2,7 +2,11 @@
 //! carries. A pure function over the caller, the request, and a registry
 //! snapshot, evaluated on every request (WIRE.md §3 "Impersonation").
 //!
-//! Without impersonation the answer is the caller's own identity. With it, a
+//! Either way the caller's own pod must be in the registry, with the
+//! token's uid and service account, and live (pending or running,
+//! [`Pod::is_live`]): a token outlives its pod's end by up to the review
+//! cache's seconds, and a finished pod needs no certificate. Without
+//! impersonation the answer is then the caller's own identity. With it, a
 //! trusted node agent gets another identity only if a live pod with that
 //! identity runs on the node the registry puts the agent's own pod on.
 
@@ -12,7 +16,7 @@ use std::str::FromStr;
 use ztunnel_certs::identity::{Identity, IdentityError};
 
 use super::authn::{AuthnError, Caller};
-use ztunnel_mesh::MeshSnapshot;
+use ztunnel_mesh::{MeshSnapshot, Pod};
 
 /// The default trusted node agent: ztunnel in `istio-system`.
 pub const DEFAULT_TRUSTED_NODE_ACCOUNT: &str = "istio-system/ztunnel";
@@ -82,6 +86,9 @@ pub enum Denial {
     /// The registry's pod runs as another service account than the token's.
     #[error("caller pod service account does not match the registry")]
     CallerPodServiceAccountMismatch,
+    /// The caller's pod has finished, or its node stopped reporting.
+    #[error("caller pod is not live")]
+    CallerPodNotLive,
     /// The registry has no node for the caller's pod.
     #[error("caller pod is not scheduled on a node")]
     CallerPodNotScheduled,
@@ -105,6 +112,7 @@ impl Denial {
             Denial::CallerPodNotFound => "caller_pod_not_found",
             Denial::CallerPodUidMismatch => "caller_pod_uid_mismatch",
             Denial::CallerPodServiceAccountMismatch => "caller_pod_service_account_mismatch",
+            Denial::CallerPodNotLive => "caller_pod_not_live",
             Denial::CallerPodNotScheduled => "caller_pod_not_scheduled",
             Denial::NodeClaimMismatch => "node_claim_mismatch",
             Denial::NoPodOnNode => "no_pod_on_node",
@@ -136,6 +144,7 @@ pub fn authorize(
     let own = Identity::new(trust_domain, &caller.namespace, &caller.service_account)
         .map_err(Denial::InvalidCallerIdentity)?;
     let Some(requested) = impersonate else {
+        caller_pod(caller, registry)?;
         return Ok(own);
     };
 
@@ -172,10 +181,9 @@ pub fn trusted_node_agent(
     }
 }
 
-/// The node the caller's pod runs on, from the registry: the pod must exist
-/// with the token's UID and service account, and be scheduled on the node
-/// the token claims (if it claims one).
-pub fn caller_node<'a>(caller: &Caller, registry: &'a MeshSnapshot) -> Result<&'a str, Denial> {
+/// The caller's pod in the registry: it must exist with the token's UID
+/// and service account, and be live.
+pub fn caller_pod<'a>(caller: &Caller, registry: &'a MeshSnapshot) -> Result<&'a Pod, Denial> {
     let pod = registry
         .pod(&caller.namespace, &caller.pod_name)
         .ok_or(Denial::CallerPodNotFound)?;
@@ -185,6 +193,16 @@ pub fn caller_node<'a>(caller: &Caller, registry: &'a MeshSnapshot) -> Result<&'
     if pod.service_account != caller.service_account {
         return Err(Denial::CallerPodServiceAccountMismatch);
     }
+    if !pod.is_live() {
+        return Err(Denial::CallerPodNotLive);
+    }
+    Ok(pod)
+}
+
+/// The node the caller's pod ([`caller_pod`]) runs on, from the registry:
+/// it must be scheduled on the node the token claims (if it claims one).
+pub fn caller_node<'a>(caller: &Caller, registry: &'a MeshSnapshot) -> Result<&'a str, Denial> {
+    let pod = caller_pod(caller, registry)?;
     // The node comes from the registry, never from the caller.
     let node = pod
         .node_name

@@ -14,7 +14,8 @@ use crate::metrics::ResponseFlags;
 use crate::ports::PROXY_PORTS;
 use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, authorize};
 use crate::state::{
-    ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload, find_gateway,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload,
+    find_gateway,
 };
 
 /// What arrived, in plain data.
@@ -111,6 +112,10 @@ pub enum Refusal {
     /// The target port is one of ztunnel's own.
     #[error("attempted recursive call to ourselves")]
     SelfCall,
+    /// The workload's application tunnel speaks PROXY but names no port: the
+    /// header would go to whichever port the client asked for.
+    #[error("the destination's PROXY application tunnel names no port")]
+    ProxyTunnelWithoutPort,
     /// Authorization policy refused it.
     #[error("{0}")]
     Denied(DenyReason),
@@ -164,6 +169,10 @@ impl Refusal {
                 InboundRefusal::Unavailable("recursive call to ztunnel"),
                 ResponseFlags::Connect,
             ),
+            Refusal::ProxyTunnelWithoutPort => (
+                InboundRefusal::Unavailable("application tunnel without a port"),
+                ResponseFlags::Connect,
+            ),
             Refusal::Denied(_) => (InboundRefusal::Denied, ResponseFlags::Deny),
         };
         RefusalAnswer { refusal, flags }
@@ -186,9 +195,18 @@ pub fn admit(
         .filter(|workload| local(workload))
         .cloned()
         .ok_or(Refusal::UnknownWorkload(arrival.local_ip))?;
+    // An application tunnel carries only connections whose peer was
+    // verified (HBONE): it is where the application (a waypoint) reads who
+    // connected. A plaintext connection goes to its original destination
+    // with no header, as istio/ztunnel's passthrough sends it, so that a
+    // client outside the mesh never reaches the tunnel's listener.
+    let tunnel = workload
+        .application_tunnel
+        .filter(|_| arrival.peer_identity.is_some());
     let (port, service) = match authority {
         Authority::Address(address) => {
-            check_destination(state, network, &workload, arrival.local_ip, address.ip())?;
+            let tunnelled = tunnel.is_some();
+            check_destination(state, network, &workload, tunnelled, arrival.local_ip, address.ip())?;
             (address.port(), None)
         }
         Authority::Hostname { host, port } => {
@@ -199,7 +217,15 @@ pub fn admit(
     if PROXY_PORTS.contains(&port) {
         return Err(Refusal::SelfCall);
     }
-    let tunnel = workload.application_tunnel;
+    if let Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::Proxy,
+        port: None,
+    }) = tunnel
+    {
+        // Without a port of its own, the header would go to whatever port
+        // the client named: any loopback listener of the pod.
+        return Err(Refusal::ProxyTunnelWithoutPort);
+    }
     let port = tunnel.and_then(|tunnel| tunnel.port).unwrap_or(port);
     let upstream = SocketAddr::new(arrival.local_ip, port);
     let proxy_destination = match tunnel.map(|tunnel| tunnel.protocol) {
@@ -230,19 +256,21 @@ pub fn admit(
 }
 
 /// An `ip:port` authority other than the address the connection arrived
-/// on is allowed in a waypoint sandwich only: the local workload has an
-/// application tunnel (it reads the authority from the PROXY header and
-/// decides), or it stands behind the waypoint of what the authority names.
+/// on is allowed in a waypoint sandwich only: the connection goes into the
+/// local workload's application tunnel (`tunnelled`: the application reads
+/// the authority from the PROXY header and decides), or the workload
+/// stands behind the waypoint of what the authority names.
 fn check_destination(
     state: &State,
     network: &str,
     workload: &Workload,
+    tunnelled: bool,
     local_ip: IpAddr,
     authority: IpAddr,
 ) -> Result<(), Refusal> {
     let authority = authority.to_canonical();
     let allowed = authority == local_ip
-        || workload.application_tunnel.is_some()
+        || tunnelled
         || is_waypoint_of(state, network, workload, local_ip, authority);
     match allowed {
         true => Ok(()),

@@ -118,6 +118,16 @@ fn app() -> Caller {
     }
 }
 
+/// The token of a pod that has run to completion.
+fn finished() -> Caller {
+    Caller {
+        service_account: "done".into(),
+        pod_name: "done-a".into(),
+        pod_uid: "uid-d".into(),
+        ..app()
+    }
+}
+
 fn trusted() -> Vec<NodeAgentAccount> {
     vec![DEFAULT_TRUSTED_NODE_ACCOUNT.parse().unwrap()]
 }
@@ -143,10 +153,33 @@ fn authorization_table() {
             Ok(id("spiffe://cluster.local/ns/istio-system/sa/ztunnel")),
         ),
         (
-            "own identity needs no registry entry",
+            "own identity of a pod the registry does not have",
             with(|c| c.pod_name = "gone".into()),
             None,
-            Ok(id("spiffe://cluster.local/ns/istio-system/sa/ztunnel")),
+            Err("caller_pod_not_found"),
+        ),
+        (
+            "own identity of a pod replaced under its name",
+            with(|c| c.pod_uid = "uid-old".into()),
+            None,
+            Err("caller_pod_uid_mismatch"),
+        ),
+        (
+            "own identity of a finished pod",
+            finished(),
+            None,
+            Err("caller_pod_not_live"),
+        ),
+        (
+            "own identity of a pending pod",
+            Caller {
+                service_account: "pending".into(),
+                pod_name: "pending-a".into(),
+                pod_uid: "uid-p".into(),
+                ..app()
+            },
+            None,
+            Ok(id("spiffe://cluster.local/ns/default/sa/pending")),
         ),
         (
             "impersonate pod on node",
@@ -161,10 +194,10 @@ fn authorization_table() {
             Ok(id("spiffe://cluster.local/ns/default/sa/pending")),
         ),
         (
-            "succeeded pod counts",
+            "a finished (succeeded) pod does not count",
             ztunnel(),
             Some("spiffe://cluster.local/ns/default/sa/done"),
-            Ok(id("spiffe://cluster.local/ns/default/sa/done")),
+            Err("no_pod_on_node"),
         ),
         (
             "no node claim is fine",

@@ -124,6 +124,7 @@ fn every_refusal_has_one_status_and_one_flag() {
             ResponseFlags::Connect,
         ),
         (Refusal::SelfCall, 503, ResponseFlags::Connect),
+        (Refusal::ProxyTunnelWithoutPort, 503, ResponseFlags::Connect),
         (Refusal::Denied(denied), 401, ResponseFlags::Deny),
     ];
     for (refusal, status, flags) in cases {
@@ -354,6 +355,64 @@ fn a_proxy_tunnel_is_dialled_on_loopback_unless_told_otherwise() {
     let mut v6 = admitted(proxy);
     v6.upstream = "[fd00::3]:15088".parse().unwrap();
     assert_eq!(v6.loopback_dial(true), Some("[::1]:15088".parse().unwrap()));
+}
+
+/// A plaintext connection (15006, no verified peer) to a workload with an
+/// application tunnel goes to the port it was sent to, with no header, as
+/// istio/ztunnel's passthrough sends it: a client outside the mesh never
+/// reaches the tunnel's listener, which only ztunnel may dial.
+#[test]
+fn plaintext_never_enters_an_application_tunnel() {
+    let proxy = Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::Proxy,
+        port: Some(TUNNEL_PORT),
+    });
+    let plain = proxy.map(|tunnel| ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::None,
+        ..tunnel
+    });
+    let original = SocketAddr::new(ip(WAYPOINT), 8080);
+    let authority = Authority::Address(original);
+    let mut arrival = tunnel_arrival(WAYPOINT, &authority);
+    arrival.peer_identity = None;
+    for tunnel in [proxy, plain] {
+        let state = sandwich(Binding::None, tunnel);
+        let admitted = admit(&state, "", |_| true, &arrival, &authority).unwrap();
+        assert_eq!(admitted.upstream, original, "{tunnel:?}");
+        assert_eq!(admitted.proxy_destination, None, "{tunnel:?}");
+        assert_eq!(admitted.loopback_dial(true), None, "{tunnel:?}");
+    }
+    // The same connection over HBONE, with its peer verified, is tunnelled.
+    let state = sandwich(Binding::None, proxy);
+    let arrival = tunnel_arrival(WAYPOINT, &authority);
+    let admitted = admit(&state, "", |_| true, &arrival, &authority).unwrap();
+    assert_eq!(admitted.upstream, SocketAddr::new(ip(WAYPOINT), TUNNEL_PORT));
+    assert_eq!(admitted.proxy_destination, Some(original));
+}
+
+/// A PROXY tunnel that names no port would send its header to whatever
+/// port the client asked for, any loopback listener of the pod: refused.
+#[test]
+fn a_proxy_tunnel_without_a_port_is_refused() {
+    let portless = Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::Proxy,
+        port: None,
+    });
+    let state = sandwich(Binding::None, portless);
+    let authority = Authority::Address(SocketAddr::new(ip(WAYPOINT), 8080));
+    let arrival = tunnel_arrival(WAYPOINT, &authority);
+    let refusal = admit(&state, "", |_| true, &arrival, &authority).unwrap_err();
+    assert_eq!(refusal, Refusal::ProxyTunnelWithoutPort);
+    assert_eq!(refusal.answer().refusal.status().as_u16(), 503);
+
+    // A plain tunnel without a port only keeps the client's port.
+    let plain = Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::None,
+        port: None,
+    });
+    let state = sandwich(Binding::None, plain);
+    let admitted = admit(&state, "", |_| true, &arrival, &authority).unwrap();
+    assert_eq!(admitted.upstream, SocketAddr::new(ip(WAYPOINT), 8080));
 }
 
 #[test]
