@@ -4,6 +4,19 @@ use super::*;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a test waits for what must happen: a drain that never ends
+/// fails the test with what it waited for, rather than hanging it. Twice
+/// the deadline, so that a test on paused time waits out a forced drain.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `future`'s output, or a failure naming `what` after [`PATIENCE`].
+async fn within<F: Future>(what: &str, future: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(output) => output,
+        Err(_) => panic!("{what}: still waiting after {PATIENCE:?}"),
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn graceful_when_every_watcher_is_released_before_the_deadline() {
     let (trigger, watcher) = channel();
@@ -59,21 +72,22 @@ async fn signaled_resolves_for_watchers_cloned_after_the_drain_started() {
         let trigger = trigger.clone();
         async move { trigger.drain(DEADLINE).await }
     });
-    holder.signaled().await;
+    within("the drain signal", holder.signaled()).await;
     let late = holder.clone();
-    late.signaled().await;
+    within("the signal of a watcher cloned after it", late.signaled()).await;
     assert!(trigger.is_draining());
     assert_eq!(trigger.watchers(), 2);
     drop((holder, late));
-    assert_eq!(drain.await.unwrap(), DrainOutcome::Graceful);
+    let outcome = within("the drain's end", drain).await.unwrap();
+    assert_eq!(outcome, DrainOutcome::Graceful);
 }
 
 #[tokio::test]
 async fn dropping_every_trigger_forces_the_watchers() {
     let (trigger, watcher) = channel();
     drop(trigger);
-    watcher.signaled().await;
-    watcher.forced().await;
+    within("the signal", watcher.signaled()).await;
+    within("the forced end", watcher.forced()).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -235,7 +235,11 @@ async fn a_connection_waiting_on_its_revocation_wakes_when_it_is_revoked() {
     let waiting = tokio::spawn(async move { revocation.revoked().await });
     tokio::task::yield_now().await;
     registry.install(lists(&ca, 6));
-    waiting.await.unwrap();
+    // Bounded: a wake-up that never comes fails here instead of hanging.
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting connection was not woken by its revocation")
+        .unwrap();
 }
 
 #[test]
