@@ -294,3 +294,6 @@ impl SocketFactory for NetnsSockets {
         socket::udp_dial_socket(socket, destination, self.mark)
     }
 }
+
+#[cfg(test)]
+mod tests;
