@@ -276,6 +276,12 @@ impl WorkloadCertificate {
         &self.intermediates
     }
 
+    /// The chain the workload presents in a handshake: the leaf, then the
+    /// intermediates.
+    pub fn presented(&self) -> &[CertificateDer<'static>] {
+        &self.certified_key.cert
+    }
+
     /// The roots peers are verified against.
     pub fn roots(&self) -> &TrustRoots {
         &self.roots

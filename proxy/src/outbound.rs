@@ -81,6 +81,11 @@ pub enum OutboundError {
     /// the same-node path, as its HBONE server would have answered.
     #[error("refused by the destination on the same node")]
     SameNode(#[source] InboundRefusal),
+    /// On the same-node path, a revocation list revokes an end's
+    /// certificate: refused where that end's handshake would have been,
+    /// by the side that would have refused it.
+    #[error("an end's certificate is revoked (refused on the {} side)", .0.as_str())]
+    Revoked(Reporter),
 }
 
 impl From<PoolError> for OutboundError {
@@ -105,6 +110,7 @@ fn flags(error: &OutboundError) -> ResponseFlags {
             HboneError::Status(status) if status.as_u16() == 401 => ResponseFlags::Deny,
             _ => ResponseFlags::Connect,
         },
+        OutboundError::Revoked(_) => ResponseFlags::CertRevoked,
         OutboundError::SameNode(refusal) => match refusal {
             InboundRefusal::Denied => ResponseFlags::Deny,
             InboundRefusal::BadRequest(_) | InboundRefusal::Unavailable(_) => {
@@ -153,21 +159,25 @@ async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
     // One copy for every kind of upstream, so that an open connection's
     // task holds one copy's state whichever path it took. A same-node
     // connection may leave it, quiet, to be joined in the kernel.
-    let (destination_stop, join_after) = match &upstream {
-        Upstream::SameNode(app) => (Some(app.stop().clone()), same_node::join_after(proxy)),
+    let (destination, join_after) = match &upstream {
+        Upstream::SameNode(same) => (
+            Some((same.app.stop().clone(), same.ends.clone())),
+            same_node::join_after(proxy),
+        ),
         Upstream::Tcp(_) | Upstream::Hbone(_) => (None, None),
     };
     let revocation = match &upstream {
         Upstream::Hbone(stream) => stream.revocation().cloned(),
-        Upstream::Tcp(_) | Upstream::SameNode(_) => None,
+        Upstream::SameNode(same) => same.ends.server().cloned(),
+        Upstream::Tcp(_) => None,
     };
-    let mut stop = pin!(stopped(proxy, destination_stop, revocation.as_ref()));
+    let mut stop = pin!(stopped(proxy, destination, revocation.as_ref()));
     let copied =
         copy_bidirectional_until_quiet(&mut tcp, &mut upstream, stop.as_mut(), join_after).await;
     let result = match (copied, &mut upstream) {
-        (Ok(Ended::Quiet(before)), Upstream::SameNode(app)) => {
+        (Ok(Ended::Quiet(before)), Upstream::SameNode(same)) => {
             // Boxed: only joined connections hold the join's state.
-            Box::pin(same_node::join(proxy, tcp, app, before, stop)).await
+            Box::pin(same_node::join(proxy, tcp, &mut same.app, before, stop)).await
         }
         (Ok(Ended::Closed(moved) | Ended::Quiet(moved)), _) => Ok(moved),
         (Err(error), _) => Err(error),
@@ -177,18 +187,19 @@ async fn carry(proxy: &Proxy, mut tcp: TcpStream, opened: Opened) {
     } else {
         report.close_with(&result);
     }
-    if let Upstream::SameNode(app) = &mut upstream {
-        application::close_report(app, &result);
+    if let Upstream::SameNode(same) = &mut upstream {
+        application::close_report(&mut same.app, &result);
     }
 }
 
 /// Resolves when a connection's copy must stop: the proxy's drain is
 /// forced; on the same-node path, the destination stops it (its pod left,
-/// its drain was forced, or a policy re-check no longer allows it); over
-/// HBONE, the server of the tunnel's connection is revoked.
+/// its drain was forced, or a policy re-check no longer allows it) or a
+/// revocation list revokes either end; over HBONE, the server of the
+/// tunnel's connection is revoked.
 async fn stopped(
     proxy: &Proxy,
-    destination: Option<CancellationToken>,
+    destination: Option<(CancellationToken, same_node::EndsRevoked)>,
     revocation: Option<&Revocation>,
 ) {
     match destination {
@@ -196,9 +207,10 @@ async fn stopped(
             () = proxy.drain.forced() => {}
             () = revocation::until_revoked(revocation) => {}
         },
-        Some(destination) => tokio::select! {
+        Some((destination, ends)) => tokio::select! {
             () = proxy.drain.forced() => {}
             () = destination.cancelled() => {}
+            () = ends.revoked(proxy) => {}
         },
     }
 }
@@ -320,8 +332,14 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
         Ok(upstream) => Some((report, upstream, shown)),
         Err(error) => {
             let flags = flags(&error);
-            if flags == ResponseFlags::CertRevoked {
-                proxy.node.metrics.record_crl_rejection(Reporter::Source);
+            match &error {
+                OutboundError::Revoked(reporter) => {
+                    proxy.node.metrics.record_crl_rejection(*reporter);
+                }
+                _ if flags == ResponseFlags::CertRevoked => {
+                    proxy.node.metrics.record_crl_rejection(Reporter::Source);
+                }
+                _ => {}
             }
             report.refused(flags, &error);
             None
@@ -370,7 +388,7 @@ async fn open_hbone(
     let report = tunnel_report(proxy, peer, source, &tunnel, true);
     let connected = same_node::open(proxy, &destination, source, peer, route)
         .await
-        .map(|app| Upstream::SameNode(Box::new(app)));
+        .map(|same| Upstream::SameNode(Box::new(same)));
     (report, connected)
 }
 

@@ -122,6 +122,21 @@ pub fn track(chain: PeerChain, roots: crate::tls::TrustRoots, role: PeerRole) ->
     Revocations::track(&PROCESS, chain, roots, role)
 }
 
+/// Watches a connection that had no handshake, between two workloads of
+/// this process (the proxy's same-node path), as if `presented` (a chain
+/// the process holds, leaf first) had just been presented by a peer in
+/// `role`: it is judged at once against the lists in force, as a
+/// handshake's verifier would, and then against every list installed
+/// while it is tracked. `None` when connections are not tracked
+/// ([`track_connections`]).
+pub fn track_in_process(
+    presented: &[CertificateDer<'static>],
+    roots: crate::tls::TrustRoots,
+    role: PeerRole,
+) -> Option<Tracked> {
+    Revocations::track_in_process(&PROCESS, presented, roots, role)
+}
+
 /// The lists in force, if any.
 pub(crate) fn in_force() -> Option<RevocationLists> {
     PROCESS.in_force()
@@ -189,6 +204,23 @@ impl Revocations {
             entry.judge(&lists);
         }
         tracked
+    }
+
+    /// See [`track_in_process`]. The chain's generation is one before the
+    /// current one, so that [`Revocations::track`] judges it at once
+    /// against the lists in force.
+    pub(crate) fn track_in_process(
+        this: &Arc<Self>,
+        presented: &[CertificateDer<'static>],
+        roots: crate::tls::TrustRoots,
+        role: PeerRole,
+    ) -> Option<Tracked> {
+        if !this.tracking.load(Ordering::Relaxed) {
+            return None;
+        }
+        let current = this.generation.load(Ordering::SeqCst);
+        let chain = PeerChain::capture(Some(presented), current.wrapping_sub(1))?;
+        Some(Self::track(this, chain, roots, role))
     }
 
     /// See [`watch_point`], for this instance.

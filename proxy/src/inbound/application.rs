@@ -112,6 +112,13 @@ impl AppConnection {
         }
     }
 
+    /// Reports the connection as closed for its client's revocation once
+    /// `revocation` fires: the same-node path's client, which had no
+    /// handshake to keep its chain.
+    pub(crate) fn watch_revocation(&mut self, revocation: Revocation) {
+        self.revocation = Some(revocation);
+    }
+
     /// The application socket, to carry the connection by other means;
     /// the connection's report and policy tracking stay here.
     pub(crate) fn take_stream(&mut self) -> Option<TcpStream> {

@@ -11,6 +11,11 @@
 //! address inside the destination's namespace, and the same reports on
 //! both sides, marked `path="same-node"` in the access log.
 //!
+//! Both ends' certificates are watched against the revocation lists as
+//! the HBONE path's two handshakes would watch each other's chains: a
+//! revoked end is refused at open, and an open connection closes when a
+//! list installed later revokes either end.
+//!
 //! The proxy copies between the two sockets at first. A connection that
 //! keeps exchanging messages is then joined in the kernel (`splice.rs`),
 //! so that each further request and response skips the proxy.
@@ -20,13 +25,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
+use ztunnel_certs::cert::WorkloadCertificate;
+use ztunnel_certs::identity::Identity;
+use ztunnel_certs::tls::revocation::{self as crl, PeerRole, Revocation, Tracked};
 
 use crate::context::Proxy;
 use crate::copy::{CopyError, Transferred};
 use crate::inbound::application::{self, AppConnection};
 use crate::inbound::decision::Arrival;
+use crate::metrics::Reporter;
 use crate::outbound::OutboundError;
 use crate::outbound::route::HboneRoute;
+use crate::revocation::until_revoked;
 use crate::splice::Splicer;
 use crate::state::{Service, Workload};
 
@@ -70,6 +80,17 @@ fn has_waypoint(service: &Service) -> bool {
     service.waypoint.is_some() || !service.weighted_waypoints.is_empty()
 }
 
+/// An open same-node connection: the destination's application socket,
+/// and both ends watched for revocation until it is dropped.
+pub(super) struct SameNodeUpstream {
+    /// The destination's application, admitted by its inbound side.
+    pub app: AppConnection,
+    /// Both ends' revocations, to stop the copy with.
+    pub ends: EndsRevoked,
+    /// Keeps both ends tracked while the connection is open.
+    _tracked: [Option<Tracked>; 2],
+}
+
 /// Admits a connection from `source` (its client at `client`, canonical
 /// already: the accept loop made it so) at
 /// `destination`, the proxy of the pod `route` goes to, and dials its
@@ -80,23 +101,41 @@ pub(super) async fn open(
     source: Option<&Workload>,
     client: SocketAddr,
     route: &HboneRoute,
-) -> Result<AppConnection, OutboundError> {
+) -> Result<SameNodeUpstream, OutboundError> {
     let source = source.ok_or(OutboundError::UnknownSource)?;
     // The tunnel could not be opened without both ends' certificates: a
     // pod whose identity the CA does not issue here gets no connection
     // with it on this path either.
-    proxy
+    let source_certificate = proxy
         .node
         .identities
         .fetch_certificate(&source.identity)
         .await
         .map_err(OutboundError::Certificate)?;
-    proxy
+    let destination_certificate = proxy
         .node
         .identities
         .fetch_certificate(&route.workload.identity)
         .await
         .map_err(OutboundError::Certificate)?;
+    // Each chain is judged by the other end's roots, as its verifier
+    // would judge it in a handshake.
+    let tracked = [
+        track(&source_certificate, &destination_certificate, PeerRole::Client),
+        track(&destination_certificate, &source_certificate, PeerRole::Server),
+    ];
+    let [client_end, server_end] = tracked
+        .each_ref()
+        .map(|tracked| tracked.as_ref().map(|tracked| tracked.revocation().clone()));
+    let ends = EndsRevoked {
+        client: client_end,
+        server: server_end,
+        source: source.identity.clone(),
+        destination: route.workload.identity.clone(),
+    };
+    if let Some(reporter) = ends.revoked_now() {
+        return Err(OutboundError::Revoked(reporter));
+    }
     let arrival = Arrival {
         peer_identity: Some(source.identity.clone()),
         source_ip: client.ip(),
@@ -104,9 +143,81 @@ pub(super) async fn open(
         local_ip: route.dial.ip(),
         target: route.authority,
     };
-    application::open_upstream(destination, &arrival, Some(&source.identity), true)
+    let mut app = application::open_upstream(destination, &arrival, Some(&source.identity), true)
         .await
-        .map_err(OutboundError::SameNode)
+        .map_err(OutboundError::SameNode)?;
+    // The destination's report says the connection closed for its client's
+    // revocation, as its HBONE server's would.
+    if let Some(revocation) = &ends.client {
+        app.watch_revocation(revocation.clone());
+    }
+    Ok(SameNodeUpstream {
+        app,
+        ends,
+        _tracked: tracked,
+    })
+}
+
+/// `presented`'s chain watched as a peer in `role` verified against
+/// `verifier`'s roots; `None` without `CRL_PATH`.
+fn track(
+    presented: &WorkloadCertificate,
+    verifier: &WorkloadCertificate,
+    role: PeerRole,
+) -> Option<Tracked> {
+    crl::track_in_process(presented.presented(), verifier.roots().clone(), role)
+}
+
+/// Both ends' revocations of a same-node connection, and who they are.
+#[derive(Clone)]
+pub(super) struct EndsRevoked {
+    /// The source's certificate, as the destination's side watches it.
+    client: Option<Revocation>,
+    /// The destination's certificate, as the source's side watches it.
+    server: Option<Revocation>,
+    /// The source's identity, for the log.
+    source: Identity,
+    /// The destination's identity, for the log.
+    destination: Identity,
+}
+
+impl EndsRevoked {
+    /// Which side of the HBONE path would have refused the handshake: the
+    /// destination's for a revoked source, the source's for a revoked
+    /// destination; `None` when neither end is revoked.
+    fn revoked_now(&self) -> Option<Reporter> {
+        let revoked = |end: &Option<Revocation>| end.as_ref().is_some_and(Revocation::is_revoked);
+        if revoked(&self.client) {
+            Some(Reporter::Destination)
+        } else if revoked(&self.server) {
+            Some(Reporter::Source)
+        } else {
+            None
+        }
+    }
+
+    /// The destination's certificate's revocation, for the source's report.
+    pub(super) fn server(&self) -> Option<&Revocation> {
+        self.server.as_ref()
+    }
+
+    /// Resolves once a list revokes either end, warned and counted by the
+    /// side of the HBONE path that would have watched it.
+    ///
+    /// Cancel safe: the waits hold nothing of their own, and the warning
+    /// and the count follow them with no await between.
+    pub(super) async fn revoked(&self, proxy: &Proxy) {
+        let (reporter, peer) = tokio::select! {
+            () = until_revoked(self.client.as_ref()) => (Reporter::Destination, &self.source),
+            () = until_revoked(self.server.as_ref()) => (Reporter::Source, &self.destination),
+        };
+        tracing::warn!(
+            %peer,
+            reporter = reporter.as_str(),
+            "closing a same-node connection: a revocation list now revokes an end's certificate"
+        );
+        proxy.node.metrics.record_crl_rejection(reporter);
+    }
 }
 
 /// Reads each direction of a same-node connection makes in the proxy's

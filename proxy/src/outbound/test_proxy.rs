@@ -14,7 +14,7 @@ use ztunnel_certs::issuer::{Issuer, SigningRequest};
 
 use crate::capacity::Capacity;
 use crate::config::{Config, WorkloadInfo};
-use crate::context::{NodeRuntime, Proxy};
+use crate::context::{LocalPods, NodeRuntime, Proxy};
 use crate::drain::{self, DrainTrigger};
 use crate::hbone::H2Settings;
 use crate::identity::manager::{CertificateSource, IdentityManager};
@@ -36,6 +36,8 @@ pub(crate) struct TestProxy<'a> {
     pub pool: PoolConfig,
     /// Where hostname endpoints are looked up.
     pub resolver: Resolver,
+    /// The pods of the node, for the same-node path; `None` turns it off.
+    pub local_pods: Option<Arc<LocalPods<Proxy>>>,
 }
 
 impl TestProxy<'_> {
@@ -71,7 +73,7 @@ impl TestProxy<'_> {
             dns: None,
             h2: H2Settings::default(),
             pool: self.pool,
-            local_pods: None,
+            local_pods: self.local_pods,
         };
         let workload = WorkloadInfo {
             namespace: "default".into(),

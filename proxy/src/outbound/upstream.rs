@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::copy::{ReadBuffer, Side};
 use crate::hbone::H2Stream;
-use crate::inbound::application::AppConnection;
+use super::same_node::SameNodeUpstream;
 
 /// Where an outbound connection's bytes go.
 pub enum Upstream {
@@ -25,7 +25,7 @@ pub enum Upstream {
     /// pod's inbound side (the same-node path). Boxed: it is three times
     /// the size of the others, and every open connection's task holds its
     /// upstream for the connection's life.
-    SameNode(Box<AppConnection>),
+    SameNode(Box<SameNodeUpstream>),
 }
 
 /// Each method goes to the side the variant holds.
@@ -34,7 +34,10 @@ macro_rules! each_side {
         match $upstream {
             Upstream::Tcp($side) => $call,
             Upstream::Hbone($side) => $call,
-            Upstream::SameNode($side) => $call,
+            Upstream::SameNode(same) => {
+                let $side = &mut same.app;
+                $call
+            }
         }
     };
 }

@@ -282,6 +282,31 @@ fn a_connection_tracked_after_an_install_it_began_before_is_judged_as_it_is_trac
     assert!(!kept.revocation().is_revoked());
 }
 
+/// A connection with no handshake (the proxy's same-node path) is judged
+/// at once against the lists in force, where a handshake's verifier would
+/// have refused a revoked chain, and then as any other tracked connection;
+/// nothing is tracked while tracking is off.
+#[test]
+fn a_connection_without_a_handshake_is_judged_at_once_and_then_tracked() {
+    let registry = Arc::new(Revocations::default());
+    let ca = ca();
+    let (revoked, kept) = ([leaf(&ca, 3)], [leaf(&ca, 4)]);
+    let untracked = Revocations::track_in_process(&registry, &kept, roots(&ca), PeerRole::Client);
+    assert!(untracked.is_none(), "tracking is off");
+
+    registry.tracking.store(true, Ordering::SeqCst);
+    registry.install(lists(&ca, 3));
+    let track = |presented: &[CertificateDer<'static>], role| {
+        Revocations::track_in_process(&registry, presented, roots(&ca), role).unwrap()
+    };
+    assert!(track(&revoked, PeerRole::Client).revocation().is_revoked());
+    assert!(track(&revoked, PeerRole::Server).revocation().is_revoked());
+    let open = track(&kept, PeerRole::Server);
+    assert!(!open.revocation().is_revoked());
+    registry.install(lists(&ca, 4));
+    assert!(open.revocation().is_revoked(), "a later list revokes it");
+}
+
 #[test]
 fn no_connection_tracked_while_a_list_is_installed_slips_through() {
     const THREADS: usize = 4;

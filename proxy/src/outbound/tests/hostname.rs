@@ -109,6 +109,7 @@ fn proxy(state: State, nameserver: &Nameserver) -> (Proxy, Registry, DrainTrigge
         args: &[],
         pool: PoolConfig::default(),
         resolver: Resolver::with_nameservers(&[nameserver.addr], false).unwrap(),
+        local_pods: None,
     }
     .build(NoCa, state)
 }

@@ -26,6 +26,7 @@ use ztunnel_certs::issuer::{Issuer, SigningMaterial, generate_root};
 
 use super::*;
 use crate::config::local;
+use crate::context::LocalPods;
 use crate::drain::DrainTrigger;
 use crate::identity::ca_client::CaClientError;
 use crate::identity::manager::CertificateSource;
@@ -159,6 +160,17 @@ struct Node {
 
 impl Node {
     fn new(ca: &Ca, crl: &Path, name: &str, service_account: &str) -> Node {
+        Node::serving(ca, crl, name, service_account, None)
+    }
+
+    /// A proxy whose node also serves `local_pods` (the same-node path).
+    fn serving(
+        ca: &Ca,
+        crl: &Path,
+        name: &str,
+        service_account: &str,
+        local_pods: Option<Arc<LocalPods<Proxy>>>,
+    ) -> Node {
         let state = local::parse(MESH, "test.yaml".as_ref())
             .unwrap()
             .into_state();
@@ -168,6 +180,7 @@ impl Node {
             args: &["--crl-path", crl.to_str().unwrap()],
             pool: PoolConfig::default(),
             resolver: Resolver::with_nameservers(&[], false).unwrap(),
+            local_pods,
         }
         .build(ca.clone(), state);
         Node {
@@ -239,9 +252,26 @@ async fn echo(listener: TcpListener) {
 
 /// Connects `client`'s application to `server`'s: the application's socket
 /// is handed to the client proxy's outbound path as if captured, which
-/// opens an HBONE stream on a pooled connection and copies. Returns the
-/// application's end.
+/// opens an HBONE stream on a pooled connection (or, where the client's
+/// node serves the server's pod too, takes the same-node path) and copies.
+/// Returns the application's end.
 async fn connect(client: &Node, server: &Server) -> TcpStream {
+    try_connect(client, server).await.unwrap().0
+}
+
+/// [`connect`] on the same-node path, which it must take.
+async fn connect_same_node(client: &Node, server: &Server) -> TcpStream {
+    let (stream, same_node) = try_connect(client, server).await.unwrap();
+    assert!(same_node, "the connection took the same-node path");
+    stream
+}
+
+/// [`connect`], and whether it took the same-node path; or why the
+/// connection was refused.
+async fn try_connect(
+    client: &Node,
+    server: &Server,
+) -> Result<(TcpStream, bool), OutboundError> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let application = TcpStream::connect(listener.local_addr().unwrap())
         .await
@@ -271,9 +301,18 @@ async fn connect(client: &Node, server: &Server) -> TcpStream {
         actual_dst: server.hbone,
         protocol: ShownProtocol::Hbone,
     };
-    let opened = (report, connected.unwrap(), shown);
+    let upstream = match connected {
+        Ok(upstream) => upstream,
+        Err(error) => {
+            let flags = flags(&error);
+            report.refused(flags, &error);
+            return Err(error);
+        }
+    };
+    let same_node = matches!(upstream, Upstream::SameNode(_));
+    let opened = (report, upstream, shown);
     tokio::spawn(async move { carry(&proxy, captured, opened).await });
-    application
+    Ok((application, same_node))
 }
 
 /// Whether `message` comes back whole through `stream`.
@@ -399,6 +438,109 @@ async fn an_outbound_connection_whose_server_is_revoked_closes_and_the_others_st
             )
             .await,
         "the stream to the revoked server reported as revoked:\n{}",
+        client.metrics()
+    );
+}
+
+/// A client proxy whose node also serves `server`'s pod: its connections
+/// to `server` take the same-node path, with no handshake between them.
+fn same_node_client(ca: &Ca, crl: &Path, server: &Server, name: &str, account: &str) -> Node {
+    let pods = Arc::new(LocalPods::default());
+    pods.insert(&server.node.proxy.workload, &server.node.proxy);
+    Node::serving(ca, crl, name, account, Some(pods))
+}
+
+#[tokio::test]
+async fn a_same_node_connection_whose_client_is_revoked_closes_and_the_client_is_then_refused() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    let crl = crl_file(&dir);
+    let server = Server::start(&ca, &crl, "server-0", "server", "127.0.0.1").await;
+    let revoked_client = same_node_client(&ca, &crl, &server, "client-0", "client");
+    let kept_client = same_node_client(&ca, &crl, &server, "client-1", "other");
+    let mut revoked = connect_same_node(&revoked_client, &server).await;
+    let mut kept = connect_same_node(&kept_client, &server).await;
+    assert!(echoes(&mut revoked, b"before").await);
+    assert!(echoes(&mut kept, b"before").await);
+
+    install(&crl, &ca.revoking(&id("client")));
+    assert!(ends(&mut revoked).await, "the revoked client's connection ends");
+    assert!(
+        echoes(&mut kept, b"after").await,
+        "the other client's connection still carries bytes"
+    );
+    assert!(
+        revoked_client
+            .eventually_counts(
+                "istio_crl_policy_rejections_total{reporter=\"destination\"}",
+                &[" 1"],
+            )
+            .await,
+        "{}",
+        revoked_client.metrics()
+    );
+    let server_metrics = &server.node;
+    assert!(
+        server_metrics
+            .eventually_counts(
+                "istio_tcp_connections_failed_total{reporter=\"destination\"",
+                &["response_flags=\"CERT_REVOKED\"", "sa/client\"", " 1"],
+            )
+            .await,
+        "the destination reports the revoked client's connection as revoked:\n{}",
+        server_metrics.metrics()
+    );
+
+    // A new connection from the revoked client is refused at once, where
+    // its handshake would have been.
+    let refused = tokio::time::timeout(PATIENCE, try_connect(&revoked_client, &server))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(OutboundError::Revoked(Reporter::Destination))),
+        "{:?}",
+        refused.err()
+    );
+    assert!(
+        revoked_client
+            .eventually_counts(
+                "istio_tcp_connections_failed_total{reporter=\"source\"",
+                &["response_flags=\"CERT_REVOKED\""],
+            )
+            .await,
+        "{}",
+        revoked_client.metrics()
+    );
+}
+
+#[tokio::test]
+async fn a_same_node_connection_whose_server_is_revoked_closes() {
+    let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
+    let crl = crl_file(&dir);
+    let server = Server::start(&ca, &crl, "server-0", "server", "127.0.0.1").await;
+    let client = same_node_client(&ca, &crl, &server, "client-0", "client");
+    let mut stream = connect_same_node(&client, &server).await;
+    assert!(echoes(&mut stream, b"before").await);
+
+    install(&crl, &ca.revoking(&id("server")));
+    assert!(ends(&mut stream).await, "the connection to the revoked server ends");
+    assert!(
+        client
+            .eventually_counts(
+                "istio_crl_policy_rejections_total{reporter=\"source\"}",
+                &[" 1"],
+            )
+            .await,
+        "{}",
+        client.metrics()
+    );
+    assert!(
+        client
+            .eventually_counts(
+                "istio_tcp_connections_failed_total{reporter=\"source\"",
+                &["response_flags=\"CERT_REVOKED\"", "sa/server\"", " 1"],
+            )
+            .await,
+        "the source reports the connection to the revoked server as revoked:\n{}",
         client.metrics()
     );
 }

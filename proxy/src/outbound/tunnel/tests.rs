@@ -323,6 +323,7 @@ async fn topology() -> Topology {
             ..PoolConfig::default()
         },
         resolver: Resolver::with_nameservers(&[], true).unwrap(),
+        local_pods: None,
     }
     .build(ca, mesh(gateway_addr));
     Topology {
