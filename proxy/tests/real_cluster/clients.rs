@@ -221,6 +221,9 @@ static CLIENTS_MADE: AtomicU32 = AtomicU32::new(0);
 /// connections to `target`'s echo port, until one has every connection
 /// served (`served`) or every one refused: how long that took and that
 /// pod, or the last report when it did not happen within [`POD_WITHIN`].
+/// Every run is printed. Once one run shows the expected state, one more
+/// must show it too: a state that flaps back (a policy on one node only, a
+/// ztunnel that missed an update) fails rather than passing on one run.
 pub(super) fn until_clients(
     cluster: &RealCluster,
     source: Source<'_>,
@@ -228,10 +231,10 @@ pub(super) fn until_clients(
     served: bool,
 ) -> Result<(Duration, PodStatus), Value> {
     let started = Instant::now();
-    let mut last = (PodStatus::default(), Value::Null);
-    let happened = wait::until(POD_WITHIN, || {
+    let expected = if served { "served" } else { "refused" };
+    let run = |what: &str| {
         let made = CLIENTS_MADE.fetch_add(1, Ordering::Relaxed);
-        last = run_client_in(
+        let (pod, report) = run_client_in(
             cluster,
             source.namespace,
             &format!("{}-{made}", source.service_account),
@@ -239,18 +242,39 @@ pub(super) fn until_clients(
             source.service_account,
             &as_str(&connect_args(target, 5)),
         );
-        let report = &last.1;
-        if served {
+        let reached = if served {
             report["connections_made"] == 5 && report["errors"] == 0
         } else {
             report["connections_made"] == 0 && report["errors"] == 5
-        }
+        };
+        eprintln!(
+            "clients {}/{} on {} to {target}, {what} (expecting {expected}): made {}, errors {}",
+            source.namespace,
+            source.service_account,
+            source.node,
+            report["connections_made"],
+            report["errors"]
+        );
+        (reached, pod, report)
+    };
+    let mut last = (PodStatus::default(), Value::Null);
+    let happened = wait::until(POD_WITHIN, || {
+        let (reached, pod, report) = run("until");
+        last = (pod, report);
+        reached
     });
-    if happened {
-        Ok((started.elapsed(), last.0))
-    } else {
-        Err(last.1)
+    if !happened {
+        return Err(last.1);
     }
+    let took = started.elapsed();
+    let (confirmed, _, report) = run("confirming");
+    if !confirmed {
+        return Err(serde_json::json!({
+            "expected": expected,
+            "reached_then_lost": report,
+        }));
+    }
+    Ok((took, last.0))
 }
 
 /// The arguments of a client that opens `count` connections to `target`.

@@ -315,16 +315,28 @@ struct Clients<'a> {
 impl Clients<'_> {
     /// Runs client pods named after `prefix` under the service account
     /// `client` until one's run is `done`, within [`POD_WITHIN`]: whether
-    /// one was, and the last run.
+    /// one was, and the last run. Every run is printed; once one is
+    /// `done`, one more must be too, so that a state that flaps back fails
+    /// rather than passing on one run.
     fn until(&mut self, prefix: &str, done: impl Fn(&Seen) -> bool) -> (bool, Seen) {
         let mut last = None;
         let reached = wait::until(POD_WITHIN, || {
             let run = self.run(prefix, "client");
             let reached = done(&run);
+            eprintln!("clients {prefix}, run {}: done {reached}: {run:?}", self.attempt);
             last = Some(run);
             reached
         });
-        (reached, last.unwrap())
+        if !reached {
+            return (false, last.unwrap());
+        }
+        let confirming = self.run(prefix, "client");
+        let confirmed = done(&confirming);
+        eprintln!(
+            "clients {prefix}, run {} confirming: done {confirmed}: {confirming:?}",
+            self.attempt
+        );
+        (confirmed, confirming)
     }
 
     /// Runs one client pod named after `prefix` under `service_account`,
