@@ -206,7 +206,14 @@ pub fn admit(
     let (port, service) = match authority {
         Authority::Address(address) => {
             let tunnelled = tunnel.is_some();
-            check_destination(state, network, &workload, tunnelled, arrival.local_ip, address.ip())?;
+            check_destination(
+                state,
+                network,
+                &workload,
+                tunnelled,
+                arrival.local_ip,
+                address.ip(),
+            )?;
             (address.port(), None)
         }
         Authority::Hostname { host, port } => {

@@ -121,8 +121,16 @@ pub(super) async fn open(
     // Each chain is judged by the other end's roots, as its verifier
     // would judge it in a handshake.
     let tracked = [
-        track(&source_certificate, &destination_certificate, PeerRole::Client),
-        track(&destination_certificate, &source_certificate, PeerRole::Server),
+        track(
+            &source_certificate,
+            &destination_certificate,
+            PeerRole::Client,
+        ),
+        track(
+            &destination_certificate,
+            &source_certificate,
+            PeerRole::Server,
+        ),
     ];
     let [client_end, server_end] = tracked
         .each_ref()

@@ -10,9 +10,9 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::same_node::SameNodeUpstream;
 use crate::copy::{ReadBuffer, Side};
 use crate::hbone::H2Stream;
-use super::same_node::SameNodeUpstream;
 
 /// Where an outbound connection's bytes go.
 pub enum Upstream {

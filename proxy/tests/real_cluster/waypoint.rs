@@ -323,7 +323,10 @@ impl Clients<'_> {
         let reached = wait::until(POD_WITHIN, || {
             let run = self.run(prefix, "client");
             let reached = done(&run);
-            eprintln!("clients {prefix}, run {}: done {reached}: {run:?}", self.attempt);
+            eprintln!(
+                "clients {prefix}, run {}: done {reached}: {run:?}",
+                self.attempt
+            );
             last = Some(run);
             reached
         });

@@ -386,7 +386,10 @@ fn plaintext_never_enters_an_application_tunnel() {
     let state = sandwich(Binding::None, proxy);
     let arrival = tunnel_arrival(WAYPOINT, &authority);
     let admitted = admit(&state, "", |_| true, &arrival, &authority).unwrap();
-    assert_eq!(admitted.upstream, SocketAddr::new(ip(WAYPOINT), TUNNEL_PORT));
+    assert_eq!(
+        admitted.upstream,
+        SocketAddr::new(ip(WAYPOINT), TUNNEL_PORT)
+    );
     assert_eq!(admitted.proxy_destination, Some(original));
 }
 
@@ -419,7 +422,7 @@ fn a_proxy_tunnel_without_a_port_is_refused() {
 fn a_hostname_at_a_proxy_tunnel_needs_a_vip_on_our_network_ipv4_first() {
     let proxy = Some(ApplicationTunnel {
         protocol: ApplicationTunnelProtocol::Proxy,
-        port: None,
+        port: Some(TUNNEL_PORT),
     });
     let mut state = sandwich(Binding::None, proxy);
     let host = "waypoint.default.svc.cluster.local";
@@ -447,8 +450,8 @@ fn a_hostname_at_a_proxy_tunnel_needs_a_vip_on_our_network_ipv4_first() {
     );
     assert_eq!(
         admitted.upstream,
-        SocketAddr::new(ip(WAYPOINT), 8080),
-        "no tunnel port"
+        SocketAddr::new(ip(WAYPOINT), TUNNEL_PORT),
+        "the tunnel's port"
     );
 
     service.vips = vec![vip("far", "10.20.0.1"), vip("", "fd00::2")];

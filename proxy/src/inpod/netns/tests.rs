@@ -38,7 +38,10 @@ fn a_thread_that_cannot_leave_a_pod_aborts_the_process() {
         "the child must abort: {:?}\n{stderr}",
         output.status
     );
-    assert!(stderr.contains(LOGGED), "the abort is logged first:\n{stderr}");
+    assert!(
+        stderr.contains(LOGGED),
+        "the abort is logged first:\n{stderr}"
+    );
 }
 
 /// Enters a namespace (our own: the way in works) with a "home" that is

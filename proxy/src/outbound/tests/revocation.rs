@@ -268,10 +268,7 @@ async fn connect_same_node(client: &Node, server: &Server) -> TcpStream {
 
 /// [`connect`], and whether it took the same-node path; or why the
 /// connection was refused.
-async fn try_connect(
-    client: &Node,
-    server: &Server,
-) -> Result<(TcpStream, bool), OutboundError> {
+async fn try_connect(client: &Node, server: &Server) -> Result<(TcpStream, bool), OutboundError> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let application = TcpStream::connect(listener.local_addr().unwrap())
         .await
@@ -463,7 +460,10 @@ async fn a_same_node_connection_whose_client_is_revoked_closes_and_the_client_is
     assert!(echoes(&mut kept, b"before").await);
 
     install(&crl, &ca.revoking(&id("client")));
-    assert!(ends(&mut revoked).await, "the revoked client's connection ends");
+    assert!(
+        ends(&mut revoked).await,
+        "the revoked client's connection ends"
+    );
     assert!(
         echoes(&mut kept, b"after").await,
         "the other client's connection still carries bytes"
@@ -522,7 +522,10 @@ async fn a_same_node_connection_whose_server_is_revoked_closes() {
     assert!(echoes(&mut stream, b"before").await);
 
     install(&crl, &ca.revoking(&id("server")));
-    assert!(ends(&mut stream).await, "the connection to the revoked server ends");
+    assert!(
+        ends(&mut stream).await,
+        "the connection to the revoked server ends"
+    );
     assert!(
         client
             .eventually_counts(
