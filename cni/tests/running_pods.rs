@@ -16,6 +16,7 @@ use std::time::Instant;
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni;
 use ztunnel_test_support::kube::objects::{PodSpecForTest, delete_pod, ensure_namespace};
+use ztunnel_test_support::skip::skip;
 
 use api::{Cluster, NODE, Node};
 use rules::our_rules;
@@ -55,7 +56,7 @@ fn start_pod(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, Stri
 #[test]
 fn running_pods_join_and_leave_the_mesh_without_a_restart() {
     if let Some(reason) = cni::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     let Some(cluster) = Cluster::start() else {
@@ -73,7 +74,7 @@ fn running_pods_join_and_leave_the_mesh_without_a_restart() {
     {
         Ok(pods) => pods,
         Err(reason) => {
-            eprintln!("skipping: {reason}");
+            skip(reason);
             return;
         }
     };
