@@ -8,15 +8,25 @@
 # (scripts/build-images.sh --test-images --istio-images), then runs every test in the
 # workspace (arguments go to `cargo test --workspace`). Tests that need
 # root, these tools or the API server skip with a printed reason where they
-# cannot run.
+# cannot run, and fail with it instead where ZTUNNEL_NO_SKIPS is set (as
+# .ci/run sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What the tests run that a Debian or Ubuntu base lacks (it has util-linux's
+# unshare and nsenter, mount, tar, coreutils and getent): `ip` and `ss`,
+# `dig`, iptables and ip6tables, ipset, the reference CNI plugins; `openssl
+# s_server` and `s_client` for the TLS record layer's interop tests;
+# procps's `sysctl` (the test cluster's forwarding) and `kill` (the
+# shutdown tests' signals).
 need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v iptables >/dev/null || need+=(iptables)
 command -v ipset >/dev/null || need+=(ipset)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v openssl >/dev/null || need+=(openssl)
+# `type -P`: the programs on PATH, not bash's builtin kill.
+type -P sysctl kill >/dev/null || need+=(procps)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"

@@ -7,11 +7,15 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
+use ztunnel_test_support::cluster;
+use ztunnel_test_support::skip::skip;
 
 #[test]
 fn quick_mode_runs_every_scenario_on_every_path_and_writes_results() {
-    if let Some(reason) = ztunnel_test_support::cluster::unavailable() {
-        eprintln!("SKIPPED: the benchmark topology cannot run here: {reason}");
+    if let Some(reason) = cluster::unavailable() {
+        skip(format_args!(
+            "the benchmark topology cannot run here: {reason}"
+        ));
         return;
     }
     let out = tempfile::tempdir().unwrap();

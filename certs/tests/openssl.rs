@@ -3,8 +3,8 @@
 //! `s_server` and `s_client`, run as child processes on loopback: a peer
 //! that shares no code with rustls or with us. Data both ways with each
 //! AES-GCM suite, key updates both ways, session tickets, small and padded
-//! records, and close_notify both ways. Skipped, with the reason printed,
-//! where `openssl` is not on PATH.
+//! records, and close_notify both ways. Skipped, with the reason, where
+//! `openssl` is not on PATH.
 //!
 //! What OpenSSL prints goes to its stdout, which a thread collects; what
 //! it sends comes from lines typed on its stdin. A line `k` makes it update
@@ -31,6 +31,7 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, SigningRequest, generate_root};
 use ztunnel_certs::tls::record::{RecordError, RecordStream, accept, connect};
 use ztunnel_certs::tls::{ALPN_H2, client_config, dummy_server_name, server_config};
+use ztunnel_test_support::skip::skip;
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -114,7 +115,7 @@ fn identity(uri: &str) -> Identity {
     uri.parse().unwrap()
 }
 
-/// Whether `openssl` runs here; when not, the test says so and passes.
+/// Whether `openssl` runs here; when not, the test skips with the reason.
 fn have_openssl() -> bool {
     let found = Command::new("openssl")
         .arg("version")
@@ -123,7 +124,7 @@ fn have_openssl() -> bool {
         .status()
         .is_ok_and(|status| status.success());
     if !found {
-        eprintln!("skipped: `openssl` is not on PATH");
+        skip("`openssl` is not on PATH (apt-get install openssl)");
     }
     found
 }

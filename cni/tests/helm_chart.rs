@@ -43,6 +43,7 @@ use ztunnel_test_support::helm::{Helm, Rendered, permission_problems};
 use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::kube::objects::{PodSpecForTest, ensure_namespace, request_token};
 use ztunnel_test_support::netns::{self, NetNs, PortForward};
+use ztunnel_test_support::skip::skip;
 
 use rules::our_rules;
 use running_pod::RunningPod;
@@ -73,7 +74,7 @@ const AGENT_POD: &str = "istio-cni-node-chart";
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A pod of `APPS` running on the node before the agent starts; `None`
-/// (reason printed) when cgroup v2 cannot be used here.
+/// (skipped, with the reason) when cgroup v2 cannot be used here.
 fn start_pod(runtime: &Runtime, client: &kube::Client, name: &str, ip: &str) -> Option<RunningPod> {
     let spec = PodSpecForTest {
         namespace: APPS.into(),
@@ -83,7 +84,7 @@ fn start_pod(runtime: &Runtime, client: &kube::Client, name: &str, ip: &str) -> 
         ..PodSpecForTest::default()
     };
     RunningPod::start(runtime, client, &spec, ip)
-        .inspect_err(|error| eprintln!("SKIP: {error}"))
+        .inspect_err(|reason| skip(reason))
         .ok()
 }
 
@@ -306,7 +307,7 @@ fn does_its_job(
 #[test]
 fn the_node_agent_does_its_job_with_exactly_the_charts_rbac() {
     if let Some(reason) = cni::unavailable() {
-        eprintln!("SKIP: {reason}");
+        skip(reason);
         return;
     }
     let Some(helm) = Helm::find_or_skip() else {

@@ -16,6 +16,7 @@ use ztunnel_cni::agent::host_rules::{HostRules, SyncReport};
 use ztunnel_cni::agent::netns::run_in;
 use ztunnel_cni::agent::{DEFAULT_PROBE_SNAT_IPV4, DEFAULT_PROBE_SNAT_IPV6};
 use ztunnel_test_support::netns::{self, NetNs, veth_pair};
+use ztunnel_test_support::skip::skip;
 
 const SET_V4: &str = "istio-inpod-probes-v4";
 const SET_V6: &str = "istio-inpod-probes-v6";
@@ -43,10 +44,10 @@ fn unavailable() -> Option<String> {
     }
 }
 
-/// A fresh "node" netns, or `None` (with the reason printed) to skip.
+/// A fresh "node" netns, or `None` (skipped, with the reason).
 fn node_or_skip(tag: &str) -> Option<NetNs> {
     if let Some(reason) = unavailable() {
-        eprintln!("skipped: {reason}");
+        skip(reason);
         return None;
     }
     Some(NetNs::create(tag).unwrap())

@@ -18,6 +18,7 @@ use tempfile::TempDir;
 use ztunnel_cni::agent::install::conf::EntrySettings;
 use ztunnel_cni::agent::install::{ConfOutcome, InstallConfig, Installer};
 use ztunnel_test_support::netns::NetNs;
+use ztunnel_test_support::skip::skip;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_ztunnel-cni");
 
@@ -524,7 +525,7 @@ fn plugin_config(list: &Value, index: usize, prev_result: Option<&Value>) -> Val
 #[test]
 fn a_real_chain_from_the_installed_file_runs_our_plugin_last() {
     if let Some(reason) = ztunnel_test_support::cni::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     let node_ns = NetNs::create("inst-node").unwrap();

@@ -12,6 +12,7 @@
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni::{self, CniNetwork, PodSandbox};
 use ztunnel_test_support::netns::NetNs;
+use ztunnel_test_support::skip::skip;
 
 use api::{Cluster, NODE, Node};
 use rules::our_rules;
@@ -30,7 +31,7 @@ mod ztunnel;
 #[test]
 fn the_agent_takes_pods_from_the_api_server() {
     if let Some(reason) = cni::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     let Some(cluster) = Cluster::start() else {

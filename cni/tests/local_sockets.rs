@@ -26,6 +26,7 @@ use nix::unistd::{ForkResult, Gid, Uid, fork, setgid, setgroups, setuid};
 use ztunnel_cni::agent::AgentConfig;
 use ztunnel_cni::agent::peer::PeerPolicy;
 use ztunnel_cni::agent::pods::{PodRecord, PodSet, PodStore};
+use ztunnel_test_support::skip::skip;
 
 #[path = "support/running_agent.rs"]
 mod running_agent;
@@ -58,7 +59,9 @@ enum Met {
 macro_rules! skip_unless_root {
     () => {
         if !Uid::effective().is_root() {
-            eprintln!("skipping: needs root to run a client as uid {OTHER_UID}");
+            skip(format_args!(
+                "needs root to run a client as uid {OTHER_UID}"
+            ));
             return;
         }
     };

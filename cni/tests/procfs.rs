@@ -21,6 +21,7 @@ use tempfile::TempDir;
 use ztunnel_cni::agent::procfs::{self, PodNetns, PodUid};
 use ztunnel_test_support::netns::{self, NetNs};
 use ztunnel_test_support::pause::{PauseError, PauseProcess};
+use ztunnel_test_support::skip::skip;
 
 /// The pod's address, inside its own namespace only.
 const POD_IP: &str = "198.18.200.7";
@@ -68,8 +69,7 @@ impl Pod {
     }
 }
 
-/// The test pod, or why there cannot be one here (printed; the test then
-/// passes without checking anything).
+/// The test pod, or `None` (skipped, with why there cannot be one here).
 fn pod_or_skip() -> Option<Pod> {
     let reason = match netns::unavailable() {
         Some(reason) => reason,
@@ -78,7 +78,7 @@ fn pod_or_skip() -> Option<Pod> {
             Err(reason) => reason,
         },
     };
-    eprintln!("skipped: {reason}");
+    skip(reason);
     None
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use ztunnel_cni::agent::rules::{self, RuleSettings};
 use ztunnel_cni::agent::{DEFAULT_PROBE_SNAT_IPV4, DEFAULT_PROBE_SNAT_IPV6};
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::skip::skip;
 
 use support::rules::our_rules;
 
@@ -24,7 +25,7 @@ mod support {
 #[test]
 fn an_install_over_intact_rules_is_no_repair_and_one_over_missing_rules_is() {
     if let Some(reason) = netns::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     for dns_capture in [false, true] {
@@ -67,7 +68,7 @@ const REPLY_RULE: &str = "32764:\tfrom all fwmark 0x111/0xfff lookup 100";
 #[test]
 fn a_reinstall_over_intact_rules_never_takes_the_reply_route_away() {
     if let Some(reason) = netns::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     let pod = NetNs::create("rules-gap").unwrap();

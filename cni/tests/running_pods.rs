@@ -16,7 +16,7 @@ use std::time::Instant;
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni;
 use ztunnel_test_support::kube::objects::{PodSpecForTest, delete_pod, ensure_namespace};
-use ztunnel_test_support::pause::PauseError;
+use ztunnel_test_support::skip::skip;
 
 use api::{Cluster, NODE, Node};
 use rules::our_rules;
@@ -42,7 +42,7 @@ const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
 
 /// A pod of `LATE` named `name` with address `ip`, on the agent's node,
 /// running before the test labels anything.
-fn start_pod(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, PauseError> {
+fn start_pod(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, String> {
     let spec = PodSpecForTest {
         namespace: LATE.to_owned(),
         name: name.to_owned(),
@@ -56,7 +56,7 @@ fn start_pod(cluster: &Cluster, name: &str, ip: &str) -> Result<RunningPod, Paus
 #[test]
 fn running_pods_join_and_leave_the_mesh_without_a_restart() {
     if let Some(reason) = cni::unavailable() {
-        eprintln!("skipping: {reason}");
+        skip(reason);
         return;
     }
     let Some(cluster) = Cluster::start() else {
@@ -73,8 +73,8 @@ fn running_pods_join_and_leave_the_mesh_without_a_restart() {
         .collect::<Result<Vec<_>, _>>()
     {
         Ok(pods) => pods,
-        Err(error) => {
-            eprintln!("skipping: {error}");
+        Err(reason) => {
+            skip(reason);
             return;
         }
     };

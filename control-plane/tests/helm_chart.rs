@@ -54,7 +54,7 @@ fn nondefault_values() -> PathBuf {
     chart_dir().join("ci/nondefault-values.yaml")
 }
 
-/// helm and the API server, or `None` with the reason printed.
+/// helm and the API server, or `None` (skipped, with the reason).
 fn tools() -> Option<(Helm, KubeApi)> {
     let helm = Helm::find_or_skip()?;
     let api = KubeApi::start().unwrap()?;

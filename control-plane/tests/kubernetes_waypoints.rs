@@ -29,6 +29,7 @@ use ztunnel_test_support::kube::KubeApi;
 use ztunnel_test_support::kube::objects::{
     PodSpecForTest, create_pod, ensure_namespace, request_token, set_pod_running,
 };
+use ztunnel_test_support::skip::skip;
 
 #[path = "support/api.rs"]
 mod api;
@@ -198,7 +199,7 @@ async fn a_namespace_label_binds_its_services_not_its_pods_to_the_addressed_wayp
     let crds = match KubeApi::gateway_api_crds() {
         Ok(crds) => crds,
         Err(reason) => {
-            eprintln!("SKIP: {reason}");
+            skip(reason);
             return;
         }
     };

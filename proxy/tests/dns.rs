@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
 use ztunnel_test_support::netns::ResolvConf;
+use ztunnel_test_support::skip::skip;
 
 use nameserver::{BIG, BIG_COUNT, Nameserver, OUTSIDE};
 use support::{APP_PORT, delivered_over_mtls, eventually, logs, metric, metric_at};
@@ -51,10 +52,10 @@ struct Setup {
 /// One node, a client and a server pod in the ambient namespace, the
 /// echo services, the nameserver on the node's address; the node agent
 /// capturing DNS unless `capture` is false; `env` set on the ztunnel.
-/// `None`, after printing why, where it cannot run.
+/// `None`, skipped with the reason, where it cannot run.
 fn start(tag: &str, capture: bool, env: &[(&str, &str)]) -> Option<Setup> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     if std::process::Command::new("dig")
@@ -62,7 +63,9 @@ fn start(tag: &str, capture: bool, env: &[(&str, &str)]) -> Option<Setup> {
         .output()
         .is_err()
     {
-        eprintln!("skipping {tag}: dig is not installed (apt-get install bind9-dnsutils)");
+        skip(format_args!(
+            "{tag}: dig is not installed (apt-get install bind9-dnsutils)"
+        ));
         return None;
     }
     let specs = [

@@ -18,6 +18,7 @@ mod wire_labels;
 use wire_labels::TRAFFIC_LABELS;
 
 use mesh::{CLIENT_IP, Mesh, OUTSIDE_IP, SERVER_IP};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 /// Deterministic pseudo-random bytes (xorshift), so runs are comparable.
@@ -607,7 +608,7 @@ fn a_tls_1_2_client_is_refused_by_inbound_hbone_and_by_the_control_plane() {
         .output()
         .is_err()
     {
-        eprintln!("skipping: openssl is not installed (apt-get install openssl)");
+        skip("openssl is not installed (apt-get install openssl)");
         return;
     }
     let Some(mesh) = Mesh::start("tls12", "") else {

@@ -21,13 +21,15 @@ use ztunnel_test_support::cluster::{
     self, AccessEntry, Binaries, Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy,
     still_echoes, tail,
 };
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 const APP_PORT: u16 = 8080;
 
 /// The standard cluster, fed over xDS: a client and a server on node a, a
 /// server on node b, and a pod of a namespace that is not ambient-enabled
-/// on node b. `None` (after printing why) where the cluster cannot run.
+/// on node b. `None` (skipped, with the reason) where the cluster cannot
+/// run.
 fn start(tag: &str) -> Option<Cluster> {
     start_with(tag, ConfigSource::Xds)
 }
@@ -35,7 +37,7 @@ fn start(tag: &str) -> Option<Cluster> {
 /// The standard cluster, its ztunnels configured from `source`.
 fn start_with(tag: &str, source: ConfigSource) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let specs = pod_specs();

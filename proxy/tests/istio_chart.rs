@@ -23,6 +23,7 @@ use ztunnel_test_support::cluster::{
     Binaries, ConfigSource, MeshFile, PodSpec, TRUST_DOMAIN, tail, ztunnel_pod,
 };
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 /// The control plane, `istiod.istio-system.svc:15012` in a cluster: an
@@ -65,7 +66,7 @@ exec env -i "$@"
 #[test]
 fn ztunnel_started_as_istio_s_chart_starts_it_becomes_ready_on_our_control_plane() {
     if let Some(reason) = unavailable() {
-        eprintln!("skipping the Istio chart drop-in test: {reason}");
+        skip(reason);
         return;
     }
     let binaries = Binaries::from_target_dir().unwrap();

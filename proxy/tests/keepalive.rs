@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 
 use ztunnel_test_support::cluster::Cluster;
+use ztunnel_test_support::skip::skip;
 
 use support::{APP_PORT, HBONE_PORT, eventually, hold, logs, one_node};
 
@@ -57,7 +58,7 @@ fn all_ours(lines: &[String]) -> bool {
 #[test]
 fn in_pod_connections_accepted_and_dialled_carry_the_configured_keepalive() {
     if std::process::Command::new("ss").arg("-V").output().is_err() {
-        eprintln!("skipping the in-pod keepalive test: no `ss` (iproute2)");
+        skip("no `ss` (apt-get install iproute2)");
         return;
     }
     let secs = format!("{KEEPALIVE_SECS}s");

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, still_echoes};
+use ztunnel_test_support::skip::skip;
 
 use support::{APP_PORT, app, delivered_over_mtls, echoes, eventually, logs, tunnelled_to};
 
@@ -32,23 +33,23 @@ const LATE: &str = "late";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A cluster on the API server with `specs` added and serving, the ztunnels
-/// synced; `None`, with the reason printed, where it cannot run.
+/// synced; `None`, skipped with the reason, where it cannot run.
 fn start(tag: &str, specs: &[PodSpec], ambient: &[&str]) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let binaries = Binaries::from_target_dir().unwrap();
     let Some(mut cluster) =
         Cluster::start_on_kubernetes(&["node-a", "node-b"], specs, ambient, binaries).unwrap()
     else {
-        eprintln!("skipping {tag}: no Kubernetes API server");
+        // Skipped by the API server's start, with the reason.
         return None;
     };
     for spec in specs {
         let pod = cluster.add_pod(spec).unwrap();
         if let Some(reason) = pod.process_unavailable() {
-            eprintln!("skipping {tag}: {reason}");
+            skip(format_args!("{tag}: {reason}"));
             return None;
         }
         pod.serve_echo(APP_PORT).unwrap();

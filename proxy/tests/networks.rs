@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 use ztunnel_test_support::waypoint::EastWestGateway;
 
@@ -30,7 +31,7 @@ const HOSTNAME: &str = "echo.default.svc.cluster.local";
 
 fn start(tag: &str) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let specs = [

@@ -18,6 +18,7 @@ use ztunnel_proxy::drain::{self, DrainOutcome};
 use ztunnel_proxy::metrics::{Metrics, Reporter, ResponseFlags, SecurityPolicy, TrafficLabels};
 use ztunnel_proxy::readiness::{self, Ready};
 use ztunnel_proxy::telemetry::{self, LogHandle, LogOptions};
+use ztunnel_test_support::skip::skip;
 
 #[path = "support/wire_labels.rs"]
 mod wire_labels;
@@ -355,7 +356,7 @@ async fn a_cpu_profile_reads_in_go_tool_pprof_and_bad_parameters_are_refused() {
     assert_eq!(request(addr, "GET", "/debug/pprof/heap").await.status, 501);
 
     let Ok(go) = which("go") else {
-        eprintln!("SKIPPED reading the profile with go tool pprof: `go` is not installed");
+        skip("reading the profile with go tool pprof: `go` is not installed");
         return;
     };
     let stop = Arc::new(AtomicBool::new(false));

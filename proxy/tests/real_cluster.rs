@@ -31,6 +31,7 @@ use ztunnel_test_support::helm::{self, Helm};
 use ztunnel_test_support::real_cluster::{
     self, ClusterSpec, LoadgenPod, MESH_NAMESPACE, NOT_READY_TAINT, PodStatus, RealCluster,
 };
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 #[path = "real_cluster/clients.rs"]
@@ -115,7 +116,9 @@ fn the_chart_installs_on_a_real_cluster_and_meshes_its_pods() {
 #[test]
 fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
     if let Some(reason) = real_cluster::istio::unavailable() {
-        eprintln!("SKIP: no Istio components for the real cluster: {reason}");
+        skip(format_args!(
+            "no Istio components for the real cluster: {reason}"
+        ));
         return;
     }
     let spec = ClusterSpec {
@@ -147,7 +150,7 @@ fn istios_istiod_istio_cni_and_charts_drive_our_ztunnel_on_a_real_cluster() {
 /// real cluster cannot run.
 fn on_a_cluster(spec: &ClusterSpec, phases: impl FnOnce(&RealCluster, &Helm)) {
     if let Some(reason) = real_cluster::unavailable() {
-        eprintln!("SKIP: no real cluster: {reason}");
+        skip(format_args!("no real cluster: {reason}"));
         return;
     }
     let Some(helm) = Helm::find_or_skip() else {

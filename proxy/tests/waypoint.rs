@@ -17,6 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use ztunnel_certs::identity::Identity;
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec};
 use ztunnel_test_support::kube::KubeApi;
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::waypoint::{Outcome, Route, Waypoint};
 
 use support::{APP_PORT, HBONE_PORT, delivered_over_mtls, eventually, logs};
@@ -64,13 +65,13 @@ const SERVICE_PORT: u16 = 80;
 
 fn start(tag: &str) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let crds = match KubeApi::gateway_api_crds() {
         Ok(crds) => crds,
         Err(reason) => {
-            eprintln!("skipping {tag}: {reason}");
+            skip(format_args!("{tag}: {reason}"));
             return None;
         }
     };
@@ -85,7 +86,7 @@ fn start(tag: &str) -> Option<Cluster> {
         Cluster::start_on_kubernetes(&["node-a", "node-b"], &specs, &["default"], binaries)
             .unwrap()
     else {
-        eprintln!("skipping {tag}: no Kubernetes API server");
+        // Skipped by the API server's start, with the reason.
         return None;
     };
     for spec in &specs {

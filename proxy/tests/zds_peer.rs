@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use ztunnel_proxy::inpod::zds::ZdsSocket;
+use ztunnel_test_support::skip::skip;
 
 /// How long the test waits for the other user's socket to listen.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,7 +26,9 @@ fn a_socket_served_by_another_user_is_refused() {
 
     const OTHER_UID: u32 = 65534;
     if !Uid::effective().is_root() {
-        eprintln!("skipping: needs root to serve the socket as uid {OTHER_UID}");
+        skip(format_args!(
+            "needs root to serve the socket as uid {OTHER_UID}"
+        ));
         return;
     }
     let directory = tempfile::tempdir().unwrap();

@@ -160,8 +160,11 @@ impl Cluster {
     /// in `ambient_namespaces`, plain otherwise), and get their status
     /// once added. Every node's plugin reports every pod to its agent,
     /// which decides enrollment from the labels, as an installed agent
-    /// does. `None`, with the reason printed, where the API server's
-    /// binaries were not built.
+    /// does. `None`, after [`KubeApi::start`]'s skip, where the API
+    /// server's binaries were not built.
+    ///
+    /// [`KubeApi::start`]: crate::kube::KubeApi::start
+    #[track_caller]
     pub fn start_on_kubernetes(
         node_names: &[&str],
         pods: &[PodSpec],

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use serde_yaml_ng::Value;
 
 use crate::kube::KubeApi;
+use crate::skip::skip;
 
 /// The chart's directory in this checkout.
 pub fn chart_dir() -> PathBuf {
@@ -51,12 +52,14 @@ impl Helm {
         Ok(Helm { bin })
     }
 
-    /// As [`Helm::find`], printing the reason to skip.
+    /// As [`Helm::find`], skipping with the reason ([`crate::skip::skip`],
+    /// a failure under `ZTUNNEL_NO_SKIPS`) where helm is missing.
+    #[track_caller]
     pub fn find_or_skip() -> Option<Helm> {
         match Helm::find() {
             Ok(helm) => Some(helm),
             Err(reason) => {
-                eprintln!("SKIP: {reason}");
+                skip(reason);
                 None
             }
         }

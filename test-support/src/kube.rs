@@ -27,6 +27,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 
+use crate::skip::skip;
+
 pub mod objects;
 
 /// The service-account token issuer the API server stamps into tokens.
@@ -140,13 +142,15 @@ impl KubeApi {
     }
 
     /// Starts etcd and kube-apiserver and waits until the API server is
-    /// ready. `None` (with the reason printed) when the binaries were not
-    /// built; tests skip then.
+    /// ready. `None` when the binaries were not built, after
+    /// [`crate::skip::skip`] (which fails the test under
+    /// `ZTUNNEL_NO_SKIPS`); tests return early then.
+    #[track_caller]
     pub fn start() -> anyhow::Result<Option<KubeApi>> {
         let bin = match Self::binaries() {
             Ok(bin) => bin,
             Err(reason) => {
-                eprintln!("SKIP: no Kubernetes API server: {reason}");
+                skip(format_args!("no Kubernetes API server: {reason}"));
                 return Ok(None);
             }
         };

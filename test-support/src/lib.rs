@@ -18,6 +18,17 @@
 //!
 //! Prefer the cheapest that can show the behaviour: a [`real_cluster`]
 //! phase costs a minute of CI per cluster, a [`cluster`] test seconds.
+//!
+//! # Where a test cannot run
+//!
+//! A test that lacks root, a tool, the built Kubernetes binaries or a
+//! usable cgroup hierarchy returns early through [`skip::skip`], with the
+//! reason; harnesses that find the lack themselves ([`kube::KubeApi::start`],
+//! [`helm::Helm::find_or_skip`]) call it for their callers. `cargo test`
+//! shows such a test as passed, so `.ci/run`, where everything is present,
+//! sets `ZTUNNEL_NO_SKIPS`, under which a skip fails the test with its
+//! reason. Only a missing capability is a skip: any other error of a
+//! harness fails the test.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -33,5 +44,6 @@ pub mod pause;
 pub mod ports;
 pub mod quoted;
 pub mod real_cluster;
+pub mod skip;
 pub mod wait;
 pub mod waypoint;

@@ -18,8 +18,9 @@ use anyhow::{Context, bail};
 use nix::sched::{CloneFlags, setns};
 
 /// Tells why end-to-end tests cannot run here, if they cannot: they need
-/// root (CAP_NET_ADMIN, CAP_SYS_ADMIN), `ip` and `iptables`. Tests print the
-/// reason and skip; CI runs as root with both installed.
+/// root (CAP_NET_ADMIN, CAP_SYS_ADMIN), `ip` and `iptables`. Tests skip
+/// with the reason ([`crate::skip::skip`]); CI runs as root with both
+/// installed, where a skip is a failure.
 pub fn unavailable() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("not root: network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN".into());

@@ -9,7 +9,8 @@
 //! Each process is killed (by its PID) and reaped on drop, and the cgroup
 //! directories are removed after it. Where cgroup v2 is not mounted or not
 //! writable, [`PauseProcess::start`] says why
-//! ([`PauseError::CgroupUnavailable`]), so tests can skip with the reason.
+//! ([`PauseError::CgroupUnavailable`]), so tests can skip with the reason
+//! ([`crate::skip::skip`]); any other error fails them.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

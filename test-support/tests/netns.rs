@@ -8,11 +8,12 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::skip::skip;
 
 #[test]
 fn veth_pair_joins_two_namespaces() {
     if let Some(reason) = netns::unavailable() {
-        eprintln!("SKIPPED veth_pair_joins_two_namespaces: {reason}");
+        skip(reason);
         return;
     }
     let a = NetNs::create("a").unwrap();

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use ztunnel_test_support::netns::{self, NetNs};
 use ztunnel_test_support::pause::{PauseError, PauseProcess};
+use ztunnel_test_support::skip::skip;
 
 const UID: &str = "0b7e9d1c-5a2f-4c3e-8d4a-1f2e3d4c5b6a";
 
@@ -21,14 +22,14 @@ fn netns_id(path: &Path) -> (u64, u64) {
 #[test]
 fn the_pause_process_runs_in_the_pods_netns_and_cgroup_until_dropped() {
     if let Some(reason) = netns::unavailable() {
-        eprintln!("skipped: {reason}");
+        skip(reason);
         return;
     }
     let netns = NetNs::create("pause").unwrap();
     let mut pause = match PauseProcess::start(&netns, UID) {
         Ok(pause) => pause,
         Err(error @ PauseError::CgroupUnavailable(_)) => {
-            eprintln!("skipped: {error}");
+            skip(error);
             return;
         }
         Err(error) => panic!("{error}"),

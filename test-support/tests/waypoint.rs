@@ -22,6 +22,7 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::client_config;
 use ztunnel_test_support::ca::{TestRoot, foreign_certificate};
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::waypoint::hbone::{self, HboneError};
 use ztunnel_test_support::waypoint::{
     EastWestGateway, EchoServer, Outcome, Record, Route, Waypoint,
@@ -417,7 +418,7 @@ async fn the_gateway_answers_503_for_an_unknown_service_or_a_dead_endpoint() {
 #[test]
 fn peers_started_in_a_namespace_listen_and_dial_there() {
     if let Some(reason) = netns::unavailable() {
-        eprintln!("SKIPPED peers_started_in_a_namespace_listen_and_dial_there: {reason}");
+        skip(reason);
         return;
     }
     let ns = NetNs::create("waypoint").unwrap();

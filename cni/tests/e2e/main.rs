@@ -16,6 +16,7 @@ use ztunnel_cni::agent::{self, AgentConfig};
 use ztunnel_proto::istio::workload::zds::workload_request::Payload;
 use ztunnel_test_support::cni::{self, CniNetwork, PodSandbox};
 use ztunnel_test_support::netns::NetNs;
+use ztunnel_test_support::skip::skip;
 
 use rules::our_rules;
 use running_agent::Agent;
@@ -32,7 +33,7 @@ const PLUGIN: &str = env!("CARGO_BIN_EXE_ztunnel-cni");
 macro_rules! skip_unless_available {
     () => {
         if let Some(reason) = cni::unavailable() {
-            eprintln!("skipping: {reason}");
+            skip(reason);
             return;
         }
     };
@@ -482,7 +483,7 @@ fn ipv6_pods_get_ip6tables_rules_and_policy_routing_too() {
     skip_unless_available!();
     let pod_ns = NetNs::create("pod6").unwrap();
     if let Err(error) = pod_ns.exec(&["ip6tables-save"]) {
-        eprintln!("skipping: ip6tables does not work here: {error:#}");
+        skip(format_args!("ip6tables does not work here: {error:#}"));
         return;
     }
     let path = pod_ns.path();

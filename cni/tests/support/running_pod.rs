@@ -23,13 +23,14 @@ pub struct RunningPod {
 
 impl RunningPod {
     /// Creates `spec` with address `ip` and starts it; `Err` with the
-    /// reason when cgroup v2 cannot be used here.
+    /// reason when cgroup v2 cannot be used here (the one thing the test
+    /// may skip for): any other failure panics.
     pub fn start(
         runtime: &Runtime,
         client: &kube::Client,
         spec: &PodSpecForTest,
         ip: &str,
-    ) -> Result<RunningPod, PauseError> {
+    ) -> Result<RunningPod, String> {
         let uid = runtime.block_on(create_pod(client, spec)).unwrap();
         let netns = NetNs::create("run").unwrap();
         netns.exec(&["ip", "link", "set", "lo", "up"]).unwrap();
@@ -44,7 +45,11 @@ impl RunningPod {
             .exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])
             .unwrap();
         netns.exec(&["ip", "link", "set", "eth0", "up"]).unwrap();
-        let pause = PauseProcess::start(&netns, &uid)?;
+        let pause = match PauseProcess::start(&netns, &uid) {
+            Ok(pause) => pause,
+            Err(error @ PauseError::CgroupUnavailable(_)) => return Err(error.to_string()),
+            Err(error) => panic!("{error}"),
+        };
         let address: IpAddr = ip.parse().unwrap();
         runtime
             .block_on(set_pod_running(

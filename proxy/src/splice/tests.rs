@@ -3,6 +3,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+use ztunnel_test_support::skip::skip;
 
 use super::*;
 
@@ -31,13 +32,13 @@ async fn pair() -> Pair {
     }
 }
 
-/// The process's splicer, or `None` with the reason printed: joining
+/// The process's splicer, or `None`, skipped with the reason: joining
 /// sockets needs CAP_BPF and CAP_NET_ADMIN and a kernel with socket maps.
 fn splicer() -> Option<&'static Splicer> {
     let splicer = Splicer::shared();
     if splicer.is_none() {
-        eprintln!(
-            "SKIPPED: the kernel refused the socket maps or the verdict program (not root, or no BPF socket maps)"
+        skip(
+            "the kernel refused the socket maps or the verdict program (not root, or no BPF socket maps)",
         );
     }
     splicer

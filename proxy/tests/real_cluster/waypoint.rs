@@ -54,7 +54,7 @@ pub(super) fn a_namespace_labelled_to_use_a_waypoint_pod_reaches_its_service_thr
     root: &TestRoot,
 ) {
     if let Err(reason) = helm::chart_gateway_api_crds() {
-        println!("SKIP: the waypoint phase: {reason}");
+        skip(format_args!("the waypoint phase: {reason}"));
         return;
     }
     let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{WAYPOINT_NAMESPACE}/sa/{WAYPOINT}");

@@ -11,6 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use ztunnel_test_support::cluster::{self, Binaries, Cluster, PodSpec, tail};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 /// The port every pod's application (an echo server) listens on.
@@ -103,11 +104,11 @@ pub fn metric_at(cluster: &Cluster, node: &str, port: u16, name: &str, labels: &
 /// One node with a pod outside the mesh (`outsider`, namespace `plain`)
 /// and two meshed ones (`client`, `server`), each serving its echo
 /// application; `env` is set on the node's ztunnel (restarted with it)
-/// before the pods are added. `None`, after printing why, where the
+/// before the pods are added. `None`, skipped with the reason, where the
 /// cluster cannot run.
 pub fn one_node(tag: &str, env: &[(&str, &str)]) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let specs = [
@@ -142,11 +143,11 @@ pub enum MeshFrom {
 /// Two nodes: two clients on node a (`client`, and `other` under another
 /// identity) and a server on node b (`server-b`), added and each serving
 /// its echo application, with `also` known to the mesh but not added (for
-/// a test to add, or never to push); the ztunnels synced. `None`, after
-/// printing why, where the cluster (or the API server) cannot run.
+/// a test to add, or never to push); the ztunnels synced. `None`, skipped
+/// with the reason, where the cluster (or the API server) cannot run.
 pub fn clients_and_server(tag: &str, also: &[PodSpec], from: MeshFrom) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
-        eprintln!("skipping {tag}: {reason}");
+        skip(format_args!("{tag}: {reason}"));
         return None;
     }
     let specs = [
@@ -164,7 +165,7 @@ pub fn clients_and_server(tag: &str, also: &[PodSpec], from: MeshFrom) -> Option
             let Some(cluster) =
                 Cluster::start_on_kubernetes(&nodes, &known, &["default"], binaries).unwrap()
             else {
-                eprintln!("skipping {tag}: no Kubernetes API server");
+                // Skipped by the API server's start, with the reason.
                 return None;
             };
             cluster

@@ -17,6 +17,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use ztunnel_test_support::ca::{PodRef, TestCa};
 use ztunnel_test_support::netns::{self, NetNs};
+use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 
 pub const CLIENT_IP: &str = "198.18.0.1";
@@ -110,7 +111,8 @@ pub struct Mesh {
 
 impl Mesh {
     /// Builds the topology and waits until both proxies are ready. `None`
-    /// (after printing why) where this machine cannot build namespaces.
+    /// (skipped, with the reason) where this machine cannot build
+    /// namespaces.
     pub fn start(test: &str, policies: &str) -> Option<Mesh> {
         Mesh::start_with_env(test, policies, &[])
     }
@@ -118,7 +120,7 @@ impl Mesh {
     /// [`Mesh::start`], with `env` set on both proxies over the mesh's own.
     pub fn start_with_env(test: &str, policies: &str, env: &[(&str, &str)]) -> Option<Mesh> {
         if let Some(reason) = netns::unavailable() {
-            eprintln!("SKIPPED {test}: {reason}");
+            skip(format_args!("{test}: {reason}"));
             return None;
         }
         let a = NetNs::create("a").unwrap();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, geteuid};
+use ztunnel_test_support::skip::skip;
 
 /// How long anything here may take; every step takes milliseconds.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -111,7 +112,7 @@ fn version_prints_and_exits() {
 #[test]
 fn as_pid_1_it_reaps_orphans_and_stops_on_sigterm() {
     if !geteuid().is_root() {
-        eprintln!("skipped: a PID namespace needs root");
+        skip("a PID namespace needs root");
         return;
     }
     // unshare forks pause as PID 1 of a new PID namespace and exits with
