@@ -18,7 +18,7 @@ fn a_thread_that_cannot_leave_a_pod_aborts_the_process() {
         take_the_abort_path();
     }
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: entering a network namespace (setns) needs root");
+        ztunnel_test_support::skip::skip("entering a network namespace (setns) needs root");
         return;
     }
     let output = Command::new(std::env::current_exe().unwrap())
