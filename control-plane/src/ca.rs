@@ -4,7 +4,8 @@
 //!
 //! Decisions are pure functions (`authn`, `authz`); `service` is the gRPC
 //! shell around them and `server` the TLS listener, which also serves the
-//! delta xDS of `crate::xds` from the same registry. The signing material
+//! delta xDS of `crate::xds` from the same registry; `slots` and
+//! `connection` bound what unauthenticated peers may hold on it. The signing material
 //! comes from files, from the state directory (`state_dir`), or on
 //! Kubernetes from the Secrets istiod uses (`signing_secret`).
 
@@ -15,17 +16,19 @@ use ztunnel_certs::issuer::{Issuer, TtlPolicy};
 
 use authenticator::Authenticator;
 use authz::NodeAgentAccount;
+use connection::ConnectionLimits;
 use metrics::CaMetrics;
 use ztunnel_mesh::PodRegistry;
 
 pub mod authenticator;
 pub mod authn;
 pub mod authz;
+pub mod connection;
 pub mod metrics;
-pub mod pending;
 pub mod server;
 pub mod service;
 pub mod signing_secret;
+pub mod slots;
 pub mod state_dir;
 pub mod token;
 pub mod token_keys;
@@ -53,4 +56,6 @@ pub struct CaConfig {
     pub serving_dns_names: Vec<String>,
     /// IP addresses of the CA's serving certificate.
     pub serving_ips: Vec<IpAddr>,
+    /// What an established connection may cost before it authenticates.
+    pub connections: ConnectionLimits,
 }

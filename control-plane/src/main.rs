@@ -151,6 +151,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         serving_dns_names: args.serving_cert.serving_dns_names.clone(),
         serving_ips: args.serving_cert.serving_ips.clone(),
+        connections: ztunnel_control_plane::ca::connection::ConnectionLimits::DEFAULT,
     };
 
     let grpc = TcpListener::bind(args.listen)

@@ -3,7 +3,9 @@
 //! thousand such connections held open do not delay an honest ztunnel's
 //! certificate request or xDS stream, and one source cannot hold more
 //! than its share of pending handshakes (the rest are closed at once and
-//! counted).
+//! counted). Past the handshake, a connection that never sends its
+//! HTTP/2 preface, or never authenticates a request, is closed after a
+//! bound, and one source holds only its share of established connections.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime};
@@ -15,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Request;
 use ztunnel_certs::csr::CertRequest;
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER};
+use ztunnel_control_plane::ca::connection::ConnectionLimits;
 use ztunnel_control_plane::ca::token::PodToken;
 use ztunnel_proto::envoy::config::core::v3::Node;
 use ztunnel_proto::envoy::service::discovery::v3::DeltaDiscoveryRequest;
@@ -186,4 +189,118 @@ async fn silent_connections_delay_no_honest_caller_and_one_source_holds_only_its
     );
     held.extend(from_one);
     drop(held);
+}
+
+/// Whether `stream` is closed by the server within `within`: EOF or an
+/// error on a read. Nothing is ever sent to these connections, so a read
+/// returns only when the server ends them.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, within: Duration) -> bool {
+    let mut buffer = [0u8; 64];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // The server's own HTTP/2 SETTINGS, sent at once.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// The value of `ca_connections_refused_total{reason}` on the server.
+async fn refused(plane: &test_server::TestServer, reason: &str) -> u64 {
+    let text = ca_client::metrics(plane.metrics_addr).await;
+    let prefix = format!("ca_connections_refused_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |count| count.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn past_tls_a_silent_connection_is_closed_and_one_source_holds_only_its_share() {
+    let limits = ConnectionLimits {
+        preface_timeout: Duration::from_secs(2),
+        unauthenticated_timeout: Duration::from_secs(4),
+        per_source: 3,
+        total: 100,
+    };
+    let plane = test_server::start_limited(MESH, limits).await;
+    let roots = plane.issuer.roots();
+
+    // Three established connections that send nothing: the source's share.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(ca_client::tls_only(plane.addr, roots).await);
+    }
+    // A fourth is closed as soon as its handshake is done.
+    let mut fourth = ca_client::tls_only(plane.addr, roots).await;
+    assert!(
+        closed_within(&mut fourth, Duration::from_secs(1)).await,
+        "the fourth established connection of one source is closed at once"
+    );
+    assert_eq!(refused(&plane, "established_per_source").await, 1);
+
+    // The three send no preface: closed after its bound, counted.
+    let started = Instant::now();
+    for connection in &mut held {
+        assert!(
+            closed_within(connection, Duration::from_secs(10)).await,
+            "a connection that never sends its preface is closed"
+        );
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "closed by the preface bound, not at once: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(refused(&plane, "preface_timeout").await, 3);
+
+    // Their slots came back: a new connection is established again, and
+    // an honest caller is served.
+    let mut again = ca_client::tls_only(plane.addr, roots).await;
+    assert!(!closed_within(&mut again, Duration::from_millis(500)).await);
+    let token = ztunnel_token(&plane);
+    certificate_takes(&plane, &token).await;
+}
+
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_and_an_authenticated_one_is_kept() {
+    let limits = ConnectionLimits {
+        preface_timeout: Duration::from_secs(5),
+        unauthenticated_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::DEFAULT
+    };
+    let plane = test_server::start_limited(MESH, limits).await;
+    let roots = plane.issuer.roots();
+    let identity = "spiffe://cluster.local/ns/default/sa/app".parse().unwrap();
+    let csr = CertRequest::generate(&identity).unwrap();
+    let impersonate = Some("spiffe://cluster.local/ns/default/sa/app");
+
+    // An honest caller authenticates its first request on its connection;
+    // a junk one sends a request whose token does not.
+    let token = ztunnel_token(&plane);
+    let mut honest = ca_client::connect(plane.addr, roots).await;
+    let request = ca_client::request(Some(&token), csr.csr_pem(), impersonate, 0);
+    honest.create_certificate(request).await.unwrap();
+    let mut junk = ca_client::connect(plane.addr, roots).await;
+    let request = ca_client::request(Some("junk"), csr.csr_pem(), impersonate, 0);
+    let refusal = junk.create_certificate(request).await.unwrap_err();
+    assert_eq!(refusal.code(), tonic::Code::Unauthenticated);
+
+    // Past the bound the junk connection is closed; the honest one stays.
+    let closed = async {
+        while refused(&plane, "unauthenticated_timeout").await == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the connection that never authenticated is closed");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        refused(&plane, "unauthenticated_timeout").await,
+        1,
+        "only the junk connection is closed"
+    );
+    let request = ca_client::request(Some(&token), csr.csr_pem(), impersonate, 0);
+    honest.create_certificate(request).await.unwrap();
 }

@@ -78,6 +78,7 @@ async fn start_ca() -> Ca {
         metrics: Arc::new(CaMetrics::new()),
         serving_dns_names: vec!["localhost".into()],
         serving_ips: vec!["127.0.0.1".parse().unwrap()],
+        connections: ztunnel_control_plane::ca::connection::ConnectionLimits::DEFAULT,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

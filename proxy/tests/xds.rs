@@ -213,6 +213,7 @@ async fn start_ca(dir: &Path) -> Ca {
         metrics: Arc::new(CaMetrics::new()),
         serving_dns_names: vec!["localhost".into()],
         serving_ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        connections: ztunnel_control_plane::ca::connection::ConnectionLimits::DEFAULT,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

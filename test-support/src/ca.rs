@@ -487,6 +487,7 @@ fn serve(
             metrics,
             serving_dns_names: vec!["localhost".into()],
             serving_ips: parts.serving_ips,
+            connections: ztunnel_control_plane::ca::connection::ConnectionLimits::DEFAULT,
         };
         let shutdown = async move {
             let _ = stopped.await;

@@ -135,6 +135,7 @@ async fn server_main(pods: usize, clients: usize, rounds: usize) -> anyhow::Resu
         metrics: Arc::new(CaMetrics::new()),
         serving_dns_names: vec!["localhost".into()],
         serving_ips: vec!["127.0.0.1".parse()?],
+        connections: ztunnel_control_plane::ca::connection::ConnectionLimits::DEFAULT,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -32,7 +32,8 @@ use ztunnel_certs::tls;
 
 use super::CaConfig;
 use super::metrics::CaMetrics;
-use super::pending::PendingHandshakes;
+use super::connection::{ConnectionLimits, Guarded};
+use super::slots::{SourceSlots, Stage};
 use super::service::CertificateService;
 
 /// Largest gRPC request decoded: a CSR is at most 64 KiB of PEM, and the
@@ -115,6 +116,7 @@ pub async fn serve(
     )?;
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(serving)?));
     let metrics = Arc::clone(&config.metrics);
+    let limits = config.connections;
     let (stop, stopped) = watch::channel(false);
     let ads = AdsService::start(&config, MAX_XDS_DECODING_MESSAGE_BYTES, stopped);
     let ca = IstioCertificateServiceServer::new(CertificateService::new(config))
@@ -128,7 +130,7 @@ pub async fn serve(
     };
 
     let (connections, incoming) = mpsc::channel(HANDED_OVER);
-    let accept = tokio::spawn(accept_loop(listener, acceptor, connections, metrics));
+    let accept = tokio::spawn(accept_loop(listener, acceptor, connections, metrics, limits));
     let result = tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
@@ -187,18 +189,28 @@ pub fn tls_config(serving: ServingCertificate) -> Result<ServerConfig, rustls::E
     Ok(config)
 }
 
+/// A connection handed to tonic: its TLS stream, guarded.
+type Established = Guarded<TlsStream<TcpStream>>;
+
 /// Accepts TCP connections and hands each finished TLS handshake to tonic.
 /// Never waits for a slot: a connection whose source (or the server) has
-/// too many handshakes pending is closed at once and counted, so peers
-/// that connect and send nothing cannot delay anyone else's accept. Runs
-/// until aborted or tonic stops taking connections.
+/// too many handshakes pending, or too many connections established, is
+/// closed at once and counted, so peers that connect and send nothing
+/// cannot delay anyone else's accept. Runs until aborted or tonic stops
+/// taking connections.
 async fn accept_loop(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    connections: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+    connections: mpsc::Sender<io::Result<Established>>,
     metrics: Arc<CaMetrics>,
+    limits: ConnectionLimits,
 ) {
-    let pending = PendingHandshakes::new(MAX_PENDING_PER_SOURCE, MAX_PENDING_HANDSHAKES);
+    let pending = SourceSlots::new(
+        Stage::Pending,
+        MAX_PENDING_PER_SOURCE,
+        MAX_PENDING_HANDSHAKES,
+    );
+    let established = SourceSlots::new(Stage::Established, limits.per_source, limits.total);
     let mut refused_since_log = 0_u64;
     let mut last_log: Option<Instant> = None;
     loop {
@@ -238,6 +250,7 @@ async fn accept_loop(
         let acceptor = acceptor.clone();
         let connections = connections.clone();
         let metrics = Arc::clone(&metrics);
+        let established = Arc::clone(&established);
         tokio::spawn(async move {
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await;
             // The slot is given back once the handshake has ended either
@@ -245,8 +258,17 @@ async fn accept_loop(
             drop(slot);
             match handshake {
                 Ok(Ok(tls)) => {
+                    let slot = match established.admit(peer.ip()) {
+                        Ok(slot) => slot,
+                        Err(refused) => {
+                            metrics.record_connection_refused(refused.label());
+                            tracing::debug!(%peer, reason = refused.label(), "CA connection closed: too many established");
+                            return;
+                        }
+                    };
+                    let guarded = Guarded::new(tls, slot, limits, Arc::clone(&metrics));
                     // Err: the server is shutting down; the connection just closes.
-                    let _ = connections.send(Ok(tls)).await;
+                    let _ = connections.send(Ok(guarded)).await;
                 }
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, error = %ErrorChain(&error), "CA TLS handshake failed")

@@ -16,6 +16,7 @@ use ztunnel_certs::issuer::{Issuer, IssuerError, SigningRequest, TtlPolicy};
 use super::CaConfig;
 use super::authenticator::Authenticator;
 use super::authn::{Caller, bearer_token};
+use super::connection::{Authenticated, mark_authenticated};
 use super::authz::{Denial, NodeAgentAccount, authorize};
 use super::metrics::CaMetrics;
 use ztunnel_mesh::PodRegistry;
@@ -67,6 +68,7 @@ impl CertificateService {
             .authenticate(request, now)
             .await
             .map_err(|denial| self.deny(None, impersonate, &denial))?;
+        mark_authenticated(request.extensions().get::<Authenticated>());
         let identity = authorize(
             &caller,
             impersonate,

@@ -40,6 +40,7 @@ use ztunnel_proto::xds_types::ResourceKind;
 use crate::ca::CaConfig;
 use crate::ca::authenticator::Authenticator;
 use crate::ca::authn::{AuthnError, Caller, bearer_token};
+use crate::ca::connection::{Authenticated, mark_authenticated};
 use crate::ca::authz::{Denial, NodeAgentAccount, caller_node, trusted_node_agent};
 use crate::ca::metrics::CaMetrics;
 use crate::ca::service::bounded_for_log as bounded;
@@ -144,7 +145,8 @@ impl Shared {
         if request.uri().path() != DELTA_PATH {
             return Err(Status::unimplemented(""));
         }
-        let subscriber = self.admit(request.headers(), now).await?;
+        let connection = request.extensions().get::<Authenticated>();
+        let subscriber = self.admit(request.headers(), connection, now).await?;
         if *self.stop.borrow() {
             return Err(Status::unavailable("server is shutting down"));
         }
@@ -172,8 +174,14 @@ impl Shared {
     }
 
     /// Authenticates and authorizes a subscriber at `now`; a refusal is
-    /// logged, counted, and returned as an opaque status.
-    async fn admit(&self, headers: &HeaderMap, now: SystemTime) -> Result<Subscriber, Status> {
+    /// logged, counted, and returned as an opaque status. An authenticated
+    /// caller marks its `connection` as such.
+    async fn admit(
+        &self,
+        headers: &HeaderMap,
+        connection: Option<&Authenticated>,
+        now: SystemTime,
+    ) -> Result<Subscriber, Status> {
         let header = headers.get("authorization").map(HeaderValue::as_bytes);
         let deny = |caller: Option<&Caller>, denial: Denial| {
             self.metrics.record_xds_denial(&denial);
@@ -194,6 +202,7 @@ impl Shared {
             .authenticate(token, now)
             .await
             .map_err(|error| deny(None, error.into()))?;
+        mark_authenticated(connection);
         trusted_node_agent(&caller, &self.trusted_node_accounts)
             .map_err(|denial| deny(Some(&caller), denial))?;
         let snapshot = self.registry.snapshot();

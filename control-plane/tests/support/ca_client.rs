@@ -58,17 +58,7 @@ async fn dial(
     name: &'static str,
     stream_window: Option<u32>,
 ) -> Channel {
-    let mut store = rustls::RootCertStore::empty();
-    for root in roots {
-        store.add(root.clone()).unwrap();
-    }
-    let mut tls = rustls::ClientConfig::builder_with_provider(ztunnel_certs::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let connector = connector(roots);
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .initial_stream_window_size(stream_window)
@@ -83,6 +73,33 @@ async fn dial(
         }))
         .await
         .unwrap()
+}
+
+/// A TLS 1.3 client offering ALPN `h2`, trusting only `roots`.
+fn connector(roots: &[CertificateDer<'static>]) -> tokio_rustls::TlsConnector {
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(ztunnel_certs::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(tls))
+}
+
+/// A connection to the CA's port at `addr` with its TLS handshake done
+/// and nothing sent: no HTTP/2 preface, no request.
+#[allow(dead_code)] // only the connection-bound tests hold one
+pub async fn tls_only(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    connector(roots).connect(name, tcp).await.unwrap()
 }
 
 /// A `CreateCertificate` request as ztunnel sends it: the token in the

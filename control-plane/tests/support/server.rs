@@ -13,6 +13,7 @@ use tokio::sync::{oneshot, watch};
 use ztunnel_certs::issuer::{Issuer, SigningMaterial, TtlPolicy, generate_root};
 use ztunnel_control_plane::ca::authenticator::Authenticator;
 use ztunnel_control_plane::ca::authn::TokenPolicy;
+use ztunnel_control_plane::ca::connection::ConnectionLimits;
 use ztunnel_control_plane::ca::metrics::{self, CaMetrics};
 use ztunnel_control_plane::ca::token::TokenSigner;
 use ztunnel_control_plane::ca::{CaConfig, server};
@@ -42,6 +43,11 @@ pub struct TestServer {
 
 /// Starts a server reading `mesh` (written to a fresh file).
 pub async fn start(mesh: &str) -> TestServer {
+    start_limited(mesh, ConnectionLimits::DEFAULT).await
+}
+
+/// [`start`], with `limits` on its established connections.
+pub async fn start_limited(mesh: &str, limits: ConnectionLimits) -> TestServer {
     ztunnel_certs::tls::install_provider();
     let dir = tempfile::tempdir().unwrap();
     let root = generate_root("cluster.local", SystemTime::now()).unwrap();
@@ -71,6 +77,7 @@ pub async fn start(mesh: &str) -> TestServer {
         metrics: Arc::clone(&metrics),
         serving_dns_names: vec!["localhost".into()],
         serving_ips: vec!["127.0.0.1".parse().unwrap()],
+        connections: limits,
     };
     let (stop, stop_requested) = oneshot::channel::<()>();
     let (done, stopped) = oneshot::channel::<()>();
