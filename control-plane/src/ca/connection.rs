@@ -125,7 +125,9 @@ impl<S> Guarded<S> {
             phase: Phase::Silent,
             established,
             limits,
-            deadline: Box::pin(tokio::time::sleep_until(established + limits.preface_timeout)),
+            deadline: Box::pin(tokio::time::sleep_until(
+                established + limits.preface_timeout,
+            )),
             metrics,
         }
     }
@@ -158,7 +160,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
             if this.phase != Phase::Ended {
                 this.phase = Phase::Ended;
                 this.metrics.record_connection_refused(reason);
-                tracing::debug!(reason, "closing a CA connection that proved nothing in time");
+                tracing::debug!(
+                    reason,
+                    "closing a CA connection that proved nothing in time"
+                );
             }
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, reason)));
         }

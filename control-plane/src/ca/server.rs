@@ -31,10 +31,10 @@ use ztunnel_certs::issuer::{IssuerError, ServingCertificate};
 use ztunnel_certs::tls;
 
 use super::CaConfig;
-use super::metrics::CaMetrics;
 use super::connection::{ConnectionLimits, Guarded};
-use super::slots::{SourceSlots, Stage};
+use super::metrics::CaMetrics;
 use super::service::CertificateService;
+use super::slots::{SourceSlots, Stage};
 
 /// Largest gRPC request decoded: a CSR is at most 64 KiB of PEM, and the
 /// metadata a few hundred bytes; 256 KiB leaves room for framing.
@@ -130,7 +130,13 @@ pub async fn serve(
     };
 
     let (connections, incoming) = mpsc::channel(HANDED_OVER);
-    let accept = tokio::spawn(accept_loop(listener, acceptor, connections, metrics, limits));
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        acceptor,
+        connections,
+        metrics,
+        limits,
+    ));
     let result = tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)

@@ -16,8 +16,8 @@ use ztunnel_certs::issuer::{Issuer, IssuerError, SigningRequest, TtlPolicy};
 use super::CaConfig;
 use super::authenticator::Authenticator;
 use super::authn::{Caller, bearer_token};
-use super::connection::{Authenticated, mark_authenticated};
 use super::authz::{Denial, NodeAgentAccount, authorize};
+use super::connection::{Authenticated, mark_authenticated};
 use super::metrics::CaMetrics;
 use ztunnel_mesh::PodRegistry;
 
