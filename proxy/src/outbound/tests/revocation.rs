@@ -350,6 +350,25 @@ fn install(path: &Path, list: &str) {
     crate::revocation::load(path).unwrap();
 }
 
+/// Asserts that `node` counted one revocation as `reporter`, and reported
+/// its connection with the peer of service account `account` as revoked.
+async fn assert_revoked_reported(node: &Node, reporter: &str, account: &str) {
+    let rejections = format!("istio_crl_policy_rejections_total{{reporter=\"{reporter}\"}}");
+    assert!(
+        node.eventually_counts(&rejections, &[" 1"]).await,
+        "{}",
+        node.metrics()
+    );
+    let failed = format!("istio_tcp_connections_failed_total{{reporter=\"{reporter}\"");
+    let peer = format!("sa/{account}\"");
+    let holding = ["response_flags=\"CERT_REVOKED\"", peer.as_str(), " 1"];
+    assert!(
+        node.eventually_counts(&failed, &holding).await,
+        "the connection with {account} reported as revoked:\n{}",
+        node.metrics()
+    );
+}
+
 #[tokio::test]
 async fn an_inbound_connection_whose_client_is_revoked_closes_and_the_others_stay_open() {
     let (ca, dir) = (Ca::new(), tempfile::tempdir().unwrap());
@@ -369,26 +388,7 @@ async fn an_inbound_connection_whose_client_is_revoked_closes_and_the_others_sta
         "the other client's connection still carries bytes"
     );
     let server = &server.node;
-    assert!(
-        server
-            .eventually_counts(
-                "istio_crl_policy_rejections_total{reporter=\"destination\"}",
-                &[" 1"],
-            )
-            .await,
-        "{}",
-        server.metrics()
-    );
-    assert!(
-        server
-            .eventually_counts(
-                "istio_tcp_connections_failed_total{reporter=\"destination\"",
-                &["response_flags=\"CERT_REVOKED\"", "sa/client\"", " 1"],
-            )
-            .await,
-        "the revoked client's stream reported as revoked:\n{}",
-        server.metrics()
-    );
+    assert_revoked_reported(server, "destination", "client").await;
     assert!(
         !server
             .metrics()
@@ -417,26 +417,7 @@ async fn an_outbound_connection_whose_server_is_revoked_closes_and_the_others_st
         echoes(&mut kept, b"after").await,
         "the connection to the other server still carries bytes"
     );
-    assert!(
-        client
-            .eventually_counts(
-                "istio_crl_policy_rejections_total{reporter=\"source\"}",
-                &[" 1"],
-            )
-            .await,
-        "{}",
-        client.metrics()
-    );
-    assert!(
-        client
-            .eventually_counts(
-                "istio_tcp_connections_failed_total{reporter=\"source\"",
-                &["response_flags=\"CERT_REVOKED\"", "sa/server\"", " 1"],
-            )
-            .await,
-        "the stream to the revoked server reported as revoked:\n{}",
-        client.metrics()
-    );
+    assert_revoked_reported(&client, "source", "server").await;
 }
 
 /// A client proxy whose node also serves `server`'s pod: its connections
@@ -526,24 +507,5 @@ async fn a_same_node_connection_whose_server_is_revoked_closes() {
         ends(&mut stream).await,
         "the connection to the revoked server ends"
     );
-    assert!(
-        client
-            .eventually_counts(
-                "istio_crl_policy_rejections_total{reporter=\"source\"}",
-                &[" 1"],
-            )
-            .await,
-        "{}",
-        client.metrics()
-    );
-    assert!(
-        client
-            .eventually_counts(
-                "istio_tcp_connections_failed_total{reporter=\"source\"",
-                &["response_flags=\"CERT_REVOKED\"", "sa/server\"", " 1"],
-            )
-            .await,
-        "the source reports the connection to the revoked server as revoked:\n{}",
-        client.metrics()
-    );
+    assert_revoked_reported(&client, "source", "server").await;
 }
