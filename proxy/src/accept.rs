@@ -12,8 +12,8 @@
 //! goes on at once. Every error is counted in `ztunnel_accept_errors_total`
 //! by listener and kind; the log has one warning when a run of errors
 //! starts and one line when accepting works again, with the run's count.
-//! A connection accepted while the process carries its most connections
-//! (`capacity.rs`) is closed at once. When the drain starts, the
+//! A connection the listener's admission refuses (its pod's share of the
+//! connection bound, `capacity.rs`) is closed at once. When the drain starts, the
 //! connections already queued on the listener are taken before it closes,
 //! which would reset them.
 
@@ -25,7 +25,6 @@ use nix::errno::Errno;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::backoff::{Backoff, Jitter};
-use crate::capacity::{Capacity, Slot};
 use crate::drain::DrainWatcher;
 use crate::metrics::Metrics;
 
@@ -84,17 +83,19 @@ pub fn pause(repeated: u32) -> Duration {
 }
 
 /// Accepts on `listener`, named `name` in logs and metrics, and hands each
-/// connection, with the slot it holds in `capacity`, to `handle` until
-/// `drain` is signalled. The handler keeps the slot as long as it carries
-/// the connection.
-pub async fn serve<H>(
+/// connection `admit` lets in, with what `admit` gave it (a slot of the
+/// connection bound, kept by the handler as long as it carries the
+/// connection), to `handle` until `drain` is signalled. A connection
+/// `admit` refuses is closed at once.
+pub async fn serve<A, H>(
     listener: TcpListener,
     name: &'static str,
     drain: DrainWatcher,
-    (metrics, capacity): (&Metrics, &Capacity),
+    metrics: &Metrics,
+    mut admit: impl FnMut() -> Option<A>,
     mut handle: H,
 ) where
-    H: FnMut(TcpStream, SocketAddr, Slot),
+    H: FnMut(TcpStream, SocketAddr, A),
 {
     // Errors since the last accepted connection, and how many of them
     // would repeat.
@@ -102,7 +103,7 @@ pub async fn serve<H>(
     loop {
         let accepted = tokio::select! {
             () = drain.signaled() => {
-                take_queued(&listener, name, capacity, &mut handle);
+                take_queued(&listener, name, &mut admit, &mut handle);
                 return;
             }
             accepted = listener.accept() => accepted,
@@ -114,8 +115,8 @@ pub async fn serve<H>(
                     (errors, repeated) = (0, 0);
                 }
                 // Closed at once (dropped) when refused.
-                if let Some(slot) = capacity.admit(name) {
-                    handle(tcp, peer, slot);
+                if let Some(admitted) = admit() {
+                    handle(tcp, peer, admitted);
                 }
                 continue;
             }
@@ -148,15 +149,19 @@ pub async fn serve<H>(
 pub const MOST_QUEUED: usize = 8192;
 
 /// Hands on the connections the kernel completed for `listener` but nobody
-/// accepted yet, each with a slot of `capacity` (refused ones are closed).
+/// accepted yet, each as `admit` lets it in (refused ones are closed).
 /// They are served like any connection accepted before the drain.
-fn take_queued<H>(listener: &TcpListener, name: &'static str, capacity: &Capacity, handle: &mut H)
-where
-    H: FnMut(TcpStream, SocketAddr, Slot),
+fn take_queued<A, H>(
+    listener: &TcpListener,
+    name: &'static str,
+    admit: &mut impl FnMut() -> Option<A>,
+    handle: &mut H,
+) where
+    H: FnMut(TcpStream, SocketAddr, A),
 {
     for (tcp, peer) in queued(listener, name) {
-        if let Some(slot) = capacity.admit(name) {
-            handle(tcp, peer, slot);
+        if let Some(admitted) = admit() {
+            handle(tcp, peer, admitted);
         }
     }
 }
@@ -209,14 +214,14 @@ mod tests {
             &mut prometheus_client::registry::Registry::default(),
             "test",
         );
-        let capacity = Capacity::new(16);
         let mut served = Vec::new();
         serve(
             listener,
             "test",
             drain,
-            (&metrics, &capacity),
-            |tcp, peer, _slot| {
+            &metrics,
+            || Some(()),
+            |tcp, peer, ()| {
                 served.push((tcp, peer));
             },
         )

@@ -130,6 +130,9 @@ pub struct Config {
     /// The most connections and HBONE streams the process carries at once
     /// (`capacity.rs`); more are refused.
     pub max_connections: usize,
+    /// What each pod keeps of `max_connections` whatever its neighbours
+    /// do (`capacity/ledger.rs`).
+    pub min_connections_per_pod: usize,
     /// Whether an application tunnel speaking PROXY is dialled on loopback
     /// (`LOCALHOST_APP_TUNNEL`), so that its listener need not be reachable
     /// from the pod network; the header carries the real addresses.
@@ -345,6 +348,7 @@ impl Args {
             local_workload_wait: limits.local_workload_wait,
             max_pending_handshakes: limits.max_pending_handshakes,
             max_connections: limits.max_connections,
+            min_connections_per_pod: limits.min_connections_per_pod,
             localhost_app_tunnel: self.localhost_app_tunnel,
             inpod: self.inpod.parse(),
             dns,

@@ -13,7 +13,7 @@ use rand::Rng;
 use ztunnel_certs::identity::{Identity, IdentityError};
 use ztunnel_certs::tls::TrustRoots;
 
-use crate::capacity::Capacity;
+use crate::capacity::{Capacity, Share};
 use crate::config::{Config, WorkloadInfo};
 use crate::dns::{self, server::Dns};
 use crate::drain::DrainWatcher;
@@ -53,7 +53,8 @@ pub struct NodeRuntime {
     /// Looks up the addresses of endpoints known by hostname, in ztunnel's
     /// own network namespace.
     pub resolver: Resolver,
-    /// The bound on connections the process carries, over every pod.
+    /// The bound on connections the process carries, shared among the
+    /// pods.
     pub capacity: Arc<Capacity>,
     /// The DNS proxy whose listeners each proxy gets; `None` when it is off.
     pub dns: Option<Arc<Dns>>,
@@ -75,6 +76,9 @@ pub struct Proxy {
     pub workload: WorkloadInfo,
     /// Where this workload's sockets come from (its network namespace).
     pub sockets: Arc<dyn SocketFactory>,
+    /// Its part of the node's connection bound: every connection from or
+    /// to it takes a slot here.
+    pub share: Share,
     /// Its outbound HBONE connections.
     pub pool: Pool,
     /// Its open inbound connections, for policy re-checks and `/config_dump`.
@@ -104,10 +108,12 @@ impl Proxy {
         drain: DrainWatcher,
     ) -> Proxy {
         let pool = Pool::new(node.pool);
+        let share = node.capacity.join(&workload);
         Proxy {
             node,
             workload,
             sockets,
+            share,
             pool,
             tracker: Tracker::default(),
             outbound_tracker: OutboundTracker::default(),

@@ -19,6 +19,7 @@ use ztunnel_certs::tls::revocation::Revocation;
 
 use crate::accept;
 use crate::access_log::{self, Direction};
+use crate::capacity::Listener;
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{Ended, copy_bidirectional_until_quiet};
 use crate::hbone::{self, HboneError, InboundRefusal};
@@ -127,15 +128,21 @@ fn flags(error: &OutboundError) -> ResponseFlags {
 /// Accepts captured connections until the drain.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.node.metrics));
-    let capacity = Arc::clone(&proxy.node.capacity);
-    let limits = (&*metrics, &*capacity);
-    accept::serve(listener, "outbound", drain, limits, |tcp, peer, slot| {
-        let proxy = Arc::clone(&proxy);
-        tokio::spawn(async move {
-            handle(&proxy, tcp, canonical(peer)).await;
-            drop(slot);
-        });
-    })
+    let admit = || proxy.share.admit(Listener::Outbound);
+    accept::serve(
+        listener,
+        "outbound",
+        drain,
+        &metrics,
+        admit,
+        |tcp, peer, slot| {
+            let proxy = Arc::clone(&proxy);
+            tokio::spawn(async move {
+                handle(&proxy, tcp, canonical(peer)).await;
+                drop(slot);
+            });
+        },
+    )
     .await;
 }
 

@@ -19,7 +19,6 @@ use prometheus_client::registry::Registry;
 use socket2::{Domain, Socket, Type};
 use tokio::net::TcpListener;
 use ztunnel_proxy::accept;
-use ztunnel_proxy::capacity::Capacity;
 use ztunnel_proxy::drain;
 use ztunnel_proxy::metrics::Metrics;
 
@@ -82,7 +81,6 @@ fn out_of_descriptors_the_loop_pauses_logs_once_and_recovers() {
     runtime.block_on(async {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry, "test");
-        let capacity = Capacity::register(&mut registry, 64);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let (trigger, watcher) = drain::channel();
@@ -92,8 +90,9 @@ fn out_of_descriptors_the_loop_pauses_logs_once_and_recovers() {
                 listener,
                 "outbound",
                 watcher,
-                (&metrics, &capacity),
-                move |_tcp, peer, _slot| {
+                &metrics,
+                || Some(()),
+                move |_tcp, peer, ()| {
                     let _ = accepted_tx.send(peer);
                 },
             )

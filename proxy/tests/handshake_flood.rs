@@ -9,12 +9,12 @@
 //! skips with the reason otherwise.
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::Cluster;
 
-use support::{HBONE_PORT, PATIENCE, echoes, eventually, logs, metric, one_node};
+use support::{HBONE_PORT, PATIENCE, echoes, eventually, logs, metric, one_node, open_silent};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -44,18 +44,6 @@ fn rss(cluster: &Cluster) -> u64 {
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     kib * 1024
-}
-
-/// Opens `count` connections to `target` from `pod` and sends nothing.
-fn open_silent(cluster: &Cluster, pod: &str, target: SocketAddr, count: usize) -> Vec<TcpStream> {
-    let pod = cluster.pod(pod).unwrap();
-    pod.ns
-        .run(move || {
-            (0..count)
-                .map(|_| TcpStream::connect_timeout(&target, Duration::from_secs(3)).unwrap())
-                .collect::<Vec<_>>()
-        })
-        .unwrap()
 }
 
 fn pending(cluster: &Cluster) -> f64 {

@@ -101,7 +101,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let (mut registry, metrics) = app::metrics_registry(&config.istio_version);
     let xds_metrics = XdsMetrics::register(&mut registry);
-    let capacity = Capacity::register(&mut registry, config.max_connections);
+    let capacity = Capacity::register(
+        &mut registry,
+        config.max_connections,
+        config.min_connections_per_pod,
+    );
     metrics::register_process_and_runtime(&mut registry, data.handle().clone());
     let dns = Dns::from_config(&config, &mut registry);
     // The same-node path is between the pods of the shared mode.

@@ -13,6 +13,11 @@ use super::{ConfigError, ValueError, parse_duration};
 /// 16 KiB, benches/README.md), so 65,536 busy connections take about
 /// 2.5 GiB over the proxy's own state: the chart's memory limit of 3 GiB.
 const DEFAULT_MAX_CONNECTIONS: usize = 65_536;
+/// MIN_CONNECTIONS_PER_POD unset: MAX_CONNECTIONS divided by this, so that
+/// the floors of a node's pods fit in the bound up to this many pods:
+/// more than kubelet's default of 110 pods a node and its usual maximum
+/// of 250 (256 each with the default bound).
+const FLOOR_PODS: usize = 256;
 /// The drain deadline when neither it nor the grace period is set: Istio's.
 const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// A grace period longer than this leaves [`LONG_GRACE_MARGIN`] between
@@ -34,6 +39,7 @@ pub(super) struct Limits {
     pub local_workload_wait: Duration,
     pub max_pending_handshakes: usize,
     pub max_connections: usize,
+    pub min_connections_per_pod: usize,
 }
 
 /// The flags and variables, flattened into the command line.
@@ -69,11 +75,18 @@ pub(super) struct LimitArgs {
     /// (deploy/charts/ztunnel-mesh/values.yaml says how it was chosen).
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// The connections (and HBONE streams) each pod keeps of
+    /// MAX_CONNECTIONS, whatever its neighbours do: a pod's outbound
+    /// connections and what is sent to it are charged to it, and beyond
+    /// this floor it gets at most the bound divided among the busy pods.
+    /// At most MAX_CONNECTIONS [default: MAX_CONNECTIONS / 256, at least 1].
+    #[arg(long, env = "MIN_CONNECTIONS_PER_POD")]
+    min_connections_per_pod: Option<usize>,
 }
 
 impl LimitArgs {
     /// The limits; `CONNECTION_TERMINATION_DEADLINE` wins over the grace
-    /// period, and neither cap may be 0.
+    /// period, no cap may be 0, and no pod's floor exceed the node's bound.
     pub(super) fn parse(&self) -> Result<Limits, ConfigError> {
         let drain_deadline = match (
             &self.connection_termination_deadline,
@@ -87,6 +100,17 @@ impl LimitArgs {
             ),
             (None, None) => DEFAULT_DRAIN_DEADLINE,
         };
+        let max_connections = at_least_one("MAX_CONNECTIONS", self.max_connections)?;
+        let min_connections_per_pod = match self.min_connections_per_pod {
+            None => (max_connections / FLOOR_PODS).max(1),
+            Some(floor) if floor > max_connections => {
+                return Err(ConfigError::Value {
+                    name: "MIN_CONNECTIONS_PER_POD",
+                    source: ValueError::Range(floor.to_string(), "more than MAX_CONNECTIONS"),
+                });
+            }
+            Some(floor) => at_least_one("MIN_CONNECTIONS_PER_POD", floor)?,
+        };
         Ok(Limits {
             drain_deadline,
             local_workload_wait: parse_duration(&self.local_workload_wait)
@@ -95,7 +119,8 @@ impl LimitArgs {
                 "MAX_PENDING_HANDSHAKES",
                 self.max_pending_handshakes,
             )?,
-            max_connections: at_least_one("MAX_CONNECTIONS", self.max_connections)?,
+            max_connections,
+            min_connections_per_pod,
         })
     }
 }

@@ -71,6 +71,11 @@ fn defaults_follow_istio() {
     assert_eq!(config.inpod.original_source, None);
     assert_eq!(config.max_pending_handshakes, 4096);
     assert_eq!(config.max_connections, 65_536);
+    assert_eq!(config.min_connections_per_pod, 256, "a 256th of the bound");
+    let small = parse(&["--max-connections", "100"]).unwrap();
+    assert_eq!(small.min_connections_per_pod, 1, "at least one");
+    let floor = parse(&["--min-connections-per-pod", "1000"]).unwrap();
+    assert_eq!(floor.min_connections_per_pod, 1000);
     let limited = parse(&["--max-pending-handshakes", "100"]).unwrap();
     assert_eq!(limited.max_pending_handshakes, 100);
     assert!(config.inpod.same_node_shortcut, "on by default");
@@ -161,6 +166,14 @@ fn bad_values_name_their_variable() {
         (&["--cpu-limit", "0"], "ZTUNNEL_CPU_LIMIT"),
         (&["--max-pending-handshakes", "0"], "MAX_PENDING_HANDSHAKES"),
         (&["--max-connections", "0"], "MAX_CONNECTIONS"),
+        (
+            &["--min-connections-per-pod", "0"],
+            "MIN_CONNECTIONS_PER_POD",
+        ),
+        (
+            &["--max-connections", "10", "--min-connections-per-pod", "11"],
+            "MIN_CONNECTIONS_PER_POD",
+        ),
         (
             &["--connection-termination-deadline", "soon"],
             "CONNECTION_TERMINATION_DEADLINE",

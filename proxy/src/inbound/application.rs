@@ -37,8 +37,9 @@ pub struct AppConnection {
     /// policy re-check no longer allows the connection.
     pub(super) stop: CancellationToken,
     tracked: TrackedGuard,
-    /// An HBONE stream's slot in the process's connection bound; a
-    /// connection accepted on a listener holds its own there instead.
+    /// An HBONE stream's or a same-node connection's slot of the
+    /// destination pod's share of the connection bound; a connection
+    /// accepted on a listener holds its own there instead.
     pub(super) slot: Option<Slot>,
     /// Fires when the HBONE connection the stream came on is closed for
     /// its client's revocation, which the close then reports.
@@ -117,6 +118,11 @@ impl AppConnection {
     /// handshake to keep its chain.
     pub(crate) fn watch_revocation(&mut self, revocation: Revocation) {
         self.revocation = Some(revocation);
+    }
+
+    /// Keeps `slot` of the connection bound while the connection is open.
+    pub(crate) fn hold(&mut self, slot: Slot) {
+        self.slot = Some(slot);
     }
 
     /// The application socket, to carry the connection by other means;

@@ -1,7 +1,9 @@
 //! The inbound HBONE listener (15008): TLS with the local workload's
-//! certificate, the pending handshakes bounded, then the HBONE server whose
-//! handler admits each CONNECT stream and dials the application
-//! (`application.rs`).
+//! certificate, the pending handshakes bounded (by the listener's own
+//! limit: a handshake holds no slot of the pod's share), a slot of the
+//! share once the peer is known, then the HBONE server whose handler
+//! admits each CONNECT stream, each with a slot of its own, and dials the
+//! application (`application.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::accept;
+use crate::capacity::Listener;
 use crate::context::{Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred};
 use crate::hbone::{
@@ -60,7 +63,7 @@ impl InboundHandler for HboneInbound {
             .get(X_FORWARDED_NETWORK)
             .and_then(|value| value.to_str().ok());
         let proxy = &self.proxy;
-        let Some(slot) = proxy.node.capacity.admit("hbone_stream") else {
+        let Some(slot) = proxy.share.admit(Listener::HboneStream) else {
             return Err(InboundRefusal::Unavailable("connection limit reached"));
         };
         let mut upstream =
@@ -132,26 +135,25 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
     // Whether the limit was hit since the last connection it let in: one
     // warning per episode, not one per connection of a flood.
     let mut at_limit = false;
-    let (metrics, capacity) = (
-        Arc::clone(&proxy.node.metrics),
-        Arc::clone(&proxy.node.capacity),
-    );
-    accept::serve(listener, "hbone", drain, (&metrics, &capacity), |tcp, peer, slot| {
+    let metrics = Arc::clone(&proxy.node.metrics);
+    // A pending handshake holds no slot of the connection bound: this
+    // limit bounds them, and the slot is taken once the peer is known.
+    let admit = || {
         let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
-            proxy.node.metrics.record_handshake_refused("pending_limit");
+            metrics.record_handshake_refused("pending_limit");
             if !at_limit {
                 at_limit = true;
                 tracing::warn!(
-                    %peer,
                     limit,
                     "too many HBONE handshakes pending on this listener; closing new connections until some finish"
                 );
             }
-            drop(tcp);
-            return;
+            return None;
         };
         at_limit = false;
-        let waiting = PendingHandshake::new(permit, gauge.clone());
+        Some(PendingHandshake::new(permit, gauge.clone()))
+    };
+    accept::serve(listener, "hbone", drain, &metrics, admit, |tcp, peer, waiting| {
         let proxy = Arc::clone(&proxy);
         let handler = Arc::clone(&handler);
         tokio::spawn(async move {
@@ -177,7 +179,6 @@ pub async fn serve_hbone(proxy: Arc<Proxy>, listener: TcpListener) {
                 }
             }
             Box::pin(handshake_and_serve(proxy, handler, tcp, peer, waiting)).await;
-            drop(slot);
         });
     })
     .await;
@@ -235,6 +236,10 @@ async fn handshake_and_serve(
             return;
         }
     };
+    let Some(slot) = proxy.share.admit(Listener::Hbone) else {
+        // Closed, as a connection over the bound is on the other listeners.
+        return;
+    };
     let watched = watch.and_then(|watch| watch.watch(client.chain, &client.identity));
     let client = ServedClient {
         identity: client.identity,
@@ -246,4 +251,5 @@ async fn handshake_and_serve(
     {
         tracing::debug!(%peer, error = %ErrorChain(&error), "HBONE connection ended with an error");
     }
+    drop(slot);
 }

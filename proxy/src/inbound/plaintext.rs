@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::accept;
+use crate::capacity::Listener;
 use crate::context::Proxy;
 use crate::copy::copy_bidirectional_until;
 use crate::inbound::application::{close_report, open_upstream};
@@ -16,12 +17,12 @@ use crate::socket::{canonical, original_destination};
 /// Accepts captured plaintext connections until the drain.
 pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
     let (drain, metrics) = (proxy.drain.clone(), Arc::clone(&proxy.node.metrics));
-    let capacity = Arc::clone(&proxy.node.capacity);
     accept::serve(
         listener,
         "inbound_plaintext",
         drain,
-        (&metrics, &capacity),
+        &metrics,
+        || proxy.share.admit(Listener::InboundPlaintext),
         |mut tcp, peer, slot| {
             let proxy = Arc::clone(&proxy);
             tokio::spawn(async move {

@@ -29,8 +29,10 @@ use ztunnel_certs::cert::WorkloadCertificate;
 use ztunnel_certs::identity::Identity;
 use ztunnel_certs::tls::revocation::{self as crl, PeerRole, Revocation, Tracked};
 
+use crate::capacity::Listener;
 use crate::context::Proxy;
 use crate::copy::{CopyError, Transferred};
+use crate::hbone::InboundRefusal;
 use crate::inbound::application::{self, AppConnection};
 use crate::inbound::decision::Arrival;
 use crate::metrics::Reporter;
@@ -151,9 +153,17 @@ pub(super) async fn open(
         local_ip: route.dial.ip(),
         target: route.authority,
     };
+    // Charged to the destination, as its HBONE stream would be.
+    let slot = destination
+        .share
+        .admit(Listener::SameNode)
+        .ok_or(OutboundError::SameNode(InboundRefusal::Unavailable(
+            "connection limit reached",
+        )))?;
     let mut app = application::open_upstream(destination, &arrival, Some(&source.identity), true)
         .await
         .map_err(OutboundError::SameNode)?;
+    app.hold(slot);
     // The destination's report says the connection closed for its client's
     // revocation, as its HBONE server's would.
     if let Some(revocation) = &ends.client {

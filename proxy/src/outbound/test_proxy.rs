@@ -69,7 +69,7 @@ impl TestProxy<'_> {
             identities,
             metrics: Arc::new(Metrics::register(&mut registry, "test")),
             resolver: self.resolver,
-            capacity: Arc::new(Capacity::new(64)),
+            capacity: Arc::new(Capacity::new(64, 1)),
             dns: None,
             h2: H2Settings::default(),
             pool: self.pool,

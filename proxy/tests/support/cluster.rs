@@ -107,15 +107,25 @@ pub fn metric_at(cluster: &Cluster, node: &str, port: u16, name: &str, labels: &
 /// before the pods are added. `None`, skipped with the reason, where the
 /// cluster cannot run.
 pub fn one_node(tag: &str, env: &[(&str, &str)]) -> Option<Cluster> {
+    one_node_with(tag, env, &[])
+}
+
+/// [`one_node`] with the meshed pods `also` (their names, in namespace
+/// `default` on node a, each its own service account) besides.
+pub fn one_node_with(tag: &str, env: &[(&str, &str)], also: &[&str]) -> Option<Cluster> {
     if let Some(reason) = cluster::unavailable() {
         skip(format_args!("{tag}: {reason}"));
         return None;
     }
-    let specs = [
+    let mut specs = vec![
         PodSpec::new("outsider", "plain", "outsider", "node-a"),
         PodSpec::new("client", "default", "client", "node-a"),
         PodSpec::new("server", "default", "server", "node-a"),
     ];
+    specs.extend(
+        also.iter()
+            .map(|name| PodSpec::new(name, "default", name, "node-a")),
+    );
     let binaries = Binaries::from_target_dir().unwrap();
     let mut cluster = Cluster::start(&["node-a"], &specs, &["default"], binaries).unwrap();
     if !env.is_empty() {
@@ -176,6 +186,23 @@ pub fn clients_and_server(tag: &str, also: &[PodSpec], from: MeshFrom) -> Option
     }
     cluster.wait_synced().unwrap();
     Some(cluster)
+}
+
+/// Opens `count` connections to `target` from `pod` and sends nothing.
+pub fn open_silent(
+    cluster: &Cluster,
+    pod: &str,
+    target: SocketAddr,
+    count: usize,
+) -> Vec<TcpStream> {
+    let pod = cluster.pod(pod).unwrap();
+    pod.ns
+        .run(move || {
+            (0..count)
+                .map(|_| TcpStream::connect_timeout(&target, Duration::from_secs(3)).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
 }
 
 /// Opens a connection from `pod` to `target`, proven carried by one echoed
