@@ -25,6 +25,8 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v ipset >/dev/null || need+=(ipset)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v openssl >/dev/null || need+=(openssl)
+# The operating system's roots, which CA_ROOT_CA=SYSTEM is tested against.
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 # `type -P`: the programs on PATH, not bash's builtin kill.
 type -P sysctl kill >/dev/null || need+=(procps)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

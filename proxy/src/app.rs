@@ -64,8 +64,8 @@ pub struct Started {
 pub fn ca_client(config: &Config, own_identity: Option<Identity>) -> anyhow::Result<CaClient> {
     let ca_config = CaClientConfig {
         address: config.ca_address.clone(),
-        root_ca: config.ca_root_ca.clone(),
-        token: Some(config.auth_token.clone()),
+        root: config.ca_root_ca.clone(),
+        token: config.auth_token.clone(),
         cluster_id: config.cluster_id.clone(),
         secret_ttl: config.secret_ttl,
         own_identity,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use crate::control_plane::{ControlPlaneError, ExtraHeaders};
+use crate::control_plane::{ControlPlaneError, ExtraHeaders, RootSource, TokenSource};
 use crate::version::BuildInfo;
 
 mod ca;
@@ -72,9 +72,10 @@ pub struct Config {
     pub xds: Option<XdsSettings>,
     /// The CA, always over TLS.
     pub ca_address: String,
-    /// The only root the CA's serving certificate is trusted through; read
-    /// again before each CA call, so a rotated root is used from then on.
-    pub ca_root_ca: PathBuf,
+    /// The only roots the CA's serving certificate is trusted through
+    /// (`CA_ROOT_CA`); a file is read again before each CA call, so a
+    /// rotated root is used from then on.
+    pub ca_root_ca: RootSource,
     /// A second name the CA's certificate may carry (`ALT_CA_HOSTNAME`).
     pub ca_alt_hostname: Option<String>,
     /// Revocation lists (PEM or DER) peers are checked against, read again
@@ -82,9 +83,10 @@ pub struct Config {
     pub crl_path: Option<PathBuf>,
     /// Headers sent on every CA call (`CA_HEADER_<NAME>`).
     pub ca_headers: ExtraHeaders,
-    /// Service-account token file, re-read on every CA request
-    /// (`AUTH_TOKEN`, else [`DEFAULT_TOKEN_PATH`]).
-    pub auth_token: PathBuf,
+    /// The CA's Bearer token (`AUTH_TOKEN`: a file, re-read on every
+    /// request, else the token itself; unset, [`DEFAULT_TOKEN_PATH`] when it
+    /// exists, else none).
+    pub auth_token: TokenSource,
     /// Sent as `clusterid` to the CA and xDS; the default cluster of workloads.
     pub cluster_id: String,
     /// Trust domain of the proxy's own identity and of its peers.

@@ -21,7 +21,7 @@ use ztunnel_control_plane::ca::metrics::CaMetrics;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
 use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_mesh::FileRegistry;
-use ztunnel_proxy::control_plane::ExtraHeaders;
+use ztunnel_proxy::control_plane::{ExtraHeaders, LiteralToken, RootSource, TokenSource};
 use ztunnel_proxy::identity::ca_client::{CaClient, CaClientConfig, CaClientError};
 use ztunnel_proxy::identity::manager::{CertificateState, FetchError, IdentityManager};
 
@@ -145,8 +145,8 @@ impl Ca {
     fn client_config(&self, token: Option<PathBuf>, secret_ttl: Duration) -> CaClientConfig {
         CaClientConfig {
             address: format!("https://{}", self.addr),
-            root_ca: self.root_file.clone(),
-            token,
+            root: RootSource::File(self.root_file.clone()),
+            token: token.map_or(TokenSource::None, TokenSource::File),
             cluster_id: "Kubernetes".into(),
             secret_ttl,
             own_identity: Some(identity(ZTUNNEL)),
@@ -431,7 +431,7 @@ async fn the_ca_is_trusted_only_through_the_configured_root_and_name() {
     let other_root_file = ca.dir.path().join("other-root.pem");
     std::fs::write(&other_root_file, other_root.cert_pem).unwrap();
     let mut config = ca.client_config(Some(ca.ztunnel_token_file()), HOUR);
-    config.root_ca = other_root_file;
+    config.root = RootSource::File(other_root_file);
     let (manager, _stop) = start_manager(&config);
     let error = manager
         .fetch_certificate(&identity(ZTUNNEL))
@@ -456,6 +456,32 @@ async fn the_ca_is_trusted_only_through_the_configured_root_and_name() {
     let (manager, _stop) = start_manager(&config);
     let certificate = manager.fetch_certificate(&identity(ZTUNNEL)).await.unwrap();
     assert_eq!(certificate.identity(), Some(&identity(ZTUNNEL)));
+}
+
+#[tokio::test]
+async fn ca_root_ca_as_inline_pem_or_system_and_auth_token_as_a_literal_reach_the_ca_as_istio_allows()
+ {
+    let ca = start_ca().await;
+    let token_file = ca.ztunnel_token_file();
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let mut config = ca.client_config(None, HOUR);
+    config.root = RootSource::Pem(std::fs::read_to_string(&ca.root_file).unwrap());
+    config.token = TokenSource::Literal(LiteralToken::new(token.trim().to_owned()));
+    let (manager, _stop) = start_manager(&config);
+    let certificate = manager.fetch_certificate(&identity(ZTUNNEL)).await.unwrap();
+    assert_eq!(certificate.identity(), Some(&identity(ZTUNNEL)));
+
+    // The system's roots are the only anchors then: the mesh's own root
+    // is not among them, so the CA's certificate is refused.
+    let mut config = ca.client_config(Some(token_file), HOUR);
+    config.root = RootSource::System;
+    let (manager, _stop) = start_manager(&config);
+    let error = manager
+        .fetch_certificate(&identity(ZTUNNEL))
+        .await
+        .unwrap_err();
+    let shown = ErrorChain(&error).to_string();
+    assert!(shown.contains("invalid peer certificate"), "{shown}");
 }
 
 #[tokio::test]
@@ -486,7 +512,7 @@ async fn a_rotated_ca_root_file_is_used_without_a_restart() {
     let root_file = ca.dir.path().join("mounted-root.pem");
     std::fs::write(&root_file, &other_root.cert_pem).unwrap();
     let mut config = ca.client_config(Some(ca.ztunnel_token_file()), HOUR);
-    config.root_ca = root_file.clone();
+    config.root = RootSource::File(root_file.clone());
     let (manager, _stop) = start_manager(&config);
     let error = manager
         .fetch_certificate(&identity(ZTUNNEL))
@@ -513,8 +539,8 @@ async fn a_rotated_ca_root_file_is_used_without_a_restart() {
 fn plain_http_addresses_are_refused() {
     let config = CaClientConfig {
         address: "http://127.0.0.1:15012".into(),
-        root_ca: PathBuf::from("/nonexistent"),
-        token: None,
+        root: RootSource::File(PathBuf::from("/nonexistent")),
+        token: TokenSource::None,
         cluster_id: "Kubernetes".into(),
         secret_ttl: HOUR,
         own_identity: Some(identity(ZTUNNEL)),

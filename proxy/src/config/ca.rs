@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
-use super::xds::{self, DEFAULT_TOKEN_PATH};
-use crate::control_plane::ExtraHeaders;
+use super::xds::{self, root_source, token_source};
+use crate::control_plane::{ExtraHeaders, RootSource, TokenSource};
 
 /// Variables named `CA_HEADER_<NAME>` add the header `<NAME>` to CA calls.
 const CA_HEADER_PREFIX: &str = "CA_HEADER_";
@@ -18,11 +18,11 @@ const CA_HEADER_PREFIX: &str = "CA_HEADER_";
 /// same names.
 pub(super) struct Ca {
     pub ca_address: String,
-    pub ca_root_ca: PathBuf,
+    pub ca_root_ca: RootSource,
     pub ca_alt_hostname: Option<String>,
     pub crl_path: Option<PathBuf>,
     pub ca_headers: ExtraHeaders,
-    pub auth_token: PathBuf,
+    pub auth_token: TokenSource,
 }
 
 /// The flags and variables, flattened into the command line.
@@ -35,13 +35,14 @@ pub(super) struct CaArgs {
         default_value = xds::DEFAULT_XDS_ADDRESS
     )]
     ca_address: String,
-    /// PEM root the CA's certificate must chain to.
+    /// The roots the CA's certificate must chain to: a PEM file, the PEM
+    /// itself, or SYSTEM for the operating system's roots.
     #[arg(
         long,
         env = "CA_ROOT_CA",
         default_value = xds::DEFAULT_ROOT_CA
     )]
-    ca_root_ca: PathBuf,
+    ca_root_ca: String,
     /// A second name the CA's certificate may carry besides the host of
     /// CA_ADDRESS. Headers for every CA call are set as CA_HEADER_<NAME>.
     #[arg(long, env = "ALT_CA_HOSTNAME")]
@@ -50,7 +51,9 @@ pub(super) struct CaArgs {
     /// or intermediate they revoke is refused; read again when it changes.
     #[arg(long, env = "CRL_PATH")]
     crl_path: Option<PathBuf>,
-    /// Service-account token file sent as the Bearer token [default: ./var/run/secrets/tokens/istio-token].
+    /// The Bearer token for the CA and xDS: a service-account token file,
+    /// else the token itself [default: ./var/run/secrets/tokens/istio-token
+    /// when it exists, else none].
     #[arg(long, env = "AUTH_TOKEN")]
     auth_token: Option<String>,
 }
@@ -62,7 +65,8 @@ impl CaArgs {
     }
 
     /// The settings; `env` supplies the `CA_HEADER_*` variables. An empty
-    /// name, path or token counts as unset.
+    /// name, path or token counts as unset. The root and the token are
+    /// read as for xDS (`config/xds.rs`): a path that exists is a file.
     pub(super) fn parse(self, env: &[(String, String)]) -> Result<Ca, ConfigError> {
         let ca_headers =
             ExtraHeaders::parse(xds::prefixed(env, CA_HEADER_PREFIX), CA_HEADER_PREFIX).map_err(
@@ -73,14 +77,11 @@ impl CaArgs {
             )?;
         Ok(Ca {
             ca_address: self.ca_address,
-            ca_root_ca: self.ca_root_ca,
+            ca_root_ca: root_source(&self.ca_root_ca),
             ca_alt_hostname: self.alt_ca_hostname.filter(|name| !name.is_empty()),
             crl_path: self.crl_path.filter(|path| !path.as_os_str().is_empty()),
             ca_headers,
-            auth_token: self
-                .auth_token
-                .filter(|path| !path.is_empty())
-                .map_or_else(|| PathBuf::from(DEFAULT_TOKEN_PATH), PathBuf::from),
+            auth_token: token_source(self.auth_token.as_deref()),
         })
     }
 }

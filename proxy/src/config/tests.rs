@@ -1,5 +1,7 @@
 use ztunnel_certs::error_chain::ErrorChain;
 
+use crate::control_plane::LiteralToken;
+
 use super::*;
 
 /// Flags only: tests never touch the process environment, and none of
@@ -49,10 +51,8 @@ fn defaults_follow_istio() {
     assert_eq!(config.packet_mark, Some(1337));
     let xds = config.xds.as_ref().unwrap();
     assert_eq!(xds.address.to_string(), DEFAULT_XDS_ADDRESS);
-    assert_eq!(
-        config.auth_token,
-        PathBuf::from("./var/run/secrets/tokens/istio-token")
-    );
+    // No token file at Istio's path here: none is sent, as Istio does.
+    assert_eq!(config.auth_token, TokenSource::None);
     assert_eq!(config.cluster_id, "Kubernetes");
     assert_eq!(config.trust_domain, "cluster.local");
     assert_eq!(config.secret_ttl, Duration::from_secs(24 * 3600));
@@ -327,6 +327,36 @@ fn ca_headers_and_the_alternative_ca_name_are_read() {
         ErrorChain(&error).to_string().contains("CA_HEADER_"),
         "{error}"
     );
+}
+
+#[test]
+fn ca_root_ca_and_auth_token_are_read_as_istio_reads_them_for_the_ca_and_xds() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("root-cert.pem");
+    std::fs::write(&file, "").unwrap();
+    let file_text = file.to_str().unwrap();
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let rows: &[(&str, RootSource)] = &[
+        (file_text, RootSource::File(file.clone())),
+        ("SYSTEM", RootSource::System),
+        (pem, RootSource::Pem(pem.to_owned())),
+        // Mounted later: still a file, looked for on each call.
+        (
+            "./var/run/secrets/istio/root-cert.pem",
+            RootSource::File(PathBuf::from("./var/run/secrets/istio/root-cert.pem")),
+        ),
+    ];
+    for (value, expected) in rows {
+        // `=`: clap takes PEM's leading dashes for a flag otherwise.
+        let config = parse(&[&format!("--ca-root-ca={value}")]).unwrap();
+        assert_eq!(&config.ca_root_ca, expected, "{value}");
+    }
+    let literal = parse(&["--auth-token", "a-literal-token"]).unwrap();
+    let expected = TokenSource::Literal(LiteralToken::new("a-literal-token".to_owned()));
+    assert_eq!(literal.auth_token, expected);
+    assert_eq!(literal.xds.unwrap().token, expected, "the same for xDS");
+    let from_file = parse(&["--auth-token", file_text]).unwrap();
+    assert_eq!(from_file.auth_token, TokenSource::File(file));
 }
 
 #[test]

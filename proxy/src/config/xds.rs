@@ -34,7 +34,7 @@ pub const DEFAULT_TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
 /// `INSTANCE_IP` when unset (WIRE.md §7).
 const DEFAULT_INSTANCE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(1, 1, 1, 1));
 
-/// `XDS_ROOT_CA`'s word for the operating system's roots.
+/// `XDS_ROOT_CA`'s and `CA_ROOT_CA`'s word for the operating system's roots.
 const SYSTEM_ROOTS: &str = "SYSTEM";
 
 const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
@@ -173,9 +173,9 @@ impl XdsArgs {
     }
 }
 
-/// `XDS_ROOT_CA`: a file when one exists at that path, `SYSTEM` for the OS
-/// roots, else the value itself as PEM.
-fn root_source(value: &str) -> RootSource {
+/// `XDS_ROOT_CA` or `CA_ROOT_CA`: a file when one exists at that path,
+/// `SYSTEM` for the OS roots, else the value itself as PEM.
+pub(super) fn root_source(value: &str) -> RootSource {
     if value == SYSTEM_ROOTS {
         RootSource::System
     } else if Path::new(value).is_file() || !value.contains("-----BEGIN") {
@@ -190,7 +190,7 @@ fn root_source(value: &str) -> RootSource {
 /// The token source of WIRE.md §7: the `AUTH_TOKEN` file; `AUTH_TOKEN`
 /// itself as the token when no such file exists; unset, the default token
 /// file when it exists; otherwise none.
-fn token_source(auth_token: Option<&str>) -> TokenSource {
+pub(super) fn token_source(auth_token: Option<&str>) -> TokenSource {
     match auth_token.filter(|value| !value.is_empty()) {
         Some(value) if Path::new(value).is_file() => TokenSource::File(PathBuf::from(value)),
         Some(value) => TokenSource::Literal(LiteralToken::new(value.to_owned())),

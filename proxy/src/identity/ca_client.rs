@@ -11,7 +11,6 @@
 //! It fetches one certificate per call and keeps no cache; caching, refresh
 //! and retry are `manager.rs`'s business.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -43,12 +42,15 @@ pub struct CaClientConfig {
     /// `https://host:port`; without a scheme `https` is assumed. `http://` is
     /// refused: certificates and tokens never travel in clear text.
     pub address: String,
-    /// PEM file of the roots the CA's serving certificate must chain to. The
-    /// only trust anchors: system roots are never consulted.
-    pub root_ca: PathBuf,
-    /// The Bearer token file, read again on every call because the kubelet
-    /// rotates projected tokens. `None` sends no `authorization` header.
-    pub token: Option<PathBuf>,
+    /// The roots the CA's serving certificate must chain to, the only
+    /// trust anchors: a PEM file (read again before each call, so a
+    /// rotated root is used from then on), inline PEM, or the system's
+    /// roots where the operator asks for them (`SYSTEM`).
+    pub root: RootSource,
+    /// The Bearer token: a file is read again on every call because the
+    /// kubelet rotates projected tokens. `None` sends no `authorization`
+    /// header.
+    pub token: TokenSource,
     /// Sent as `clusterid`: picks the cluster the CA checks the token against.
     pub cluster_id: String,
     /// Requested lifetime of each certificate, sent as `validity_duration`.
@@ -100,32 +102,41 @@ pub struct CaClient {
     own_identity: Option<Identity>,
 }
 
-/// The channel, and the root file's content it was built on.
+/// The channel, and the root file's content it was built on (`None` for
+/// roots that are not a file, which never change).
 struct RootedChannel {
     channel: Channel,
-    root_pem: Vec<u8>,
+    root_pem: Option<Vec<u8>>,
 }
 
 /// What a channel is built from, kept to rebuild it on a new root.
 struct DialSettings {
     address: ControlPlaneAddress,
-    root_ca: PathBuf,
+    root: RootSource,
     server_name: Option<String>,
     alt_hostname: Option<String>,
 }
 
 impl DialSettings {
-    /// A lazy channel trusting the roots in `root_pem`.
-    fn channel(&self, root_pem: &[u8]) -> Result<Channel, ControlPlaneError> {
-        let roots = RootSource::Pem(String::from_utf8_lossy(root_pem).into_owned())
-            .load()
-            .map_err(|error| match error {
-                ControlPlaneError::RootInvalid { reason, .. } => ControlPlaneError::RootInvalid {
-                    origin: self.root_ca.display().to_string(),
-                    reason,
-                },
-                other => other,
-            })?;
+    /// A lazy channel trusting the roots of a root file whose content is
+    /// `root_pem`, or those of the root source when it is not a file.
+    fn channel(&self, root_pem: Option<&[u8]>) -> Result<Channel, ControlPlaneError> {
+        let roots = match (root_pem, &self.root) {
+            (Some(pem), RootSource::File(path)) => {
+                RootSource::Pem(String::from_utf8_lossy(pem).into_owned())
+                    .load()
+                    .map_err(|error| match error {
+                        ControlPlaneError::RootInvalid { reason, .. } => {
+                            ControlPlaneError::RootInvalid {
+                                origin: path.display().to_string(),
+                                reason,
+                            }
+                        }
+                        other => other,
+                    })?
+            }
+            _ => self.root.load()?,
+        };
         let dialer = Dialer::new(
             &self.address,
             client_tls_config(roots, self.alt_hostname.as_deref())?,
@@ -134,11 +145,17 @@ impl DialSettings {
         Ok(dialer.lazy_channel(REQUEST_TIMEOUT))
     }
 
-    fn read_root(&self) -> Result<Vec<u8>, ControlPlaneError> {
-        std::fs::read(&self.root_ca).map_err(|source| ControlPlaneError::RootRead {
-            path: self.root_ca.clone(),
-            source,
-        })
+    /// The root file's content now; `None` when the roots are not a file.
+    fn read_root(&self) -> Result<Option<Vec<u8>>, ControlPlaneError> {
+        let RootSource::File(path) = &self.root else {
+            return Ok(None);
+        };
+        std::fs::read(path)
+            .map(Some)
+            .map_err(|source| ControlPlaneError::RootRead {
+                path: path.clone(),
+                source,
+            })
     }
 }
 
@@ -153,18 +170,17 @@ impl CaClient {
         }
         let dial = DialSettings {
             address,
-            root_ca: config.root_ca.clone(),
+            root: config.root.clone(),
             server_name: config.server_name.clone(),
             alt_hostname: config.alt_hostname.clone(),
         };
         let root_pem = dial.read_root()?;
-        let channel = dial.channel(&root_pem)?;
-        let token = config
-            .token
-            .clone()
-            .map_or(TokenSource::None, TokenSource::File);
-        let credentials =
-            Credentials::new(token, Some(&config.cluster_id), config.headers.clone())?;
+        let channel = dial.channel(root_pem.as_deref())?;
+        let credentials = Credentials::new(
+            config.token.clone(),
+            Some(&config.cluster_id),
+            config.headers.clone(),
+        )?;
         Ok(CaClient {
             channel: Arc::new(Mutex::new(RootedChannel { channel, root_pem })),
             dial: Arc::new(dial),
@@ -181,9 +197,9 @@ impl CaClient {
         let current = self.dial.read_root();
         let mut rooted = self.channel.lock().unwrap_or_else(PoisonError::into_inner);
         match current {
-            Ok(pem) if pem != rooted.root_pem => match self.dial.channel(&pem) {
+            Ok(pem) if pem != rooted.root_pem => match self.dial.channel(pem.as_deref()) {
                 Ok(channel) => {
-                    tracing::info!(path = %self.dial.root_ca.display(), "CA root changed; reconnecting with it");
+                    tracing::info!(root = ?self.dial.root, "CA root changed; reconnecting with it");
                     *rooted = RootedChannel {
                         channel,
                         root_pem: pem,
@@ -247,13 +263,15 @@ impl std::fmt::Debug for CaClient {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn config(address: &str) -> CaClientConfig {
         CaClientConfig {
             address: address.to_owned(),
-            root_ca: PathBuf::from("/nonexistent"),
-            token: None,
+            root: RootSource::File(PathBuf::from("/nonexistent")),
+            token: TokenSource::None,
             cluster_id: "Kubernetes".into(),
             secret_ttl: Duration::from_secs(3600),
             own_identity: None,
