@@ -321,6 +321,7 @@ impl Args {
         let secret_ttl =
             parse_duration(&self.secret_ttl).map_err(ConfigError::value("SECRET_TTL"))?;
         let limits = self.limits.parse()?;
+        let inpod = self.inpod.parse();
         let dns = self.dns.parse()?;
         Ok(Config {
             mode,
@@ -343,7 +344,7 @@ impl Args {
             pool,
             http2: self.http2.parse(),
             secret_ttl,
-            listeners: self.listeners.parse(),
+            listeners: self.listeners.parse(inpod.ipv6_enabled),
             log_filter: self.logging.log,
             log_format: self.logging.log_format,
             drain_deadline: limits.drain_deadline,
@@ -352,7 +353,7 @@ impl Args {
             max_connections: limits.max_connections,
             min_connections_per_pod: limits.min_connections_per_pod,
             localhost_app_tunnel: self.localhost_app_tunnel,
-            inpod: self.inpod.parse(),
+            inpod,
             dns,
         })
     }

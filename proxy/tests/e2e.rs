@@ -635,3 +635,59 @@ fn a_tls_1_2_client_is_refused_by_inbound_hbone_and_by_the_control_plane() {
         assert!(!tls12.contains("TLSv1.2, Cipher is"), "{target}:\n{tls12}");
     }
 }
+
+/// The TCP listening addresses in `ns` of `family` (`-4` or `-6`), as
+/// `ss` prints them (`0.0.0.0:15008`, `[::1]:15000`, `*:15020` for the
+/// dual-stack `[::]`).
+fn listening(ns: &ztunnel_test_support::netns::NetNs, family: &str) -> Vec<String> {
+    let output = ns.exec(&["ss", "-ltnH", family]).unwrap();
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn ipv6_enabled_false_puts_every_listener_on_ipv4_and_the_tunnel_still_carries() {
+    let env = [("IPV6_ENABLED", "false")];
+    let Some(mesh) = Mesh::start_with_env("ipv6_enabled_false", "", &env) else {
+        return;
+    };
+    // The server's node runs ztunnel only: not one IPv6 socket, so a
+    // kernel booted without IPv6 starts it.
+    let ipv6 = listening(&mesh.b, "-6");
+    assert!(ipv6.is_empty(), "IPv6 listeners: {ipv6:?}");
+    let ipv4 = listening(&mesh.b, "-4");
+    for expected in [
+        "0.0.0.0:15001",
+        "0.0.0.0:15006",
+        "0.0.0.0:15008",
+        "127.0.0.1:15000",
+        "0.0.0.0:15020",
+        "0.0.0.0:15021",
+    ] {
+        assert!(
+            ipv4.iter().any(|addr| addr == expected),
+            "{expected} in {ipv4:?}"
+        );
+    }
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    assert!(ping(&mesh, &format!("{SERVER_IP}:8080")), "tunnelled");
+}
+
+#[test]
+fn the_admin_answers_on_both_loopbacks_where_ipv6_is_on_as_istios_does() {
+    let Some(mesh) = Mesh::start("admin_loopbacks", "") else {
+        return;
+    };
+    for admin in ["127.0.0.1:15000", "[::1]:15000"] {
+        let answer = mesh::http_get(&mesh.b, admin, "/config_dump").unwrap_or_default();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{admin}: {answer}");
+    }
+    let ipv6 = listening(&mesh.b, "-6");
+    assert!(
+        ipv6.iter().any(|addr| addr == "*:15020"),
+        "dual-stack by default: {ipv6:?}"
+    );
+}

@@ -186,6 +186,18 @@ fn serve_operations(
         keepalive: Keepalive::OFF,
     };
     let admin_listener = app::bind(&plain, addrs.admin, "admin")?;
+    // Istio's admin listens on both loopbacks; a loopback without IPv6
+    // (a kernel without it, or IPv6 off on `lo`) keeps only 127.0.0.1.
+    let admin_ipv6 = addrs.admin_ipv6.and_then(|addr| {
+        app::bind(&plain, addr, "admin")
+            .inspect_err(|error| {
+                tracing::info!(
+                    error = %format!("{error:#}"),
+                    "the admin listens on 127.0.0.1 only: the loopback has no IPv6"
+                );
+            })
+            .ok()
+    });
     let stats_listener = app::bind(&plain, addrs.stats, "stats")?;
     let readiness_listener = app::bind(&plain, addrs.readiness, "readiness")?;
     let (quit, quit_requests) = mpsc::channel::<()>(1);
@@ -203,6 +215,10 @@ fn serve_operations(
         }),
     };
     let drain = &node.drain;
+    if let Some(listener) = admin_ipv6 {
+        node.control
+            .spawn(admin::serve_admin(listener, admin.clone(), drain.clone()));
+    }
     node.control
         .spawn(admin::serve_admin(admin_listener, admin, drain.clone()));
     node.control.spawn(admin::serve_stats(

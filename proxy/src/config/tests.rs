@@ -64,6 +64,11 @@ fn defaults_follow_istio() {
     assert_eq!(config.listeners.inbound.port(), 15008);
     assert_eq!(config.listeners.admin, "127.0.0.1:15000".parse().unwrap());
     assert_eq!(
+        config.listeners.admin_ipv6,
+        Some("[::1]:15000".parse().unwrap())
+    );
+    assert_eq!(config.listeners.stats, "[::]:15020".parse().unwrap());
+    assert_eq!(
         config.inpod.uds,
         PathBuf::from("/var/run/ztunnel/ztunnel.sock")
     );
@@ -357,6 +362,34 @@ fn ca_root_ca_and_auth_token_are_read_as_istio_reads_them_for_the_ca_and_xds() {
     assert_eq!(literal.xds.unwrap().token, expected, "the same for xDS");
     let from_file = parse(&["--auth-token", file_text]).unwrap();
     assert_eq!(from_file.auth_token, TokenSource::File(file));
+}
+
+#[test]
+fn with_ipv6_off_every_listener_is_on_ipv4_as_istio_binds_them() {
+    let config = parse(&["--ipv6-enabled", "false"]).unwrap();
+    let listeners = config.listeners;
+    let bound = [
+        (listeners.outbound, "0.0.0.0:15001"),
+        (listeners.inbound_plaintext, "0.0.0.0:15006"),
+        (listeners.inbound, "0.0.0.0:15008"),
+        (listeners.admin, "127.0.0.1:15000"),
+        (listeners.stats, "0.0.0.0:15020"),
+        (listeners.readiness, "0.0.0.0:15021"),
+    ];
+    for (addr, expected) in bound {
+        assert_eq!(addr, expected.parse().unwrap());
+    }
+    assert_eq!(listeners.admin_ipv6, None, "no [::1] either");
+    // An address given is kept, and the admin's is its only one.
+    let given = parse(&[
+        "--admin-addr",
+        "127.0.0.1:16000",
+        "--stats-addr",
+        "[::]:16020",
+    ])
+    .unwrap();
+    assert_eq!(given.listeners.admin_ipv6, None);
+    assert_eq!(given.listeners.stats, "[::]:16020".parse().unwrap());
 }
 
 #[test]
