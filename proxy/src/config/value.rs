@@ -68,37 +68,81 @@ impl FromStr for WorkloadInfo {
     }
 }
 
-/// Parses a duration in Go's notation: one or more `<number><unit>` terms
-/// with units `ms`, `s`, `m`, `h` (and `d` for days), e.g. `5m0s` or `90s`.
-/// A bare number is seconds, as in `TERMINATION_GRACE_PERIOD_SECONDS`.
+/// Parses a duration in Go's notation as istio/ztunnel reads it: one or
+/// more `<number><unit>` terms, each number with an optional fraction,
+/// units `ns`, `us` (`µs`), `ms`, `s`, `m`, `h`, and `d` and `w` for days
+/// and weeks, terms optionally apart by spaces: `5m0s`, `90s`, `1.5s`,
+/// `1h 30m`. A bare number is seconds, as in
+/// `TERMINATION_GRACE_PERIOD_SECONDS`.
 pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
     let invalid = || ValueError::Duration(text.to_owned());
     if let Ok(seconds) = text.parse::<u64>() {
         return Ok(Duration::from_secs(seconds));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
+    let mut rest = text.trim();
     if rest.is_empty() {
         return Err(invalid());
     }
+    let mut nanos: u128 = 0;
     while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let (number, tail) = rest.split_at(digits);
-        let number: u64 = number.parse().map_err(|_| invalid())?;
-        let unit_len = tail.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let (unit, tail) = tail.split_at(unit_len);
-        let term = match unit {
-            "ms" => Duration::from_millis(number),
-            "s" => Duration::from_secs(number),
-            "m" => Duration::from_secs(number.checked_mul(60).ok_or_else(invalid)?),
-            "h" => Duration::from_secs(number.checked_mul(3600).ok_or_else(invalid)?),
-            "d" => Duration::from_secs(number.checked_mul(86_400).ok_or_else(invalid)?),
-            _ => return Err(invalid()),
-        };
-        total = total.checked_add(term).ok_or_else(invalid)?;
-        rest = tail;
+        let (term, tail) = duration_term(rest).ok_or_else(invalid)?;
+        nanos = nanos.checked_add(term).ok_or_else(invalid)?;
+        rest = tail.trim_start();
     }
-    Ok(total)
+    let seconds = u64::try_from(nanos / 1_000_000_000).map_err(|_| invalid())?;
+    // The remainder of a division by 10^9 fits.
+    let subsec = u32::try_from(nanos % 1_000_000_000).unwrap_or_default();
+    Ok(Duration::new(seconds, subsec))
+}
+
+/// The nanoseconds of the `<number>[.<fraction>]<unit>` term `text` starts
+/// with, and what follows it; `None` when it starts with no such term.
+fn duration_term(text: &str) -> Option<(u128, &str)> {
+    let whole_len = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (whole, tail) = text.split_at(whole_len);
+    let (fraction, tail) = match tail.strip_prefix('.') {
+        Some(after) => {
+            let len = after.bytes().take_while(u8::is_ascii_digit).count();
+            after.split_at(len)
+        }
+        None => ("", tail),
+    };
+    if whole.is_empty() && fraction.is_empty() {
+        return None;
+    }
+    let unit_len = tail
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_alphabetic() || *c == 'µ'))
+        .map_or(tail.len(), |(index, _)| index);
+    let (unit, tail) = tail.split_at(unit_len);
+    let unit_nanos: u128 = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60 * 1_000_000_000,
+        "h" => 3_600 * 1_000_000_000,
+        "d" => 86_400 * 1_000_000_000,
+        "w" => 7 * 86_400 * 1_000_000_000,
+        _ => return None,
+    };
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    // Digits past the nanosecond change nothing a timer can tell apart.
+    let fraction = &fraction[..fraction.len().min(18)];
+    let scale = 10u128.pow(u32::try_from(fraction.len()).ok()?);
+    let fraction: u128 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().ok()?
+    };
+    let nanos = whole
+        .checked_mul(unit_nanos)?
+        .checked_add(fraction.checked_mul(unit_nanos)? / scale)?;
+    Some((nanos, tail))
 }
 
 #[cfg(test)]
@@ -117,6 +161,14 @@ mod tests {
             ("1h30m", 5_400_000),
             ("24h", 86_400_000),
             ("2d", 172_800_000),
+            ("1.5s", 1_500),
+            ("1.5h", 5_400_000),
+            (".5s", 500),
+            ("0.25m", 15_000),
+            ("1h 30m", 5_400_000),
+            ("1000us", 1),
+            ("2000000ns", 2),
+            ("1w", 604_800_000),
         ];
         for (text, millis) in good {
             assert_eq!(
@@ -125,7 +177,19 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["", "s", "-1s", "5 m", "1.5h", "5w", "99999999999999999999h"] {
+        assert_eq!(parse_duration("1µs"), Ok(Duration::from_micros(1)));
+        for bad in [
+            "",
+            "s",
+            "-1s",
+            "5 m",
+            "1.s.",
+            ".s",
+            "1.5",
+            "5y",
+            "99999999999999999999h",
+            "1e3s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }
