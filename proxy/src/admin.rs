@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, HeaderValue, VARY};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -25,6 +25,7 @@ use crate::drain::DrainWatcher;
 use crate::metrics;
 use crate::telemetry::{LogHandle, TelemetryError};
 
+mod encoding;
 mod profile;
 
 /// Response body of every admin-side server.
@@ -210,13 +211,38 @@ pub async fn serve_stats(listener: TcpListener, registry: Arc<Registry>, drain: 
     serve_http(listener, drain, move |request| {
         std::future::ready(match (request.method(), request.uri().path()) {
             (&Method::GET, "/metrics" | "/stats/prometheus") => match metrics::encode(&registry) {
-                Ok(encoded) => with_type(StatusCode::OK, encoded.into_bytes(), OPENMETRICS),
+                Ok(encoded) => metrics_answer(&request, encoded),
                 Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
             },
             _ => text(StatusCode::NOT_FOUND, "not found\n".to_owned()),
         })
     })
     .await;
+}
+
+/// The metrics text `encoded`, gzipped where `request` accepts it.
+fn metrics_answer(request: &Request<Incoming>, encoded: String) -> Response<Body> {
+    let accepted = request
+        .headers()
+        .get(ACCEPT_ENCODING)
+        .and_then(|value| value.to_str().ok());
+    let compressed = encoding::accepts_gzip(accepted)
+        .then(|| encoding::gzip(encoded.as_bytes()))
+        .and_then(Result::ok);
+    // A body to compress is in memory already: a failure cannot come from
+    // the writer, and the text is sent as it is.
+    let Some(compressed) = compressed else {
+        let mut response = with_type(StatusCode::OK, encoded.into_bytes(), OPENMETRICS);
+        response
+            .headers_mut()
+            .insert(VARY, HeaderValue::from_static("accept-encoding"));
+        return response;
+    };
+    let mut response = with_type(StatusCode::OK, compressed, OPENMETRICS);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    headers.insert(VARY, HeaderValue::from_static("accept-encoding"));
+    response
 }
 
 /// The value of `key` in a query string, percent-decoded (`+` is a space).

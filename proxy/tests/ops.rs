@@ -192,6 +192,41 @@ async fn metrics_show_wire_names_and_labels_in_order() {
 }
 
 #[tokio::test]
+async fn metrics_are_gzipped_for_a_scraper_that_accepts_gzip_and_plain_otherwise() {
+    let mut registry = Registry::default();
+    let _metrics = Metrics::register(&mut registry, "0.1.0-test");
+    let (listener, addr) = local_listener().await;
+    let (_trigger, watcher) = drain::channel();
+    tokio::spawn(admin::serve_stats(listener, Arc::new(registry), watcher));
+
+    // What Prometheus sends.
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = "GET /metrics HTTP/1.1\r\nHost: stats\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(REQUEST_TIMEOUT, stream.read_to_end(&mut response))
+        .await
+        .expect("answered")
+        .unwrap();
+    let split = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .expect("a header end");
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    assert!(head.contains("content-encoding: gzip"), "{head}");
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(&response[split + 4..]),
+        &mut text,
+    )
+    .unwrap();
+    let plain = request(addr, "GET", "/metrics").await;
+    assert_eq!(plain.status, 200);
+    assert!(text.contains("istio_build{component=\"ztunnel\",tag=\"0.1.0-test\"} 1"));
+    assert_eq!(text, plain.body, "the same text, compressed");
+}
+
+#[tokio::test]
 async fn config_dump_returns_the_providers_json() {
     let dump = serde_json::json!({
         "workloads": [{"name": "server", "namespace": "b"}],
