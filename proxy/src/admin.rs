@@ -96,6 +96,7 @@ impl Admin {
     async fn respond(&self, request: Request<Incoming>) -> Response<Body> {
         let query = request.uri().query().unwrap_or("");
         match (request.method(), request.uri().path()) {
+            (&Method::GET, "/") => index(),
             (&Method::GET, "/config_dump") => self.config_dump(),
             (&Method::POST, "/logging") => self.logging(query),
             (_, "/logging") => text(
@@ -294,6 +295,56 @@ fn with_type(status: StatusCode, body: Vec<u8>, content_type: &'static str) -> R
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+/// What the index page lists: each endpoint's path, the method it takes,
+/// and what it is for. Every path here is answered by [`Admin::respond`].
+const ENDPOINTS: &[(&str, &str, &str)] = &[
+    (
+        "config_dump",
+        "GET",
+        "the workloads, services, policies, certificates (never keys) and pods as istioctl ztunnel-config reads them",
+    ),
+    (
+        "logging",
+        "POST",
+        "the log filter in force; ?level=<level> or ?level=<module>=<level>,... changes it, ?reset restores RUST_LOG",
+    ),
+    (
+        "debug/pprof/profile",
+        "GET",
+        "a CPU profile for go tool pprof; ?seconds=1..300 (10), ?frequency=1..1000 Hz (100)",
+    ),
+    (
+        "debug/pprof/heap",
+        "GET",
+        "a heap profile, where the allocator records one (not this build's)",
+    ),
+    ("quitquitquit", "POST", "starts the drain, as SIGTERM does"),
+];
+
+/// `GET /`: the endpoints, linked, as istio/ztunnel's admin lists its
+/// own; the metrics are on the stats port (15020, `/metrics`).
+fn index() -> Response<Body> {
+    let rows: String = ENDPOINTS
+        .iter()
+        .map(|(path, method, what)| {
+            format!(
+                "<tr><td><a href=\"{path}\">/{path}</a></td><td>{method}</td><td>{what}</td></tr>\n"
+            )
+        })
+        .collect();
+    let page = format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ztunnel admin</title></head>\n\
+         <body><h1>ztunnel admin</h1>\n<table>\n<tr><th>endpoint</th><th>method</th><th>what it does</th></tr>\n\
+         {rows}</table>\n<p>Metrics: <code>/metrics</code> on the stats port (15020); readiness: \
+         <code>/healthz/ready</code> on 15021.</p></body></html>\n"
+    );
+    with_type(
+        StatusCode::OK,
+        page.into_bytes(),
+        "text/html; charset=utf-8",
+    )
 }
 
 /// Accepts HTTP/1 connections on `listener` and answers each request with

@@ -227,6 +227,51 @@ async fn metrics_are_gzipped_for_a_scraper_that_accepts_gzip_and_plain_otherwise
 }
 
 #[tokio::test]
+async fn the_admin_index_links_every_endpoint_and_each_link_is_answered() {
+    let (addr, _logs, _quit, _trigger, _server) = start_admin(serde_json::json!({})).await;
+    let index = request(addr, "GET", "/").await;
+    assert_eq!(index.status, 200);
+    let links: Vec<&str> = index
+        .body
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    for expected in [
+        "config_dump",
+        "logging",
+        "debug/pprof/profile",
+        "debug/pprof/heap",
+        "quitquitquit",
+    ] {
+        assert!(links.contains(&expected), "{expected} in {links:?}");
+    }
+    // Followed from the page (a GET), each is answered by its endpoint:
+    // the dump, the method a POST-only one takes, or why not here.
+    for link in links {
+        let path = match link {
+            "debug/pprof/profile" => "/debug/pprof/profile?seconds=1".to_owned(),
+            other => format!("/{other}"),
+        };
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let head = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // A profile is binary: only the status line is read as text.
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut response))
+            .await
+            .expect("answered")
+            .unwrap();
+        let status_line = String::from_utf8_lossy(&response[..response.len().min(12)]).into_owned();
+        assert!(
+            status_line.starts_with("HTTP/1.1 "),
+            "{path}: {status_line}"
+        );
+        assert_ne!(&status_line[9..12], "404", "{path}");
+    }
+}
+
+#[tokio::test]
 async fn config_dump_returns_the_providers_json() {
     let dump = serde_json::json!({
         "workloads": [{"name": "server", "namespace": "b"}],
