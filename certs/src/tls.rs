@@ -7,7 +7,7 @@
 //! and the record layer that takes over an established connection from
 //! rustls `tls/record.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls::crypto::CryptoProvider;
 
@@ -43,16 +43,42 @@ pub enum TlsError {
     NoOwnIdentity,
 }
 
+/// Which key exchange groups every handshake offers and accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyExchange {
+    /// aws-lc-rs's groups as rustls orders them: X25519, P-256, P-384, then
+    /// the hybrid X25519MLKEM768.
+    #[default]
+    Classical,
+    /// `COMPLIANCE_POLICY=pqc`: the hybrid post-quantum X25519MLKEM768
+    /// only, as istio/ztunnel configures it; a peer that cannot do it is
+    /// refused at the handshake.
+    PostQuantum,
+}
+
+/// The groups of the process, set once by [`install_provider_for`] before
+/// any TLS config is built.
+static KEY_EXCHANGE: OnceLock<KeyExchange> = OnceLock::new();
+
 /// The crypto provider every TLS config in the project uses: aws-lc-rs,
-/// limited to its own TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20).
+/// limited to its own TLS 1.3 AES-GCM suites of WIRE.md §4 (no ChaCha20),
+/// with the key exchange groups installed for the process.
 /// rustls's record encryption serves only the handshake and stock peers in
 /// tests: the data path seals its records itself (`tls/record.rs`).
 pub fn provider() -> Arc<CryptoProvider> {
+    provider_for(KEY_EXCHANGE.get().copied().unwrap_or_default())
+}
+
+/// [`provider`] with the groups of `key_exchange`.
+pub fn provider_for(key_exchange: KeyExchange) -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites = vec![
         rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
         rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
     ];
+    if key_exchange == KeyExchange::PostQuantum {
+        provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768];
+    }
     Arc::new(provider)
 }
 
@@ -60,6 +86,13 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// can panic over an ambiguous default when both providers are linked in.
 /// Call it first thing in every `main`. A second call is harmless.
 pub fn install_provider() {
-    // Err means a default is already installed; only ours is ever installed.
+    install_provider_for(KeyExchange::Classical);
+}
+
+/// [`install_provider`] with the groups of `key_exchange` for every TLS
+/// config built from then on; the first call's groups stay.
+pub fn install_provider_for(key_exchange: KeyExchange) {
+    // Err means the groups (and below, a default) are set already.
+    let _ = KEY_EXCHANGE.set(key_exchange);
     let _ = CryptoProvider::install_default(Arc::unwrap_or_clone(provider()));
 }

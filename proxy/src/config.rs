@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use ztunnel_certs::tls::KeyExchange;
 
 use crate::control_plane::{ControlPlaneError, ExtraHeaders, RootSource, TokenSource};
 use crate::version::BuildInfo;
@@ -139,6 +140,8 @@ pub struct Config {
     /// (`LOCALHOST_APP_TUNNEL`), so that its listener need not be reachable
     /// from the pod network; the header carries the real addresses.
     pub localhost_app_tunnel: bool,
+    /// The key exchange groups of every handshake (`COMPLIANCE_POLICY`).
+    pub key_exchange: KeyExchange,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
     /// The DNS proxy.
@@ -295,6 +298,12 @@ struct Args {
     /// rather than its pod IP.
     #[arg(long, env = "LOCALHOST_APP_TUNNEL", default_value_t = true, action = clap::ArgAction::Set)]
     localhost_app_tunnel: bool,
+    /// Istio's compliance policy: `pqc` limits every TLS handshake (HBONE,
+    /// the CA, xDS) to the post-quantum X25519MLKEM768 key exchange, as
+    /// istio/ztunnel does; any other value changes nothing here (TLS 1.3
+    /// with AES-GCM is the only protocol already).
+    #[arg(long, env = "COMPLIANCE_POLICY", default_value = "")]
+    compliance_policy: String,
     #[command(flatten)]
     inpod: inpod::InpodArgs,
 }
@@ -353,6 +362,11 @@ impl Args {
             max_connections: limits.max_connections,
             min_connections_per_pod: limits.min_connections_per_pod,
             localhost_app_tunnel: self.localhost_app_tunnel,
+            key_exchange: if self.compliance_policy == "pqc" {
+                KeyExchange::PostQuantum
+            } else {
+                KeyExchange::Classical
+            },
             inpod,
             dns,
         })

@@ -15,7 +15,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     ztunnel_proxy::memory::no_huge_pages();
-    ztunnel_certs::tls::install_provider();
     let config = match Config::from_env_and_args() {
         Ok(config) => config,
         Err(ConfigError::Args(error)) => error.exit(),
@@ -28,6 +27,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before any TLS config is built: every one takes these groups.
+    ztunnel_certs::tls::install_provider_for(config.key_exchange);
     match ztunnel_proxy::app::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -691,3 +691,155 @@ fn the_admin_answers_on_both_loopbacks_where_ipv6_is_on_as_istios_does() {
         "dual-stack by default: {ipv6:?}"
     );
 }
+
+/// A stock rustls client's view of a server certificate: any is accepted,
+/// each signature still checked. The key exchange is what is under test.
+#[derive(Debug)]
+struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The client certificate a stock rustls client presents.
+#[derive(Debug)]
+struct Present(std::sync::Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for Present {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
+        Some(std::sync::Arc::clone(&self.0))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Dials the server node's 15008 with stock rustls offering only `group`
+/// and a certificate of the mesh; the group the handshake agreed on, or
+/// `None` when the server refused it.
+fn handshake_offering(
+    mesh: &Mesh,
+    group: &'static dyn rustls::crypto::SupportedKxGroup,
+) -> Option<rustls::NamedGroup> {
+    use std::sync::Arc;
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = vec![group];
+    let provider = Arc::new(provider);
+    let probe = mesh
+        .ca
+        .issue(
+            &"spiffe://cluster.local/ns/default/sa/probe"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_client_cert_resolver(Arc::new(Present(Arc::clone(probe.certified_key()))));
+    let addr: SocketAddr = format!("{SERVER_IP}:15008").parse().unwrap();
+    let mut tcp = mesh
+        .b
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .unwrap()
+        .unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut config = config;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let mut tls =
+        rustls::ClientConnection::new(Arc::new(config), ztunnel_certs::tls::dummy_server_name())
+            .unwrap();
+    let mut stream = rustls::Stream::new(&mut tls, &mut tcp);
+    // The HTTP/2 preface; a server that finished the handshake answers
+    // with SETTINGS.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .ok()?;
+    let mut settings = [0u8; 9];
+    stream.read_exact(&mut settings).ok()?;
+    tls.negotiated_key_exchange_group()
+        .map(|group| group.name())
+}
+
+#[test]
+fn pqc_compliance_policy_tunnels_over_x25519mlkem768_only() {
+    use rustls::crypto::aws_lc_rs::kx_group::{X25519, X25519MLKEM768};
+    let env = [("COMPLIANCE_POLICY", "pqc")];
+    let Some(mesh) = Mesh::start_with_env("pqc", "", &env) else {
+        return;
+    };
+    // Both proxies post-quantum: the tunnel between them carries.
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    assert!(ping(&mesh, &format!("{SERVER_IP}:8080")), "tunnelled");
+    // A stock peer that offers only the hybrid group gets through; one
+    // that offers only X25519 is refused at the handshake.
+    assert_eq!(
+        handshake_offering(&mesh, X25519MLKEM768),
+        Some(rustls::NamedGroup::X25519MLKEM768)
+    );
+    assert_eq!(handshake_offering(&mesh, X25519), None);
+}
+
+#[test]
+fn pqc_is_not_required_by_default_and_a_post_quantum_peer_is_still_served() {
+    use rustls::crypto::aws_lc_rs::kx_group::{X25519, X25519MLKEM768};
+    let Some(mesh) = Mesh::start("pqc_default", "") else {
+        return;
+    };
+    assert_eq!(
+        handshake_offering(&mesh, X25519),
+        Some(rustls::NamedGroup::X25519)
+    );
+    assert_eq!(
+        handshake_offering(&mesh, X25519MLKEM768),
+        Some(rustls::NamedGroup::X25519MLKEM768)
+    );
+}

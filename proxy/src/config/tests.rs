@@ -393,6 +393,16 @@ fn with_ipv6_off_every_listener_is_on_ipv4_as_istio_binds_them() {
 }
 
 #[test]
+fn pqc_compliance_policy_limits_handshakes_to_the_post_quantum_group() {
+    assert_eq!(parse(&[]).unwrap().key_exchange, KeyExchange::Classical);
+    let pqc = parse(&["--compliance-policy", "pqc"]).unwrap();
+    assert_eq!(pqc.key_exchange, KeyExchange::PostQuantum);
+    // Istio's other policy asks for what every handshake here has already.
+    let fips = parse(&["--compliance-policy", "fips-140-2"]).unwrap();
+    assert_eq!(fips.key_exchange, KeyExchange::Classical);
+}
+
+#[test]
 fn crl_path_is_read() {
     assert_eq!(
         parse(&["--crl-path", "/etc/istio/crl/ca-crl.pem"])
