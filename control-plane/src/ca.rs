@@ -5,9 +5,12 @@
 //! Decisions are pure functions (`authn`, `authz`); `service` is the gRPC
 //! shell around them and `server` the TLS listener, which also serves the
 //! delta xDS of `crate::xds` from the same registry; `slots` and
-//! `connection` bound what unauthenticated peers may hold on it. The signing material
-//! comes from files, from the state directory (`state_dir`), or on
-//! Kubernetes from the Secrets istiod uses (`signing_secret`).
+//! `connection` bound what unauthenticated peers may hold on it, and
+//! `authenticator` what their tokens may cost (on Kubernetes, checked
+//! against the API server's `published_keys` before any TokenReview). The
+//! signing material comes from files, from the state directory
+//! (`state_dir`), or on Kubernetes from the Secrets istiod uses
+//! (`signing_secret`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -25,6 +28,7 @@ pub mod authn;
 pub mod authz;
 pub mod connection;
 pub mod metrics;
+pub mod published_keys;
 pub mod server;
 pub mod service;
 pub mod signing_secret;

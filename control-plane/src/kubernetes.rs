@@ -3,9 +3,10 @@
 //! (`ztunnel_mesh::kube`), token authentication by TokenReview, and the
 //! check that the control plane's role grants what it needs.
 //!
-//! Readiness waits for both: every watch listed once, and every permission
-//! granted. A missing verb keeps the control plane unready with a log line
-//! naming it, re-checked until it is granted; it is never a crash.
+//! Readiness waits for all three: every permission granted, the API
+//! server's service-account keys fetched (`ca::published_keys`), and every
+//! watch listed once. A missing verb keeps the control plane unready with a
+//! log line naming it, re-checked until it is granted; it is never a crash.
 //!
 //! The small controllers (`crate::untaint`, `crate::root_configmap`) watch
 //! what they act on with [`watch_waking`].
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    NonResourceAttributes, ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use kube::Api;
 use kube::api::PostParams;
@@ -29,6 +30,7 @@ use ztunnel_mesh::kube::convert::ObjectProblem;
 use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, watch_into_store};
 
 use crate::ca::metrics::{CaMetrics, Readiness};
+use crate::ca::published_keys::{DISCOVERY_PATH, JWKS_PATH, PublishedKeys};
 
 /// What the control plane does with the API: (verb, group, resource, with
 /// `/subresource` where it acts on one). The ClusterRole in
@@ -54,6 +56,14 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("patch", "gateway.networking.k8s.io", "gateways/status"),
     ("create", "authentication.k8s.io", "tokenreviews"),
 ];
+
+/// The paths the control plane `get`s outside the API's resources: the
+/// service-account issuer's discovery document and keys, which tokens are
+/// checked against before a TokenReview (`ca::published_keys`). Kubernetes
+/// grants them to every service account by default
+/// (`system:service-account-issuer-discovery`); the ClusterRole grants
+/// them too, so that a cluster without that binding works the same.
+pub const REQUIRED_PATHS: &[&str] = &[DISCOVERY_PATH, JWKS_PATH];
 
 /// What the node untaint controller adds (`deploy/rbac/control-plane-untaint.yaml`).
 pub const UNTAINT_ACCESS: &[(&str, &str, &str)] = &[("patch", "", "nodes")];
@@ -144,9 +154,9 @@ impl Permissions {
     }
 }
 
-/// Checks `required` (e.g. [`REQUIRED_ACCESS`]) with
-/// SelfSubjectAccessReviews until all are granted, logging what is missing
-/// each time it changes.
+/// Checks `required` (e.g. [`REQUIRED_ACCESS`]) and [`REQUIRED_PATHS`]
+/// with SelfSubjectAccessReviews until all are granted, logging what is
+/// missing each time it changes.
 pub async fn watch_permissions(
     client: kube::Client,
     permissions: Arc<Permissions>,
@@ -202,22 +212,51 @@ async fn missing_access(
             },
             ..SelfSubjectAccessReview::default()
         };
-        let answer = api.create(&PostParams::default(), &review).await?;
-        if !answer.status.is_some_and(|status| status.allowed) {
+        if !allowed(&api, review).await? {
             let group = if group.is_empty() { "core" } else { group };
             missing.push(format!("{verb} {group}/{resource}"));
+        }
+    }
+    for path in REQUIRED_PATHS {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                non_resource_attributes: Some(NonResourceAttributes {
+                    verb: Some("get".to_owned()),
+                    path: Some((*path).to_owned()),
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        if !allowed(&api, review).await? {
+            missing.push(format!("get {path}"));
         }
     }
     Ok(missing)
 }
 
+async fn allowed(
+    api: &Api<SelfSubjectAccessReview>,
+    review: SelfSubjectAccessReview,
+) -> anyhow::Result<bool> {
+    let answer = api.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|status| status.allowed))
+}
+
 /// Readiness of the Kubernetes control plane: permissions, then the
-/// first list of every watch.
-pub fn readiness(registry: Arc<KubeRegistry>, permissions: Arc<Permissions>) -> Readiness {
+/// service-account keys, then the first list of every watch.
+pub fn readiness(
+    registry: Arc<KubeRegistry>,
+    permissions: Arc<Permissions>,
+    keys: Arc<PublishedKeys>,
+) -> Readiness {
     Arc::new(move || {
-        permissions.problem().or_else(|| {
-            (!registry.is_ready()).then(|| format!("waiting for {}", registry.waiting_for()))
-        })
+        permissions
+            .problem()
+            .or_else(|| keys.problem())
+            .or_else(|| {
+                (!registry.is_ready()).then(|| format!("waiting for {}", registry.waiting_for()))
+            })
     })
 }
 

@@ -225,8 +225,9 @@ fn file_source(
     })
 }
 
-/// The Kubernetes API: watched objects, TokenReview, readiness once the
-/// permissions are in place and every watch has listed; the root
+/// The Kubernetes API: watched objects, tokens checked against its
+/// published keys and then by TokenReview, readiness once the permissions
+/// are in place, the keys fetched and every watch listed; the root
 /// published to the namespaces ztunnel reads it in.
 fn kubernetes_source(
     args: &ServeArgs,
@@ -266,11 +267,14 @@ fn kubernetes_source(
         Arc::new(MetricsObserver(Arc::clone(metrics))),
         wait(stopped.clone()),
     );
+    let (authenticator, keys) =
+        args.authentication
+            .token_review(client, Arc::clone(metrics), wait(stopped.clone()));
     tracing::info!("mesh source: the Kubernetes API");
     Source {
         registry: Arc::clone(&registry) as Arc<dyn PodRegistry>,
-        authenticator: Arc::new(args.authentication.token_review(client)),
-        readiness: kubernetes::readiness(registry, permissions),
+        authenticator: Arc::new(authenticator),
+        readiness: kubernetes::readiness(registry, permissions, keys),
     }
 }
 

@@ -10,7 +10,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use api::{ROLE, api_with_control_plane_account, stored_roots, wait_ready};
+use api::{
+    ROLE, api_with_control_plane_account, labelled_pod, running_pod, stored_roots, wait_ready,
+};
 use prost::Message;
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
@@ -127,48 +129,6 @@ async fn until(
         assert!(started.elapsed() < CONVERGE, "{what}: still {got:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn running_pod(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    service_account: &str,
-    node: &str,
-    ip: &str,
-) -> String {
-    labelled_pod(client, (namespace, name), service_account, node, ip, &[]).await
-}
-
-/// As [`running_pod`], with `labels`.
-async fn labelled_pod(
-    client: &kube::Client,
-    (namespace, name): (&str, &str),
-    service_account: &str,
-    node: &str,
-    ip: &str,
-    labels: &[(&str, &str)],
-) -> String {
-    let uid = create_pod(
-        client,
-        &PodSpecForTest {
-            namespace: namespace.into(),
-            name: name.into(),
-            service_account: service_account.into(),
-            node: node.into(),
-            labels: labels
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                .collect(),
-            ..PodSpecForTest::default()
-        },
-    )
-    .await
-    .unwrap();
-    set_pod_running(client, namespace, name, &[ip.parse().unwrap()], true)
-        .await
-        .unwrap();
-    uid
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,12 +269,9 @@ async fn node_agents_get_certificates_only_for_pods_on_their_node() {
     )
     .await;
 
+    // The token for another audience was refused before any review.
     let metrics = ca_client::metrics(http).await;
-    for reason in [
-        "no_pod_on_node",
-        "untrusted_caller",
-        "token_review_rejected",
-    ] {
+    for reason in ["no_pod_on_node", "untrusted_caller", "wrong_audience"] {
         assert!(
             metrics.contains(&format!("reason=\"{reason}\"")),
             "denials counted by reason ({reason}):\n{metrics}"

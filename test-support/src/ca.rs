@@ -4,7 +4,8 @@
 //! root, and one of two mesh sources: a mesh file (pods, services,
 //! policies) the test can rewrite, with pod-bound tokens minted with the
 //! CA's own token key; or the Kubernetes API (`crate::kube`), with tokens
-//! from its TokenRequest API reviewed by it. Stopping it is how tests
+//! from its TokenRequest API checked against the keys it publishes and
+//! reviewed by it. Stopping it is how tests
 //! produce a CA and xDS outage; restarting it (same address, root, token
 //! key and source) is how the outage ends.
 
@@ -27,6 +28,7 @@ use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenPolicy};
 use ztunnel_control_plane::ca::authz::NodeAgentAccount;
 use ztunnel_control_plane::ca::metrics::CaMetrics;
+use ztunnel_control_plane::ca::published_keys::PublishedKeys;
 use ztunnel_control_plane::ca::token::{PodToken, TokenSigner};
 use ztunnel_control_plane::ca::token_keys::TokenKeys;
 use ztunnel_control_plane::ca::{CaConfig, server};
@@ -464,13 +466,19 @@ fn serve(
                     Arc::new(MetricsObserver(Arc::clone(&metrics))),
                     until_stopped(),
                 );
-                // Serving before the first list would deny every caller
-                // for a moment; a source that never lists (a broken test)
-                // is served anyway after a while, so the test fails on
-                // what it checks rather than hanging here.
+                // Serving before the first list, or before the token keys
+                // are fetched, would deny every caller for a moment; a
+                // source that never gets there (a broken test) is served
+                // anyway after a while, so the test fails on what it
+                // checks rather than hanging here.
+                let keys = PublishedKeys::start(client.clone(), DEFAULT_AUDIENCE, until_stopped());
                 let mut ready = registry.readiness();
-                let _ = tokio::time::timeout(SOURCE_READY, ready.wait_for(|ready| *ready)).await;
-                let reviewer = TokenReviewer::new(client, DEFAULT_AUDIENCE);
+                let _ = tokio::time::timeout(SOURCE_READY, async {
+                    let _ = ready.wait_for(|ready| *ready).await;
+                    keys.loaded().await;
+                })
+                .await;
+                let reviewer = TokenReviewer::new(client, keys, Arc::clone(&metrics));
                 (registry, Authenticator::TokenReview(reviewer))
             }
         };

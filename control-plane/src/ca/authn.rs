@@ -6,6 +6,13 @@
 //! A TokenReview's answer is read the same way (`review.rs`): the pod comes
 //! from what the API server says, never from the request.
 //!
+//! On Kubernetes the same checks run before any TokenReview, against the
+//! keys and issuer the API server publishes ([`Caller::from_published_token`]),
+//! with one more: the token's `kid` must name one of those keys. Junk is
+//! refused here at the cost of a parse and at most one signature check;
+//! the review is left to confirm what only the API server knows (that the
+//! pod or secret the token is bound to still exists).
+//!
 //! Pure: time comes in as `now`, keys as [`TokenKeys`]. What the caller may
 //! be issued is `authz.rs`'s business. The token itself is never logged and
 //! never appears in an error.
@@ -13,7 +20,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, Validation};
+use jsonwebtoken::{Algorithm, Header, Validation};
 use serde::Deserialize;
 
 use super::token_keys::TokenKeys;
@@ -79,41 +86,77 @@ impl Caller {
         policy: &TokenPolicy,
         now: SystemTime,
     ) -> Result<Caller, AuthnError> {
-        if token.len() > MAX_TOKEN_BYTES {
-            return Err(AuthnError::TokenTooLarge);
-        }
-        let header = jsonwebtoken::decode_header(token).map_err(|_| AuthnError::Malformed)?;
-        if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
-            return Err(AuthnError::UnsupportedAlgorithm);
-        }
-        // Only the signature and the algorithm are left to jsonwebtoken; the
-        // claims are checked below against the `now` we are given.
-        let mut validation = Validation::new(header.alg);
-        validation.validate_exp = false;
-        validation.validate_nbf = false;
-        validation.validate_aud = false;
-        validation.required_spec_claims.clear();
-
-        let candidates = keys.candidates(header.kid.as_deref());
-        for key in candidates.filter(|key| key.algorithm == header.alg) {
-            match jsonwebtoken::decode::<TokenClaims>(token, &key.key, &validation) {
-                Ok(data) => return check_claims(data.claims, policy, now),
-                Err(error) => match error.kind() {
-                    // This key is not the one; try the next.
-                    ErrorKind::InvalidSignature
-                    | ErrorKind::InvalidAlgorithm
-                    | ErrorKind::InvalidEcdsaKey
-                    | ErrorKind::InvalidRsaKey(_)
-                    | ErrorKind::InvalidKeyFormat => continue,
-                    // The header was parsed already, so JSON errors are the
-                    // signed claims'.
-                    ErrorKind::Json(_) => return Err(AuthnError::MalformedClaims),
-                    _ => return Err(AuthnError::Malformed),
-                },
-            }
-        }
-        Err(AuthnError::BadSignature)
+        let header = header(token)?;
+        verify(token, &header, keys, policy, now)
     }
+
+    /// Verifies a token against the keys an issuer publishes (a JWKS whose
+    /// keys are named): as [`Caller::from_token`], and first its `kid` must
+    /// name one of them. A token naming no published key is refused
+    /// without trying any, so that the caller can tell a key it should
+    /// fetch again from a forged signature.
+    pub fn from_published_token(
+        token: &[u8],
+        keys: &TokenKeys,
+        policy: &TokenPolicy,
+        now: SystemTime,
+    ) -> Result<Caller, AuthnError> {
+        let header = header(token)?;
+        if !header.kid.as_deref().is_some_and(|kid| keys.names(kid)) {
+            return Err(AuthnError::UnknownKeyId);
+        }
+        verify(token, &header, keys, policy, now)
+    }
+}
+
+/// The header of a token no longer than [`MAX_TOKEN_BYTES`], read before
+/// anything is verified.
+fn header(token: &[u8]) -> Result<Header, AuthnError> {
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(AuthnError::TokenTooLarge);
+    }
+    jsonwebtoken::decode_header(token).map_err(|_| AuthnError::Malformed)
+}
+
+/// Verifies `token`'s signature with a key of `keys` for its `header`, then
+/// its claims against `policy` at `now`.
+fn verify(
+    token: &[u8],
+    header: &Header,
+    keys: &TokenKeys,
+    policy: &TokenPolicy,
+    now: SystemTime,
+) -> Result<Caller, AuthnError> {
+    if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
+        return Err(AuthnError::UnsupportedAlgorithm);
+    }
+    // Only the signature and the algorithm are left to jsonwebtoken; the
+    // claims are checked below against the `now` we are given.
+    let mut validation = Validation::new(header.alg);
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = false;
+    validation.required_spec_claims.clear();
+
+    let candidates = keys.candidates(header.kid.as_deref());
+    for key in candidates.filter(|key| key.algorithm == header.alg) {
+        match jsonwebtoken::decode::<TokenClaims>(token, &key.key, &validation) {
+            Ok(data) => return check_claims(data.claims, policy, now),
+            Err(error) => match error.kind() {
+                // This key is not the one; try the next.
+                ErrorKind::InvalidSignature
+                | ErrorKind::InvalidAlgorithm
+                | ErrorKind::InvalidEcdsaKey
+                | ErrorKind::InvalidRsaKey(_)
+                | ErrorKind::InvalidKeyFormat => continue,
+                // The header was parsed already, so JSON errors are the
+                // signed claims'.
+                ErrorKind::Json(_) => return Err(AuthnError::MalformedClaims),
+                _ => return Err(AuthnError::Malformed),
+            },
+        }
+    }
+    Err(AuthnError::BadSignature)
 }
 
 /// Why a caller was not authenticated. Each variant is a denial reason.
@@ -137,6 +180,9 @@ pub enum AuthnError {
     /// No configured key verifies the signature.
     #[error("token signature does not verify with any configured key")]
     BadSignature,
+    /// The header's `kid` is missing or names no key the issuer publishes.
+    #[error("token names no key the issuer publishes")]
+    UnknownKeyId,
     /// The signed claims are not the JSON of a service-account token.
     #[error("token claims are malformed")]
     MalformedClaims,
@@ -169,6 +215,14 @@ pub enum AuthnError {
     /// control plane may not create token reviews).
     #[error("token review failed: {0}")]
     ReviewUnavailable(String),
+    /// Every TokenReview slot stayed taken for as long as a caller waits
+    /// for one.
+    #[error("too many token reviews in flight")]
+    ReviewBusy,
+    /// The API server's published keys have not been fetched, so no token
+    /// can be checked (the control plane is unready meanwhile).
+    #[error("the service-account issuer's keys are not loaded")]
+    KeysUnavailable,
 }
 
 impl AuthnError {
@@ -181,6 +235,7 @@ impl AuthnError {
             AuthnError::Malformed => "malformed_token",
             AuthnError::UnsupportedAlgorithm => "unsupported_algorithm",
             AuthnError::BadSignature => "bad_signature",
+            AuthnError::UnknownKeyId => "unknown_key_id",
             AuthnError::MalformedClaims => "malformed_claims",
             AuthnError::WrongIssuer => "wrong_issuer",
             AuthnError::WrongAudience => "wrong_audience",
@@ -191,6 +246,8 @@ impl AuthnError {
             AuthnError::ReviewRejected => "token_review_rejected",
             AuthnError::NotServiceAccount => "not_service_account",
             AuthnError::ReviewUnavailable(_) => "token_review_unavailable",
+            AuthnError::ReviewBusy => "token_review_busy",
+            AuthnError::KeysUnavailable => "token_keys_unavailable",
         }
     }
 }

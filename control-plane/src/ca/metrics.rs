@@ -1,6 +1,6 @@
-//! The CA's Prometheus metrics (certificate requests, the mesh file, and
-//! the xDS server sharing its port) and the plain-HTTP `/metrics` endpoint
-//! that serves them.
+//! The CA's Prometheus metrics (certificate requests, token reviews, the
+//! mesh file, and the xDS server sharing its port) and the plain-HTTP
+//! `/metrics` endpoint that serves them.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -65,6 +65,16 @@ pub struct CaMetrics {
     /// too many pending from one source or in all, or the handshake's
     /// time ran out.
     connections_refused: Family<ReasonLabels, Counter>,
+    /// TokenReviews sent to the API server, by outcome: with junk refused
+    /// before a review, this follows the honest callers.
+    token_reviews: Family<OutcomeLabels, Counter>,
+    /// Tokens refused without a review, by reason (`AuthnError::label`).
+    tokens_refused_locally: Family<ReasonLabels, Counter>,
+    /// Tokens answered from the review cache, by outcome.
+    token_review_cache_hits: Family<OutcomeLabels, Counter>,
+    /// Tokens refused because no review slot came free in time: a non-zero
+    /// rate means the API server answers reviews too slowly for the load.
+    token_reviews_busy: Counter,
 }
 
 impl CaMetrics {
@@ -106,8 +116,13 @@ impl CaMetrics {
             kube_watch_errors: Family::default(),
             kube_objects_refused: Family::default(),
             connections_refused: Family::default(),
+            token_reviews: Family::default(),
+            tokens_refused_locally: Family::default(),
+            token_review_cache_hits: Family::default(),
+            token_reviews_busy: Counter::default(),
         };
         metrics.register_mesh();
+        metrics.register_token_reviews();
         metrics
     }
 
@@ -174,6 +189,62 @@ impl CaMetrics {
             "Delta xDS responses rejected by clients, by type",
             self.xds_nacks.clone(),
         );
+    }
+
+    /// Registers the token review metrics.
+    fn register_token_reviews(&mut self) {
+        let registry = &mut self.registry;
+        registry.register(
+            "token_reviews",
+            "TokenReviews sent to the API server, by outcome (authenticated, refused, failed)",
+            self.token_reviews.clone(),
+        );
+        registry.register(
+            "tokens_refused_locally",
+            "Tokens refused without a TokenReview, by reason",
+            self.tokens_refused_locally.clone(),
+        );
+        registry.register(
+            "token_review_cache_hits",
+            "Tokens answered from the TokenReview cache, by outcome (authenticated, refused)",
+            self.token_review_cache_hits.clone(),
+        );
+        registry.register(
+            "token_reviews_busy",
+            "Tokens refused because every TokenReview slot stayed taken",
+            self.token_reviews_busy.clone(),
+        );
+    }
+
+    /// Counts a TokenReview sent, by `outcome`.
+    pub fn record_token_review(&self, outcome: &'static str) {
+        self.token_reviews
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Counts a token refused without a review.
+    pub fn record_token_refused_locally(&self, reason: &'static str) {
+        self.tokens_refused_locally
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a token answered from the review cache.
+    pub fn record_token_review_cache_hit(&self, authenticated: bool) {
+        let outcome = if authenticated {
+            "authenticated"
+        } else {
+            "refused"
+        };
+        self.token_review_cache_hits
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Counts a token refused for want of a review slot.
+    pub fn record_token_review_busy(&self) {
+        self.token_reviews_busy.inc();
     }
 
     /// Counts a denial under its reason label.
@@ -300,6 +371,12 @@ impl Drop for XdsClientGuard {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabels {
     r#type: &'static str,
+}
+
+/// Labels of the token review counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 /// Labels of the issued-certificates counter.

@@ -121,13 +121,25 @@ impl TokenKeys {
         self.keys.is_empty()
     }
 
+    /// Whether a key is named `kid`.
+    pub fn names(&self, kid: &str) -> bool {
+        self.keys.iter().any(|key| key.kid.as_deref() == Some(kid))
+    }
+
+    /// Whether `other` holds keys of the same names and algorithms, in the
+    /// same order: for logging a change of the key set.
+    pub fn same_names(&self, other: &TokenKeys) -> bool {
+        let name = |key: &VerifyingKey| (key.kid.clone(), key.algorithm);
+        self.keys.iter().map(name).eq(other.keys.iter().map(name))
+    }
+
     /// The keys to try for a token: those whose `kid` matches, or all of
     /// them when none matches (PEM keys have no `kid`).
     pub(super) fn candidates<'a>(
         &'a self,
         kid: Option<&str>,
     ) -> impl Iterator<Item = &'a VerifyingKey> + 'a {
-        let named = kid.is_some_and(|kid| self.keys.iter().any(|k| k.kid.as_deref() == Some(kid)));
+        let named = kid.is_some_and(|kid| self.names(kid));
         let kid = kid.map(str::to_owned);
         self.keys
             .iter()

@@ -1,15 +1,18 @@
 //! How callers' service-account tokens are checked: against local keys
 //! (`--token-keys`, else the state directory's token key) for a required
-//! issuer and audience, or on Kubernetes by the API server's TokenReview
-//! for the same audience. Checking a token is `ca::authenticator`'s
-//! business.
+//! issuer and audience, or on Kubernetes against the issuer and keys the
+//! API server publishes and then by its TokenReview, for the same
+//! audience. Checking a token is `ca::authenticator`'s business.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ztunnel_control_plane::ca::authenticator::{Authenticator, TokenReviewer};
 use ztunnel_control_plane::ca::authn::{
     DEFAULT_AUDIENCE, DEFAULT_ISSUER, DEFAULT_LEEWAY, TokenPolicy,
 };
+use ztunnel_control_plane::ca::metrics::CaMetrics;
+use ztunnel_control_plane::ca::published_keys::PublishedKeys;
 use ztunnel_control_plane::ca::state_dir::{StateDir, StateDirError};
 use ztunnel_control_plane::ca::token_keys::TokenKeys;
 
@@ -20,7 +23,8 @@ pub(crate) struct AuthenticationArgs {
     /// ES256). Default: the state directory's local token key.
     #[arg(long)]
     token_keys: Option<PathBuf>,
-    /// Required token issuer (`iss`).
+    /// Required token issuer (`iss`) of the file source; on Kubernetes the
+    /// issuer is the one the API server publishes.
     #[arg(long, default_value = DEFAULT_ISSUER)]
     token_issuer: String,
     /// Required token audience (one of `aud`).
@@ -49,8 +53,17 @@ impl AuthenticationArgs {
         })
     }
 
-    /// Checks tokens by the API server's TokenReview, for `--audience`.
-    pub(crate) fn token_review(&self, client: kube::Client) -> Authenticator {
-        Authenticator::TokenReview(TokenReviewer::new(client, &self.audience))
+    /// Checks tokens for `--audience` against the keys the API server
+    /// publishes (fetched until `shutdown`), then by its TokenReview; the
+    /// keys too, for readiness.
+    pub(crate) fn token_review(
+        &self,
+        client: kube::Client,
+        metrics: Arc<CaMetrics>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> (Authenticator, Arc<PublishedKeys>) {
+        let keys = PublishedKeys::start(client.clone(), &self.audience, shutdown);
+        let reviewer = TokenReviewer::new(client, Arc::clone(&keys), metrics);
+        (Authenticator::TokenReview(reviewer), keys)
     }
 }

@@ -2,7 +2,7 @@
 //! control plane: the AuthorizationPolicy CRD, the namespace
 //! `istio-system`, and the control plane's service account there bound to
 //! exactly the roles in `deploy/rbac/` (the main one or a test's variant
-//! of it, plus the CA's); and the waits and reads the tests share.
+//! of it, plus the CA's); and the pods, waits and reads the tests share.
 
 // Each test crate that includes this uses part of it.
 #![allow(dead_code)]
@@ -15,7 +15,9 @@ use kube::Api;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use ztunnel_test_support::kube::KubeApi;
-use ztunnel_test_support::kube::objects::{ensure_namespace, service_account_with_role};
+use ztunnel_test_support::kube::objects::{
+    PodSpecForTest, create_pod, ensure_namespace, service_account_with_role, set_pod_running,
+};
 
 use crate::ca_client;
 
@@ -91,6 +93,50 @@ pub async fn secret(client: &kube::Client, name: &str) -> Option<Secret> {
 pub async fn stored_roots(client: &kube::Client) -> Vec<CertificateDer<'static>> {
     let secret = secret(client, "istio-ca-secret").await.unwrap();
     certificates(&secret.data.unwrap()["ca-cert.pem"].0)
+}
+
+/// A pod created through the API and set running as a kubelet would:
+/// its uid.
+pub async fn running_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    service_account: &str,
+    node: &str,
+    ip: &str,
+) -> String {
+    labelled_pod(client, (namespace, name), service_account, node, ip, &[]).await
+}
+
+/// As [`running_pod`], with `labels`.
+pub async fn labelled_pod(
+    client: &kube::Client,
+    (namespace, name): (&str, &str),
+    service_account: &str,
+    node: &str,
+    ip: &str,
+    labels: &[(&str, &str)],
+) -> String {
+    let uid = create_pod(
+        client,
+        &PodSpecForTest {
+            namespace: namespace.into(),
+            name: name.into(),
+            service_account: service_account.into(),
+            node: node.into(),
+            labels: labels
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect(),
+            ..PodSpecForTest::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_pod_running(client, namespace, name, &[ip.parse().unwrap()], true)
+        .await
+        .unwrap();
+    uid
 }
 
 /// The roots published in `namespace`'s `istio-ca-root-cert`, if it

@@ -259,6 +259,78 @@ fn the_key_named_by_kid_is_tried_else_every_key() {
 }
 
 #[test]
+fn tokens_are_checked_against_the_published_keys_before_any_review() {
+    use super::super::token::TokenSigner;
+    use AuthnError::*;
+    let published = TokenSigner::generate().unwrap();
+    let keys = published.verifying_keys().unwrap();
+    let signing = EncodingKey::from_ec_pem(published.private_key_pem().as_bytes()).unwrap();
+    let forger = es256();
+    let token = |kid: Option<&str>, key: &EncodingKey, claims: &Value| {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = kid.map(str::to_owned);
+        jsonwebtoken::encode(&header, claims, key).unwrap()
+    };
+    let kid = Some(published.kid());
+    let honest = |claims: &Value| token(kid, &signing, claims);
+    let cases: Vec<(&str, String, Result<(), AuthnError>)> = vec![
+        ("a token of the issuer", honest(&claims()), Ok(())),
+        ("not a JWT", "junk".into(), Err(Malformed)),
+        ("three parts, not base64", "a.b.c".into(), Err(Malformed)),
+        (
+            "too large",
+            "a".repeat(MAX_TOKEN_BYTES + 1),
+            Err(TokenTooLarge),
+        ),
+        (
+            "a kid the issuer does not publish",
+            token(Some("made-up"), &signing, &claims()),
+            Err(UnknownKeyId),
+        ),
+        (
+            "no kid",
+            token(None, &signing, &claims()),
+            Err(UnknownKeyId),
+        ),
+        (
+            "a published kid, another key's signature",
+            token(kid, &forger.encoding, &claims()),
+            Err(BadSignature),
+        ),
+        (
+            "another issuer",
+            honest(&with(claims(), &["iss"], json!("https://other"))),
+            Err(WrongIssuer),
+        ),
+        (
+            "another audience",
+            honest(&with(claims(), &["aud"], json!(["vault"]))),
+            Err(WrongAudience),
+        ),
+        (
+            "expired beyond the leeway",
+            honest(&with(claims(), &["exp"], json!(NOW - 61))),
+            Err(Expired),
+        ),
+        (
+            "expired within the leeway",
+            honest(&with(claims(), &["exp"], json!(NOW - 59))),
+            Ok(()),
+        ),
+        (
+            "bound to no pod (a legacy Secret token)",
+            honest(&with(claims(), &["kubernetes.io", "pod"], Value::Null)),
+            Err(NotPodBound),
+        ),
+    ];
+    for (reason, token, expected) in cases {
+        let checked =
+            Caller::from_published_token(token.as_bytes(), &keys, &TokenPolicy::default(), now());
+        assert_eq!(checked.map(|_| ()), expected, "{reason}");
+    }
+}
+
+#[test]
 fn bearer_header_parsing() {
     assert_eq!(bearer_token(None), Err(AuthnError::MissingToken));
     assert_eq!(
