@@ -27,6 +27,7 @@ pub mod authenticator;
 pub mod authn;
 pub mod authz;
 pub mod connection;
+pub mod denial_log;
 pub mod metrics;
 pub mod published_keys;
 pub mod server;

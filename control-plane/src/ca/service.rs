@@ -3,8 +3,8 @@
 //! authorization and the issuer, and maps every outcome to the gRPC status
 //! istiod would return. All decisions live in the modules it calls.
 
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime};
 
 use tonic::{Request, Response, Status};
 use ztunnel_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateService;
@@ -18,6 +18,7 @@ use super::authenticator::Authenticator;
 use super::authn::{Caller, bearer_token};
 use super::authz::{Denial, NodeAgentAccount, authorize};
 use super::connection::{Authenticated, mark_authenticated};
+use super::denial_log::DenialLog;
 use super::metrics::CaMetrics;
 use ztunnel_mesh::PodRegistry;
 
@@ -40,6 +41,8 @@ pub struct CertificateService {
     registry: Arc<dyn PodRegistry>,
     /// Counters.
     metrics: Arc<CaMetrics>,
+    /// Budgets the lines about unauthenticated denials.
+    unauthenticated_log: Mutex<DenialLog>,
 }
 
 impl CertificateService {
@@ -53,6 +56,7 @@ impl CertificateService {
             trusted_node_accounts: config.trusted_node_accounts,
             registry: config.registry,
             metrics: config.metrics,
+            unauthenticated_log: Mutex::new(DenialLog::default()),
         }
     }
 
@@ -120,6 +124,20 @@ impl CertificateService {
     /// Logs and counts a denial and returns the opaque status for it.
     fn deny(&self, caller: Option<&Caller>, requested: Option<&str>, denial: &Denial) -> Status {
         self.metrics.record_denial(denial);
+        // A flood of junk is counted in full and logged a line a second.
+        let left_out = match caller {
+            Some(_) => 0,
+            None => {
+                let mut log = self
+                    .unauthenticated_log
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                match log.admit(Instant::now()) {
+                    Some(left_out) => left_out,
+                    None => return Status::unauthenticated(denial.public_message()),
+                }
+            }
+        };
         let caller = caller.map(|c| {
             format!(
                 "{}/{} pod={} uid={}",
@@ -131,6 +149,7 @@ impl CertificateService {
             requested = requested.map_or("own identity", |text| bounded_for_log(text, 256)),
             reason = denial.label(),
             detail = %ErrorChain(denial),
+            unauthenticated_left_out = left_out,
             "certificate request denied"
         );
         Status::unauthenticated(denial.public_message())
