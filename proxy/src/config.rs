@@ -142,6 +142,9 @@ pub struct Config {
     pub localhost_app_tunnel: bool,
     /// The key exchange groups of every handshake (`COMPLIANCE_POLICY`).
     pub key_exchange: KeyExchange,
+    /// Whether each connection's authorization decision is logged at info
+    /// rather than debug (`AUTHZ_POLICY_INFO_LOGGING`).
+    pub authz_policy_info_logging: bool,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
     /// The DNS proxy.
@@ -304,6 +307,11 @@ struct Args {
     /// with AES-GCM is the only protocol already).
     #[arg(long, env = "COMPLIANCE_POLICY", default_value = "")]
     compliance_policy: String,
+    /// `true`: each inbound connection's authorization decision (the policy
+    /// that allowed or denied it) is logged at info, else at debug, as
+    /// istio/ztunnel does; any other value is false, as there.
+    #[arg(long, env = "AUTHZ_POLICY_INFO_LOGGING", default_value = "")]
+    authz_policy_info_logging: String,
     #[command(flatten)]
     inpod: inpod::InpodArgs,
 }
@@ -362,6 +370,7 @@ impl Args {
             max_connections: limits.max_connections,
             min_connections_per_pod: limits.min_connections_per_pod,
             localhost_app_tunnel: self.localhost_app_tunnel,
+            authz_policy_info_logging: self.authz_policy_info_logging == "true",
             key_exchange: if self.compliance_policy == "pqc" {
                 KeyExchange::PostQuantum
             } else {

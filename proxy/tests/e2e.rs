@@ -843,3 +843,46 @@ fn pqc_is_not_required_by_default_and_a_post_quantum_peer_is_still_served() {
         Some(rustls::NamedGroup::X25519MLKEM768)
     );
 }
+
+#[test]
+fn authz_policy_info_logging_puts_each_decision_in_the_info_log() {
+    let target = format!("{SERVER_IP}:8080");
+    let decisions = |mesh: &Mesh| {
+        mesh.log("server")
+            .lines()
+            .filter(|line| line.contains("policy decision"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let env = [("AUTHZ_POLICY_INFO_LOGGING", "true")];
+    let Some(mesh) = Mesh::start_with_env("authz_info", ALLOW_CLIENT, &env) else {
+        return;
+    };
+    let _peers = mesh.echo_server(&target);
+    assert!(ping(&mesh, &target));
+    assert!(
+        eventually(|| decisions(&mesh)
+            .iter()
+            .any(|line| line.contains("allowed by: default/allow-client"))),
+        "{:?}",
+        decisions(&mesh)
+    );
+    mesh.set_config(&mesh::config(ALLOW_NOBODY));
+    assert!(eventually(|| !ping(&mesh, &target)), "denied");
+    assert!(
+        eventually(|| decisions(&mesh)
+            .iter()
+            .any(|line| line.contains("allow policies exist, but none allowed"))),
+        "{:?}",
+        decisions(&mesh)
+    );
+    drop(mesh);
+
+    // Unset, the same decisions are debug lines, out of an info log.
+    let Some(mesh) = Mesh::start("authz_debug", ALLOW_CLIENT) else {
+        return;
+    };
+    let _peers = mesh.echo_server(&target);
+    assert!(ping(&mesh, &target));
+    assert_eq!(decisions(&mesh), Vec::<String>::new());
+}

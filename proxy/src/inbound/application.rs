@@ -177,6 +177,9 @@ pub(super) async fn open_upstream_for(
     let admitted = match admitted {
         Ok(admitted) => admitted,
         Err(refusal) => {
+            if let Refusal::Denied(reason) = &refusal {
+                log_policy(proxy, format_args!("{reason}"));
+            }
             let src = SocketAddr::new(arrival.source_ip, arrival.source_port);
             access_log::failed(src, arrival.target, Direction::Inbound, &refusal);
             let answer = refusal.answer();
@@ -192,6 +195,10 @@ pub(super) async fn open_upstream_for(
     };
     for matched in &admitted.dry_run {
         tracing::info!(?matched, "dry-run policy matched");
+    }
+    match &admitted.allowed_by {
+        Some(policy) => log_policy(proxy, format_args!("allowed by: {policy}")),
+        None => log_policy(proxy, format_args!("no allow policies: allowed")),
     }
     let ends = Ends {
         workload: Some(&admitted.workload),
@@ -227,6 +234,16 @@ pub(super) async fn open_upstream_for(
         slot: None,
         revocation: None,
     })
+}
+
+/// The authorization decision for one connection, at info with
+/// `AUTHZ_POLICY_INFO_LOGGING=true` (istio/ztunnel's switch), else at debug.
+fn log_policy(proxy: &Proxy, decision: std::fmt::Arguments<'_>) {
+    if proxy.node.config.authz_policy_info_logging {
+        tracing::info!(target: "authorization", %decision, "policy decision");
+    } else {
+        tracing::debug!(target: "authorization", %decision, "policy decision");
+    }
 }
 
 /// Connects the admitted connection's application: a PROXY tunnel on

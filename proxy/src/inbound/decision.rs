@@ -12,7 +12,7 @@ use ztunnel_certs::identity::Identity;
 use crate::hbone::{Authority, InboundRefusal};
 use crate::metrics::ResponseFlags;
 use crate::ports::PROXY_PORTS;
-use crate::rbac::{Connection, DenyReason, DryRunMatch, Verdict, authorize};
+use crate::rbac::{Connection, DenyReason, DryRunMatch, PolicyName, Verdict, authorize};
 use crate::state::{
     ApplicationTunnel, ApplicationTunnelProtocol, GatewayTarget, Service, State, Workload,
     find_gateway,
@@ -57,6 +57,9 @@ pub struct Admitted {
     pub connection: Connection,
     /// Dry-run policies that matched, for the log.
     pub dry_run: Vec<DryRunMatch>,
+    /// The ALLOW policy that let the connection in; `None` where the
+    /// workload has none. For the log.
+    pub allowed_by: Option<PolicyName>,
 }
 
 impl Admitted {
@@ -257,6 +260,7 @@ pub fn admit(
             proxy_destination,
             connection,
             dry_run: decision.dry_run_matches,
+            allowed_by: decision.allowed_by,
         }),
         Verdict::Deny(reason) => Err(Refusal::Denied(reason)),
     }

@@ -50,6 +50,10 @@ pub struct Decision {
     pub verdict: Verdict,
     /// Dry-run policies that matched, deny ones first, for the caller to log.
     pub dry_run_matches: Vec<DryRunMatch>,
+    /// The first enforced ALLOW policy that matched, for the log; `None`
+    /// when the connection is allowed for want of any ALLOW policy, or
+    /// denied.
+    pub allowed_by: Option<PolicyName>,
 }
 
 impl Decision {
@@ -114,7 +118,7 @@ pub fn authorize<'a>(
     let mut dry_run_allows = Vec::new();
     let mut denied_by: Option<&Policy> = None;
     let mut allow_policies_exist = false;
-    let mut allowed = false;
+    let mut allowed_by: Option<&Policy> = None;
     for policy in policies {
         match (policy.action, policy.dry_run) {
             (Action::Deny, true) if policy.matches(connection) => dry_run_denies.push(policy),
@@ -124,7 +128,9 @@ pub fn authorize<'a>(
             (Action::Allow, true) if policy.matches(connection) => dry_run_allows.push(policy),
             (Action::Allow, false) => {
                 allow_policies_exist = true;
-                allowed = allowed || policy.matches(connection);
+                if allowed_by.is_none() && policy.matches(connection) {
+                    allowed_by = Some(policy);
+                }
             }
             _ => {}
         }
@@ -135,10 +141,11 @@ pub fn authorize<'a>(
         return Decision {
             verdict: Verdict::Deny(reason),
             dry_run_matches,
+            allowed_by: None,
         };
     }
     dry_run_matches.extend(dry_run_allows.iter().map(dry_run_match));
-    let verdict = if !allow_policies_exist || allowed {
+    let verdict = if !allow_policies_exist || allowed_by.is_some() {
         Verdict::Allow
     } else {
         Verdict::Deny(DenyReason::NotAllowed)
@@ -146,6 +153,7 @@ pub fn authorize<'a>(
     Decision {
         verdict,
         dry_run_matches,
+        allowed_by: allowed_by.map(Policy::policy_name),
     }
 }
 

@@ -70,6 +70,49 @@ fn evaluation_order_table() {
 }
 
 #[test]
+fn the_first_allow_policy_that_matched_is_named_for_the_log() {
+    let allow = |name, rules| policy(name, Action::Allow, false, rules);
+    let deny = |name, rules| policy(name, Action::Deny, false, rules);
+    let dry_allow = |name, rules| policy(name, Action::Allow, true, rules);
+    let allowed_by = |policies: &[Policy]| {
+        authorize(&from(Some(CLIENT)), policies)
+            .allowed_by
+            .map(|policy| policy.name.to_string())
+    };
+    let rows: &[(&str, Vec<Policy>, Option<&str>)] = &[
+        ("no policies: allowed by none", vec![], None),
+        (
+            "the first of two that match",
+            vec![allow("a", hit()), allow("b", hit())],
+            Some("a"),
+        ),
+        (
+            "past one that misses",
+            vec![allow("a", miss()), allow("b", hit())],
+            Some("b"),
+        ),
+        (
+            "none matches: denied, by none",
+            vec![allow("a", miss())],
+            None,
+        ),
+        (
+            "a deny wins: none",
+            vec![allow("a", hit()), deny("d", hit())],
+            None,
+        ),
+        (
+            "a dry-run allow never allows",
+            vec![dry_allow("da", hit())],
+            None,
+        ),
+    ];
+    for (reason, policies, expected) in rows {
+        assert_eq!(allowed_by(policies).as_deref(), *expected, "{reason}");
+    }
+}
+
+#[test]
 fn plaintext_connections_are_judged_on_source_ip_only() {
     let by_principal = policy(
         "p",
