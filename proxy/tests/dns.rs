@@ -253,6 +253,35 @@ fn a_meshed_pod_resolves_services_by_every_name_form_and_forwards_the_rest() {
 }
 
 #[test]
+fn with_dns_debug_logging_each_query_has_a_line_saying_who_asked_what_and_its_fate() {
+    let Some(setup) = start("dns query log", true, &[("RUST_LOG", "info,dns=debug")]) else {
+        return;
+    };
+    assert_eq!(
+        setup.dig_short("echo.default.svc.cluster.local"),
+        vec![VIP.to_owned()]
+    );
+    assert_eq!(setup.dig_short(OUTSIDE.0), vec![OUTSIDE.1.to_string()]);
+    let client = setup.cluster.pod("client").unwrap().ip.to_string();
+    let node = setup.cluster.node("node-a").unwrap();
+    let line_for = |name: &str, fate: &str| {
+        node.ztunnel_log()
+            .lines()
+            .any(|line| line.contains(fate) && line.contains(name) && line.contains(&client))
+    };
+    assert!(
+        eventually(|| line_for("echo.default.svc.cluster.local", "DNS query answered")),
+        "{}",
+        logs(&setup.cluster)
+    );
+    assert!(
+        eventually(|| line_for(OUTSIDE.0, "DNS query forwarded")),
+        "{}",
+        logs(&setup.cluster)
+    );
+}
+
+#[test]
 fn an_answer_too_large_for_udp_is_truncated_and_the_tcp_retry_carries_it_all() {
     let Some(setup) = start("dns-truncation", true, &[]) else {
         return;

@@ -439,6 +439,7 @@ pub async fn respond(
         (decision, labels(&request, workload.as_deref(), transport))
     };
     served.dns.metrics.requests.get_or_create(&labels).inc();
+    log_query(&request, source, &decision);
     let result = match decision {
         Decision::Answer(response) => wire::encode(response, &request, transport),
         Decision::Forward => forward(served, &request, query, transport, &labels).await,
@@ -450,6 +451,33 @@ pub async fn respond(
             let failure = answer::response(&request, ResponseCode::ServFail);
             wire::encode(failure, &request, transport).ok()
         }
+    }
+}
+
+/// One line per query at debug (`RUST_LOG=dns=debug`): who asked what,
+/// and whether the proxy answered it (with which code and how many
+/// records) or forwarded it. Nothing is formatted unless the line is on.
+fn log_query(request: &Message, source: SocketAddr, decision: &Decision) {
+    let Some(query) = request.queries.first() else {
+        return;
+    };
+    match decision {
+        Decision::Answer(response) => tracing::debug!(
+            target: "dns",
+            %source,
+            name = %query.name(),
+            record_type = %query.query_type(),
+            code = %response.metadata.response_code,
+            records = response.answers.len(),
+            "DNS query answered"
+        ),
+        Decision::Forward => tracing::debug!(
+            target: "dns",
+            %source,
+            name = %query.name(),
+            record_type = %query.query_type(),
+            "DNS query forwarded"
+        ),
     }
 }
 
