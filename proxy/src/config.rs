@@ -9,7 +9,9 @@
 //! with the conversion of its flags into its part of the `Config`: `mode`,
 //! `xds` (and where the configuration comes from), `ca`, `mesh`,
 //! `keepalive`, `dns`, `workers`, `pool`, `http2`, `listeners`, `logging`,
-//! `limits` (drain deadline and caps) and `inpod`. The local workload
+//! `limits` (drain deadline and caps), `inpod`, and `proxy_config`
+//! (Istio's ProxyConfig and mesh config, which the others read defaults
+//! from). The local workload
 //! file's format lives in `config/local.rs`; value syntax in
 //! `config/value.rs`.
 
@@ -35,6 +37,7 @@ mod logging;
 mod mesh;
 mod mode;
 mod pool;
+mod proxy_config;
 mod value;
 mod workers;
 mod xds;
@@ -314,6 +317,8 @@ struct Args {
     authz_policy_info_logging: String,
     #[command(flatten)]
     inpod: inpod::InpodArgs,
+    #[command(flatten)]
+    proxy_config: proxy_config::ProxyConfigArgs,
 }
 
 impl Args {
@@ -325,12 +330,16 @@ impl Args {
         env: &[(String, String)],
         logical_cpus: usize,
     ) -> Result<Config, ConfigError> {
+        let proxy_config = self.proxy_config.parse(env)?;
         let mode = self.mode.parse()?;
         let packet_mark = mode.packet_mark(self.packet_mark);
-        let worker_threads = self.workers.parse(logical_cpus)?;
-        let xds = self
-            .xds
-            .parse(self.ca.auth_token(), self.mesh.node_name(), env)?;
+        let worker_threads = self.workers.parse(logical_cpus, proxy_config.concurrency)?;
+        let xds = self.xds.parse(
+            self.ca.auth_token(),
+            self.mesh.node_name(),
+            proxy_config.discovery_address.as_deref(),
+            env,
+        )?;
         let ca = self.ca.parse(env)?;
         let mesh = self.mesh.parse();
         let keepalive = self.keepalive.parse()?;
@@ -339,7 +348,7 @@ impl Args {
             parse_duration(&self.secret_ttl).map_err(ConfigError::value("SECRET_TTL"))?;
         let limits = self.limits.parse()?;
         let inpod = self.inpod.parse();
-        let dns = self.dns.parse()?;
+        let dns = self.dns.parse(&proxy_config.metadata)?;
         Ok(Config {
             mode,
             local_xds_path: self.xds.local_xds_path,
@@ -361,7 +370,7 @@ impl Args {
             pool,
             http2: self.http2.parse(),
             secret_ttl,
-            listeners: self.listeners.parse(inpod.ipv6_enabled),
+            listeners: self.listeners.parse(inpod.ipv6_enabled, &proxy_config),
             log_filter: self.logging.log,
             log_format: self.logging.log_format,
             drain_deadline: limits.drain_deadline,

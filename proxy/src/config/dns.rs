@@ -2,6 +2,7 @@
 //! names where it has them. What the proxy does with them is
 //! `proxy/src/dns`'s business.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -119,10 +120,19 @@ pub(super) struct DnsArgs {
 }
 
 impl DnsArgs {
-    pub(super) fn parse(self) -> Result<DnsSettings, ConfigError> {
+    /// The settings; Istio's proxy `metadata` (the `ISTIO_META_*`
+    /// variables over `PROXY_CONFIG`'s and the mesh config's
+    /// `proxyMetadata`) says whether the proxy is on (`DNS_CAPTURE`) and
+    /// where it listens (`DNS_PROXY_ADDR`, over the variable of that name
+    /// and `DNS_PROXY_PORT`).
+    pub(super) fn parse(
+        self,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<DnsSettings, ConfigError> {
         let enabled = self
             .dns_capture
             .as_deref()
+            .or(metadata.get("DNS_CAPTURE").map(String::as_str))
             .is_none_or(|value| value.eq_ignore_ascii_case("true"));
         let upstream = if self.dns_upstreams.is_empty() {
             DnsUpstream::ResolvConf(self.dns_resolv_conf)
@@ -139,7 +149,11 @@ impl DnsArgs {
                 .collect::<Result<_, _>>()?;
             DnsUpstream::Servers(servers)
         };
-        let address = match self.dns_proxy_addr.as_deref() {
+        let address = match metadata
+            .get("DNS_PROXY_ADDR")
+            .map(String::as_str)
+            .or(self.dns_proxy_addr.as_deref())
+        {
             Some(text) if !text.trim().is_empty() => DnsAddress::parse(text)?,
             _ => DnsAddress::Localhost(self.dns_proxy_port),
         };

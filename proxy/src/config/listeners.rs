@@ -13,11 +13,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use ztunnel_proto::ports::HBONE_PORT;
 
+use super::proxy_config::ProxyConfig;
 use crate::ports::{INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
 
-/// The admin port (Istio's `proxyAdminPort`).
+/// The admin port, unless Istio's proxy config sets `proxyAdminPort`.
 const ADMIN_PORT: u16 = 15000;
-/// The Prometheus port (Istio's `statsPort`).
+/// The Prometheus port, unless Istio's proxy config sets `statsPort`.
 const STATS_PORT: u16 = 15020;
 /// The readiness port.
 const READINESS_PORT: u16 = 15021;
@@ -70,8 +71,11 @@ pub(super) struct ListenerArgs {
 
 impl ListenerArgs {
     /// The addresses: as given, else on `[::]` (or `0.0.0.0` unless
-    /// `ipv6_enabled`) with Istio's ports, the admin on localhost.
-    pub(super) fn parse(&self, ipv6_enabled: bool) -> Listeners {
+    /// `ipv6_enabled`) with Istio's ports, the admin on localhost; the
+    /// admin and stats ports as Istio's proxy config sets them.
+    pub(super) fn parse(&self, ipv6_enabled: bool, proxy_config: &ProxyConfig) -> Listeners {
+        let admin_port = proxy_config.proxy_admin_port.unwrap_or(ADMIN_PORT);
+        let stats_port = proxy_config.stats_port.unwrap_or(STATS_PORT);
         let wildcard = if ipv6_enabled {
             IpAddr::V6(Ipv6Addr::UNSPECIFIED)
         } else {
@@ -80,16 +84,16 @@ impl ListenerArgs {
         let or_wildcard =
             |given: Option<SocketAddr>, port| given.unwrap_or(SocketAddr::new(wildcard, port));
         let admin_ipv6 = (ipv6_enabled && self.admin_addr.is_none())
-            .then(|| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), ADMIN_PORT));
+            .then(|| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), admin_port));
         Listeners {
             outbound: or_wildcard(self.outbound_addr, OUTBOUND_PORT),
             inbound_plaintext: or_wildcard(self.inbound_plaintext_addr, INBOUND_PLAINTEXT_PORT),
             inbound: or_wildcard(self.inbound_addr, HBONE_PORT),
             admin: self
                 .admin_addr
-                .unwrap_or(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ADMIN_PORT)),
+                .unwrap_or(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), admin_port)),
             admin_ipv6,
-            stats: or_wildcard(self.stats_addr, STATS_PORT),
+            stats: or_wildcard(self.stats_addr, stats_port),
             readiness: or_wildcard(self.readiness_addr, READINESS_PORT),
         }
     }

@@ -403,6 +403,108 @@ fn pqc_compliance_policy_limits_handshakes_to_the_post_quantum_group() {
 }
 
 #[test]
+fn proxy_config_from_the_mesh_config_and_proxy_config_sets_ports_workers_xds_and_dns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = dir.path().join("mesh");
+    // As the `istio` ConfigMap's `mesh` key holds it: other fields are
+    // Istio's business.
+    std::fs::write(
+        &mesh,
+        "accessLogFile: /dev/stdout\n\
+         defaultConfig:\n  \
+           discoveryAddress: istiod.example:15012\n  \
+           proxyAdminPort: 15100\n  \
+           statsPort: 15120\n  \
+           concurrency: 3\n  \
+           tracing: {}\n  \
+           proxyMetadata:\n    \
+             ISTIO_META_DNS_CAPTURE: \"false\"\n    \
+             DNS_PROXY_ADDR: \"127.0.0.1:15055\"\n",
+    )
+    .unwrap();
+    let mesh_flag = format!("--mesh-config={}", mesh.display());
+    let from = |proxy_config: Option<&str>, env: &[(&str, &str)]| {
+        let mut args = vec!["ztunnel".to_owned(), mesh_flag.clone()];
+        if let Some(text) = proxy_config {
+            args.push(format!("--proxy-config={text}"));
+        }
+        let env = env
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()));
+        Config::from_args_and_env(args, env).unwrap()
+    };
+
+    let config = from(None, &[]);
+    assert_eq!(config.listeners.admin, "127.0.0.1:15100".parse().unwrap());
+    assert_eq!(
+        config.listeners.admin_ipv6,
+        Some("[::1]:15100".parse().unwrap())
+    );
+    assert_eq!(config.listeners.stats, "[::]:15120".parse().unwrap());
+    assert_eq!(config.worker_threads, 3);
+    let xds = config.xds.unwrap();
+    assert_eq!(xds.address.to_string(), "istiod.example:15012");
+    assert!(!config.dns.enabled, "DNS_CAPTURE false in the metadata");
+    assert_eq!(
+        config.dns.address,
+        DnsAddress::Socket("127.0.0.1:15055".parse().unwrap())
+    );
+
+    // PROXY_CONFIG over the mesh config, field by field; the ISTIO_META_
+    // variables over both metadata.
+    let config = from(
+        Some(
+            r#"{"statsPort": 15220, "proxyMetadata": {"ISTIO_META_DNS_PROXY_ADDR": "127.0.0.1:15056"}}"#,
+        ),
+        &[("ISTIO_META_DNS_CAPTURE", "true")],
+    );
+    assert_eq!(config.listeners.stats, "[::]:15220".parse().unwrap());
+    assert_eq!(config.listeners.admin, "127.0.0.1:15100".parse().unwrap());
+    assert!(config.dns.enabled, "the variable wins");
+    assert_eq!(
+        config.dns.address,
+        DnsAddress::Socket("127.0.0.1:15056".parse().unwrap())
+    );
+    let config = from(None, &[("ISTIO_META_DNS_PROXY_ADDR", "localhost:15057")]);
+    assert_eq!(config.dns.address, DnsAddress::Localhost(15057));
+
+    // Variables and flags win over both.
+    let mut args = vec!["ztunnel".to_owned(), mesh_flag.clone()];
+    args.extend(
+        [
+            "--stats-addr",
+            "[::]:16020",
+            "--worker-threads",
+            "5",
+            "--xds-address",
+            "https://other:15012",
+        ]
+        .map(str::to_owned),
+    );
+    let config = Config::from_args_and_env(args, std::iter::empty()).unwrap();
+    assert_eq!(config.listeners.stats, "[::]:16020".parse().unwrap());
+    assert_eq!(config.worker_threads, 5);
+    assert_eq!(
+        config.xds.unwrap().address.to_string(),
+        "https://other:15012"
+    );
+
+    // A missing mesh config is none; a malformed one or PROXY_CONFIG fails.
+    let missing = format!("--mesh-config={}", dir.path().join("absent").display());
+    let config = Config::from_args_and_env(["ztunnel", missing.as_str()], std::iter::empty());
+    assert_eq!(
+        config.unwrap().listeners.admin,
+        "127.0.0.1:15000".parse().unwrap()
+    );
+    std::fs::write(&mesh, "defaultConfig: [not, a, map]\n").unwrap();
+    let error =
+        Config::from_args_and_env(["ztunnel", mesh_flag.as_str()], std::iter::empty()).unwrap_err();
+    assert!(error.to_string().starts_with("--mesh-config"), "{error}");
+    let error = parse(&["--proxy-config", "statsPort: lots"]).unwrap_err();
+    assert!(error.to_string().starts_with("PROXY_CONFIG"), "{error}");
+}
+
+#[test]
 fn crl_path_is_read() {
     assert_eq!(
         parse(&["--crl-path", "/etc/istio/crl/ca-crl.pem"])

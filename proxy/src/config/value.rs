@@ -30,6 +30,10 @@ pub enum ValueError {
     /// The workload is not `namespace/name/service-account`.
     #[error("{0:?} is not namespace/name/service-account")]
     WorkloadInfo(String),
+    /// A document (a file, or a variable's text) cannot be read or does
+    /// not parse as what it must be.
+    #[error("{0}: {1}")]
+    Document(String, String),
 }
 
 /// The workload a dedicated proxy serves.

@@ -39,15 +39,21 @@ pub(super) struct WorkerArgs {
 
 impl WorkerArgs {
     /// The worker count; `logical_cpus` stands in when nothing says how
-    /// many cores the proxy has. `ZTUNNEL_CPU_LIMIT` may not be 0.
-    pub(super) fn parse(&self, logical_cpus: usize) -> Result<usize, ConfigError> {
+    /// many cores the proxy has, and Istio's proxy config `concurrency`
+    /// replaces the default (0: one per core). `ZTUNNEL_CPU_LIMIT` may not
+    /// be 0.
+    pub(super) fn parse(
+        &self,
+        logical_cpus: usize,
+        concurrency: Option<u16>,
+    ) -> Result<usize, ConfigError> {
         if self.cpu_limit == Some(0) {
             return Err(ConfigError::Value {
                 name: "ZTUNNEL_CPU_LIMIT",
                 source: ValueError::Zero,
             });
         }
-        worker_threads(self, logical_cpus)
+        worker_threads(self, logical_cpus, concurrency)
             .map_err(|(name, source)| ConfigError::Value { name, source })
     }
 }
@@ -56,8 +62,12 @@ impl WorkerArgs {
 type Blame = (&'static str, ValueError);
 
 /// The worker count, at least 1; `logical_cpus` stands in when nothing
-/// says how many cores the proxy has.
-fn worker_threads(settings: &WorkerArgs, logical_cpus: usize) -> Result<usize, Blame> {
+/// says how many cores the proxy has; `concurrency` replaces the default.
+fn worker_threads(
+    settings: &WorkerArgs,
+    logical_cpus: usize,
+    concurrency: Option<u16>,
+) -> Result<usize, Blame> {
     let limit = quantity(settings.resource_cpu_limit.as_deref())
         .map_err(|error| ("ZTUNNEL_RESOURCE_CPU_LIMIT", error))?;
     let request = quantity(settings.resource_cpu_request.as_deref())
@@ -65,9 +75,12 @@ fn worker_threads(settings: &WorkerArgs, logical_cpus: usize) -> Result<usize, B
     let cores = limit.or(settings.cpu_limit).unwrap_or(logical_cpus);
     let workers = match settings.worker_threads.as_deref() {
         Some(text) => explicit(text, cores).map_err(|error| ("ZTUNNEL_WORKER_THREADS", error))?,
-        None => match limit {
-            Some(limit) => limit.max(request.unwrap_or(0)),
-            None => share(cores, DEFAULT_CORE_SHARE_PERCENT)
+        None => match (concurrency, limit) {
+            // Istio's proxy config: 0 is one worker per core.
+            (Some(0), _) => cores,
+            (Some(count), _) => usize::from(count),
+            (None, Some(limit)) => limit.max(request.unwrap_or(0)),
+            (None, None) => share(cores, DEFAULT_CORE_SHARE_PERCENT)
                 .max(request.unwrap_or(0))
                 .max(DEFAULT_MIN_WORKERS),
         },
@@ -171,9 +184,42 @@ mod tests {
         ];
         for (settings, logical_cpus, expected) in table {
             assert_eq!(
-                worker_threads(&settings, logical_cpus),
+                worker_threads(&settings, logical_cpus, None),
                 Ok(expected),
                 "{settings:?} on {logical_cpus} cpus"
+            );
+        }
+    }
+
+    #[test]
+    fn proxy_config_concurrency_sets_the_default_and_the_variable_wins() {
+        let none = WorkerArgs::default();
+        let limited = WorkerArgs {
+            resource_cpu_limit: Some("2".to_owned()),
+            ..WorkerArgs::default()
+        };
+        let explicit = WorkerArgs {
+            worker_threads: Some("3".to_owned()),
+            ..WorkerArgs::default()
+        };
+        let rows: &[(&WorkerArgs, Option<u16>, usize, &str)] = &[
+            (&none, Some(5), 5, "a count"),
+            (&none, Some(0), 64, "0: one per core"),
+            (
+                &limited,
+                Some(6),
+                6,
+                "over the CPU limit's default, as Istio's",
+            ),
+            (&limited, Some(0), 2, "0: the cores the limit gives"),
+            (&explicit, Some(6), 3, "ZTUNNEL_WORKER_THREADS wins"),
+            (&none, None, 16, "unset: the default"),
+        ];
+        for (settings, concurrency, expected, reason) in rows {
+            assert_eq!(
+                worker_threads(settings, 64, *concurrency),
+                Ok(*expected),
+                "{reason}"
             );
         }
     }
@@ -202,7 +248,7 @@ mod tests {
     }
 
     fn worker_threads_blame(settings: &WorkerArgs) -> Option<&'static str> {
-        worker_threads(settings, 4)
+        worker_threads(settings, 4, None)
             .err()
             .map(|(setting, _)| setting)
     }

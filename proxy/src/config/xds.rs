@@ -117,11 +117,13 @@ impl XdsArgs {
     /// unset while `LOCAL_XDS_PATH` supplies the configuration. Both set is
     /// an error: a file reload replaces everything xDS delivered.
     /// `auth_token` and `node_name` are `AUTH_TOKEN` and `NODE_NAME` as
-    /// given.
+    /// given; `discovery_address` (Istio's proxy config) replaces the
+    /// default address.
     pub(super) fn parse(
         &self,
         auth_token: Option<&str>,
         node_name: Option<&str>,
+        discovery_address: Option<&str>,
         env: &[(String, String)],
     ) -> Result<Option<XdsSettings>, ConfigError> {
         let address = match (self.xds_address.as_deref(), self.local_xds_path.is_some()) {
@@ -130,7 +132,7 @@ impl XdsArgs {
                 return Err(ConfigError::Conflict("LOCAL_XDS_PATH", "XDS_ADDRESS"));
             }
             (Some(address), false) => address,
-            (None, false) => DEFAULT_XDS_ADDRESS,
+            (None, false) => discovery_address.unwrap_or(DEFAULT_XDS_ADDRESS),
         };
         let address = address
             .parse()
@@ -254,7 +256,7 @@ mod tests {
 
     /// Without a token or a node name.
     fn parse(args: &XdsArgs, env: &[(String, String)]) -> Result<Option<XdsSettings>, ConfigError> {
-        args.parse(None, None, env)
+        args.parse(None, None, None, env)
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
