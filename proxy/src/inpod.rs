@@ -71,4 +71,8 @@ pub trait PodProxies: Send + Sync + 'static {
 
     /// The uids of the pods being served, for the admin view.
     fn served(&self) -> Vec<Arc<str>>;
+
+    /// How many pods' proxies failed to start and wait for a retry, as
+    /// the session counts them, for `workload_manager_pending_proxy_count`.
+    fn pending(&self, count: usize);
 }

@@ -259,6 +259,70 @@ fn restarts_of_ztunnel_and_of_the_agent_keep_the_pods_served() {
     assert!(echoes(&cluster, "client", "server-a"));
 }
 
+/// `name`'s value in `node`'s ztunnel's `/metrics`; `None` when absent.
+fn gauge(cluster: &Cluster, node: &str, name: &str) -> Option<f64> {
+    let (_, body) = cluster.node(node).ok()?.http_get(15020, "/metrics").ok()?;
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn pending_pod_proxies_are_retried_after_a_ztunnel_restart_and_counted() {
+    let Some(mut cluster) = start("pending pod proxy") else {
+        return;
+    };
+    // While ztunnel is down, something in the pod takes its HBONE port
+    // without SO_REUSEPORT: the restarted ztunnel cannot start the pod's
+    // proxy.
+    cluster.kill_ztunnel("node-a").unwrap();
+    let squatter = cluster
+        .pod("server-a")
+        .unwrap()
+        .ns
+        .run(|| std::net::TcpListener::bind(("0.0.0.0", HBONE)))
+        .unwrap()
+        .unwrap();
+    cluster.start_ztunnel("node-a").unwrap();
+    let pending = || gauge(&cluster, "node-a", "workload_manager_pending_proxy_count");
+    assert!(
+        eventually(|| pending() == Some(1.0)),
+        "pending: {:?}\n{}",
+        pending(),
+        tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+    );
+    let (status, _) = cluster
+        .node("node-a")
+        .unwrap()
+        .http_get(15021, "/healthz/ready")
+        .unwrap();
+    assert_ne!(status, 200, "not ready while a pod waits for its proxy");
+    assert!(
+        echoes(&cluster, "client", "server-b"),
+        "the other pods are served"
+    );
+
+    // The port is free again: the next retry starts the proxy.
+    drop(squatter);
+    assert!(
+        eventually(|| pending() == Some(0.0)),
+        "pending: {:?}",
+        pending()
+    );
+    cluster.node("node-a").unwrap().wait_ready().unwrap();
+    assert!(
+        eventually(|| echoes(&cluster, "client", "server-a")),
+        "{}",
+        tail(&cluster.node("node-a").unwrap().ztunnel_log(), 20)
+    );
+    assert!(
+        cluster
+            .node("node-a")
+            .unwrap()
+            .ztunnel_log()
+            .contains("pod proxy started on retry")
+    );
+}
+
 #[test]
 fn a_pod_outside_ambient_namespaces_is_left_alone() {
     let Some(cluster) = start("left_alone") else {

@@ -54,6 +54,8 @@ struct FakeProxies {
     served: Mutex<BTreeMap<String, u64>>,
     /// How many more times `add` of a uid fails.
     failures: Mutex<HashMap<String, usize>>,
+    /// The pending counts reported, in order.
+    pending: Mutex<Vec<usize>>,
 }
 
 impl FakeProxies {
@@ -113,6 +115,10 @@ impl PodProxies for FakeProxies {
     fn del(&self, uid: &str) {
         self.calls.lock().unwrap().push(Call::Del(uid.to_owned()));
         self.served.lock().unwrap().remove(uid);
+    }
+
+    fn pending(&self, count: usize) {
+        self.pending.lock().unwrap().push(count);
     }
 
     fn retain(&self, keep: &HashSet<Arc<str>>) {
@@ -594,9 +600,12 @@ async fn a_failed_start_is_retried_and_holds_readiness_until_it_succeeds() {
     let harness = Harness::start(proxies.clone());
     let nack = harness.agent.add("slow", netns().as_fd());
     assert!(nack.starts_with("failure to start proxy : "), "{nack}");
+    let last_pending = || proxies.pending.lock().unwrap().last().copied();
+    assert_eq!(last_pending(), Some(1), "the pending pod is counted");
     assert_eq!(harness.agent.snapshot_sent(), "");
     assert!(!harness.ready.is_ready(), "ready with a pod pending");
     wait_until(|| harness.ready.is_ready()).await;
+    assert_eq!(last_pending(), Some(0), "and no longer once started");
     assert_eq!(
         proxies
             .calls()

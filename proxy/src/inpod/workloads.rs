@@ -298,6 +298,10 @@ impl PodProxies for Workloads {
         uids.sort();
         uids
     }
+
+    fn pending(&self, count: usize) {
+        self.counts.pending(count);
+    }
 }
 
 /// Keeps the certificates of the node's meshed workloads as the state

@@ -235,6 +235,9 @@ impl Client {
     pub async fn serve(&mut self, socket: ZdsSocket) -> Result<(), Error> {
         let served = self.serve_session(&socket).await;
         self.set_ready(false);
+        // The retry list goes with the session; the next one's snapshot
+        // names the pods again.
+        self.proxies.pending(0);
         if let Err(error) = &served {
             self.settings.metrics.record_zds_error(error.reason());
         }
@@ -256,6 +259,7 @@ impl Client {
                 () = drain.signaled() => return Ok(()),
                 _ = retry.tick() => {
                     session.retry(&*self.proxies);
+                    self.proxies.pending(session.pending());
                     self.set_ready(session.is_ready());
                 }
                 received = socket.recv() => {
@@ -290,7 +294,8 @@ impl Client {
             }
         };
         // Before the answer leaves, so whoever reads the ACK sees the
-        // readiness it settled.
+        // readiness and the retry list it settled.
+        self.proxies.pending(session.pending());
         self.set_ready(session.is_ready());
         let sent = socket.send(&message::ack(error)).await;
         // A read or protocol error ends the connection even if its NACK

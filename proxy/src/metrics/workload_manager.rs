@@ -25,11 +25,11 @@ impl WorkloadManagerMetrics {
             "Pod proxies serving",
             metrics.active.clone(),
         );
-        // A pod's proxy starts when the node agent adds it or fails at
-        // once (a NACK the agent retries), so none waits here.
+        // A pod whose proxy failed to start (NACKed) is retried every 5 s
+        // by the ZDS session until it starts or the agent deletes it.
         registry.register(
             "workload_manager_pending_proxy_count",
-            "Pod proxies waiting to start",
+            "Pod proxies that failed to start and wait for a retry",
             metrics.pending.clone(),
         );
         registry.register(
@@ -55,6 +55,11 @@ impl WorkloadManagerMetrics {
     pub fn stopped(&self, active: usize) {
         self.stopped.inc();
         self.set_active(active);
+    }
+
+    /// `count` pods wait for a retry of their proxy's start.
+    pub fn pending(&self, count: usize) {
+        self.pending.set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     fn set_active(&self, active: usize) {

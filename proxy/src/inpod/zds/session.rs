@@ -118,6 +118,11 @@ impl Session {
         self.ready
     }
 
+    /// How many pods wait for a retry round.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Whether `snapshot_sent` has arrived on this connection.
     pub fn snapshot_done(&self) -> bool {
         self.snapshot.is_none()

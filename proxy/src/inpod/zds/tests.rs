@@ -55,6 +55,8 @@ impl PodProxies for Recorder {
     fn served(&self) -> Vec<Arc<str>> {
         Vec::new()
     }
+
+    fn pending(&self, _count: usize) {}
 }
 
 /// One request of a table, built fresh for each run.
