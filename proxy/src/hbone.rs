@@ -29,7 +29,7 @@ pub use client::{HboneConnection, HboneError, connect};
 pub use double::connect_inner;
 pub use headers::{
     BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, X_FORWARDED_NETWORK, baggage,
-    connect_headers, forwarded, traceparent,
+    connect_headers, forwarded, forwarded_host, traceparent,
 };
 pub use server::{
     AcceptedClient, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,

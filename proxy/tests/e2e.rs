@@ -470,6 +470,16 @@ fn after_one_tunnelled_transfer_each_istio_family_carries_istios_labels_on_both_
         assert_eq!(value("source_region"), Some("unknown"), "{opened}");
         assert_eq!(value("destination_region"), Some("eu"), "{opened}");
         assert_eq!(value("destination_zone"), Some("eu-1"), "{opened}");
+        // The client dialled the pod, not the service; the receiving side
+        // names the service whose target port it reached, as Istio's does.
+        if reporter == "destination" {
+            assert_eq!(
+                value("destination_service"),
+                Some("echo.default.svc.cluster.local"),
+                "{opened}"
+            );
+            assert_eq!(value("destination_service_name"), Some("echo"), "{opened}");
+        }
     }
 }
 

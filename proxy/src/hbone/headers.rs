@@ -112,6 +112,19 @@ pub fn forwarded(
     Ok(HeaderValue::try_from(value)?)
 }
 
+/// The `host=` of a `forwarded` value: the Service the client meant, as
+/// [`forwarded`] writes it (quotes taken off); `None` when absent or empty.
+/// Only the first element (before any `,`) is read, the one the client's
+/// own ztunnel wrote.
+pub fn forwarded_host(value: &str) -> Option<&str> {
+    let first = value.split(',').next().unwrap_or_default();
+    first
+        .split(';')
+        .find_map(|pair| pair.trim().strip_prefix("host="))
+        .map(|host| host.trim_matches('"'))
+        .filter(|host| !host.is_empty())
+}
+
 /// A fresh `traceparent`: version 00, a random trace id and parent id, flags
 /// 00 (not sampled).
 pub fn traceparent() -> HeaderValue {
@@ -247,5 +260,32 @@ mod tests {
         assert!(headers.contains_key(BAGGAGE));
         assert_eq!(headers[FORWARDED], "for=\"10.0.0.1:1\"");
         assert!(headers.contains_key(TRACEPARENT));
+    }
+
+    #[test]
+    fn the_forwarded_host_is_the_service_the_client_named() {
+        let rows: &[(&str, Option<&str>)] = &[
+            (
+                "for=\"10.0.0.1:5000\";host=echo.default.svc.cluster.local",
+                Some("echo.default.svc.cluster.local"),
+            ),
+            ("for=\"10.0.0.1:5000\"", None),
+            (
+                "host=\"quoted.example\";for=\"[::1]:1\"",
+                Some("quoted.example"),
+            ),
+            ("for=a;host=", None),
+            ("for=a, for=b;host=second.example", None),
+            ("for=a; host=spaced.example ", Some("spaced.example")),
+            ("", None),
+        ];
+        for (value, expected) in rows {
+            assert_eq!(forwarded_host(value), *expected, "{value}");
+        }
+        let written = forwarded("10.0.0.1:5000".parse().unwrap(), Some("svc.ns.svc")).unwrap();
+        assert_eq!(
+            forwarded_host(written.to_str().unwrap()),
+            Some("svc.ns.svc")
+        );
     }
 }

@@ -20,7 +20,9 @@ use crate::capacity::Slot;
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{CopyError, Transferred};
 use crate::hbone::{Authority, InboundRefusal};
-use crate::inbound::decision::{Admitted, Arrival, Refusal, RefusalAnswer, admit, source_workload};
+use crate::inbound::decision::{
+    Admitted, Arrival, Refusal, RefusalAnswer, admit, inbound_service, source_workload,
+};
 use crate::inbound::proxy_protocol::{self, HeaderError};
 use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
@@ -132,28 +134,49 @@ impl AppConnection {
     }
 }
 
+/// What the client's side says about where a connection comes from and
+/// what it was for.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Forwarded<'a> {
+    /// The CONNECT's `x-forwarded-network`: another network than ours
+    /// leaves the source workload unknown.
+    pub network: Option<&'a str>,
+    /// The Service the client dialled: the `forwarded` header's `host`, a
+    /// CONNECT to a hostname, or the same-node route's service. It picks
+    /// the `destination_service` reported when the workload has several.
+    pub host: Option<&'a str>,
+}
+
 /// Admits an arrival and dials the application: the inbound side of an
 /// HBONE stream, a plaintext connection, or a same-node connection
 /// (`same_node`, logged as such), decided and reported alike.
 pub(crate) async fn open_upstream(
     proxy: &Proxy,
     arrival: &Arrival,
+    forwarded: Forwarded<'_>,
     direction_peer: Option<&Identity>,
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
     let authority = Authority::Address(arrival.target);
-    open_upstream_for(proxy, arrival, &authority, None, direction_peer, same_node).await
+    open_upstream_for(
+        proxy,
+        arrival,
+        &authority,
+        forwarded,
+        direction_peer,
+        same_node,
+    )
+    .await
 }
 
 /// [`open_upstream`] for a connection asking for `authority`, which an
 /// HBONE CONNECT names (an address the connection may not have arrived
-/// on, or a service hostname), with the network it says it was forwarded
-/// from (`x-forwarded-network`).
+/// on, or a service hostname).
 pub(super) async fn open_upstream_for(
     proxy: &Proxy,
     arrival: &Arrival,
     authority: &Authority,
-    forwarded_network: Option<&str>,
+    forwarded: Forwarded<'_>,
     direction_peer: Option<&Identity>,
     same_node: bool,
 ) -> Result<AppConnection, InboundRefusal> {
@@ -186,7 +209,7 @@ pub(super) async fn open_upstream_for(
             let ends = Ends {
                 workload: None,
                 peer: direction_peer,
-                forwarded_network,
+                forwarded,
             };
             let report = open_report(proxy, arrival, ends, same_node);
             report.refused(answer.flags, &refusal);
@@ -203,7 +226,7 @@ pub(super) async fn open_upstream_for(
     let ends = Ends {
         workload: Some(&admitted.workload),
         peer: direction_peer,
-        forwarded_network,
+        forwarded,
     };
     let report = open_report(proxy, arrival, ends, same_node);
     let stream = match dial(proxy, arrival, &admitted).await {
@@ -291,21 +314,23 @@ struct Ends<'a> {
     workload: Option<&'a crate::state::Workload>,
     /// The peer's identity, reported on both ends.
     peer: Option<&'a Identity>,
-    /// The CONNECT's `x-forwarded-network`: another network than ours
-    /// leaves the source workload unknown.
-    forwarded_network: Option<&'a str>,
+    /// What the client's side says.
+    forwarded: Forwarded<'a>,
 }
 
 fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool) -> Report {
     let Ends {
         workload,
         peer,
-        forwarded_network,
+        forwarded,
     } = ends;
     let state = proxy.node.state.read();
     let network = &proxy.node.config.network;
-    let source = source_workload(&state, network, arrival.source_ip, forwarded_network);
+    let source = source_workload(&state, network, arrival.source_ip, forwarded.network);
     let local = proxy.local_workload_in(&state);
+    let service = workload.and_then(|workload| {
+        inbound_service(&state, workload, forwarded.host, arrival.target.port())
+    });
     Report::open(
         &proxy.node.metrics,
         Opening {
@@ -321,7 +346,7 @@ fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool
                 workload: workload.or(local.as_deref()),
                 identity: peer.and(local.as_ref().map(|workload| &workload.identity)),
             },
-            service: None,
+            service: service.map(|service| &**service),
             hbone_addr: None,
             same_node,
         },

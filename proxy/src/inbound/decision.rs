@@ -403,5 +403,38 @@ pub fn still_allowed(state: &State, connection: &Connection) -> Result<(), DenyR
     }
 }
 
+/// The service a connection to `workload` on `port` most likely came
+/// for, for the `destination_service*` labels and the log, as
+/// istio/ztunnel guesses it: among the services `workload` is an endpoint
+/// of, the one the client named (`host`: the `Forwarded` header's host, or
+/// the hostname a CONNECT asked for), else the first with `port` among its
+/// target ports (the service's own mapping, or the workload's for a named
+/// port). `None` when no service of the workload fits.
+pub fn inbound_service<'s>(
+    state: &'s State,
+    workload: &Workload,
+    host: Option<&str>,
+    port: u16,
+) -> Option<&'s Arc<Service>> {
+    let services = || {
+        workload
+            .services
+            .iter()
+            .filter_map(|(key, endpoint_ports)| Some((state.service(key)?, endpoint_ports)))
+    };
+    if let Some(host) = host
+        && let Some((named, _)) = services().find(|(service, _)| &*service.hostname == host)
+    {
+        return Some(named);
+    }
+    services()
+        .find(|(service, endpoint_ports)| {
+            service.ports.iter().any(|(service_port, target_port)| {
+                *target_port == port || endpoint_ports.get(service_port) == Some(&port)
+            })
+        })
+        .map(|(service, _)| service)
+}
+
 #[cfg(test)]
 mod tests;

@@ -21,10 +21,10 @@ use crate::capacity::Listener;
 use crate::context::{Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred};
 use crate::hbone::{
-    Authority, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,
-    X_FORWARDED_NETWORK, accept_tls, serve_connection,
+    Authority, FORWARDED, InboundHandler, InboundRefusal, InboundRequest, ServedClient,
+    ServerError, X_FORWARDED_NETWORK, accept_tls, forwarded_host, serve_connection,
 };
-use crate::inbound::application::{AppConnection, close_report, open_upstream_for};
+use crate::inbound::application::{AppConnection, Forwarded, close_report, open_upstream_for};
 use crate::inbound::decision::Arrival;
 use crate::metrics::Reporter;
 use crate::revocation;
@@ -62,12 +62,24 @@ impl InboundHandler for HboneInbound {
             .headers
             .get(X_FORWARDED_NETWORK)
             .and_then(|value| value.to_str().ok());
+        let host = match &request.authority {
+            Authority::Hostname { host, .. } => Some(&**host),
+            Authority::Address(_) => request
+                .headers
+                .get(FORWARDED)
+                .and_then(|value| value.to_str().ok())
+                .and_then(forwarded_host),
+        };
+        let forwarded = Forwarded {
+            network: forwarded_network,
+            host,
+        };
         let proxy = &self.proxy;
         let Some(slot) = proxy.share.admit(Listener::HboneStream) else {
             return Err(InboundRefusal::Unavailable("connection limit reached"));
         };
         let mut upstream =
-            open_upstream_for(proxy, &arrival, &authority, forwarded_network, peer, false).await?;
+            open_upstream_for(proxy, &arrival, &authority, forwarded, peer, false).await?;
         upstream.slot = Some(slot);
         upstream.revocation = request.revocation.clone();
         Ok(upstream)

@@ -10,7 +10,7 @@ use crate::accept;
 use crate::capacity::Listener;
 use crate::context::Proxy;
 use crate::copy::copy_bidirectional_until;
-use crate::inbound::application::{close_report, open_upstream};
+use crate::inbound::application::{Forwarded, close_report, open_upstream};
 use crate::inbound::decision::Arrival;
 use crate::socket::{canonical, original_destination};
 
@@ -43,7 +43,14 @@ pub async fn serve_plaintext(proxy: Arc<Proxy>, listener: TcpListener) {
                 // A refusal closes the connection (dropping it), as istio does.
                 // Boxed: the admission and dial state is freed before the copy,
                 // not carried in the task for the connection's life.
-                let Ok(mut upstream) = Box::pin(open_upstream(&proxy, &arrival, None, false)).await
+                let Ok(mut upstream) = Box::pin(open_upstream(
+                    &proxy,
+                    &arrival,
+                    Forwarded::default(),
+                    None,
+                    false,
+                ))
+                .await
                 else {
                     return;
                 };

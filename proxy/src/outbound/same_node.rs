@@ -33,7 +33,7 @@ use crate::capacity::Listener;
 use crate::context::Proxy;
 use crate::copy::{CopyError, Transferred};
 use crate::hbone::InboundRefusal;
-use crate::inbound::application::{self, AppConnection};
+use crate::inbound::application::{self, AppConnection, Forwarded};
 use crate::inbound::decision::Arrival;
 use crate::metrics::Reporter;
 use crate::outbound::OutboundError;
@@ -160,9 +160,19 @@ pub(super) async fn open(
         .ok_or(OutboundError::SameNode(InboundRefusal::Unavailable(
             "connection limit reached",
         )))?;
-    let mut app = application::open_upstream(destination, &arrival, Some(&source.identity), true)
-        .await
-        .map_err(OutboundError::SameNode)?;
+    let forwarded = Forwarded {
+        network: None,
+        host: route.service.as_deref().map(|service| &*service.hostname),
+    };
+    let mut app = application::open_upstream(
+        destination,
+        &arrival,
+        forwarded,
+        Some(&source.identity),
+        true,
+    )
+    .await
+    .map_err(OutboundError::SameNode)?;
     app.hold(slot);
     // The destination's report says the connection closed for its client's
     // revocation, as its HBONE server's would.

@@ -537,3 +537,50 @@ fn a_connect_from_another_network_has_no_source_workload() {
         "IPs are looked up per network"
     );
 }
+
+#[test]
+fn the_inbound_service_is_the_one_named_else_the_first_whose_target_port_matches() {
+    let state = local::parse(
+        r#"
+workloads:
+- uid: uid-web
+  name: web-0
+  namespace: shop
+  serviceAccount: web
+  workloadIps: [198.18.1.20]
+  protocol: HBONE
+  services:
+    shop/admin.shop.svc.cluster.local: {9000: 9000}
+    shop/named.shop.svc.cluster.local: {81: 8081}
+    shop/web.shop.svc.cluster.local: {80: 8080}
+services:
+- {name: admin, namespace: shop, hostname: admin.shop.svc.cluster.local, vips: [], ports: {9000: 9000}}
+- {name: named, namespace: shop, hostname: named.shop.svc.cluster.local, vips: [], ports: {81: 0}}
+- {name: web, namespace: shop, hostname: web.shop.svc.cluster.local, vips: [], ports: {80: 8080}}
+- {name: other, namespace: shop, hostname: other.shop.svc.cluster.local, vips: [], ports: {80: 8080}}
+"#,
+        Path::new("t.yaml"),
+    )
+    .unwrap()
+    .into_state();
+    let workload = state.workload("uid-web").unwrap().clone();
+    let guess = |host: Option<&str>, port| {
+        inbound_service(&state, &workload, host, port).map(|service| service.name.to_string())
+    };
+    let rows: &[(Option<&str>, u16, Option<&str>, &str)] = &[
+        (None, 8080, Some("web"), "the service whose target port is the one dialled"),
+        (None, 9000, Some("admin"), "another port, another service"),
+        (None, 8081, Some("named"), "a named port: the workload's own mapping"),
+        (None, 7000, None, "no service of the workload has it"),
+        (Some("admin.shop.svc.cluster.local"), 8080, Some("admin"), "the client named it"),
+        (
+            Some("other.shop.svc.cluster.local"),
+            8080,
+            Some("web"),
+            "a named service the workload is no endpoint of is not believed",
+        ),
+    ];
+    for (host, port, expected, reason) in rows {
+        assert_eq!(guess(*host, *port).as_deref(), *expected, "{reason}");
+    }
+}
