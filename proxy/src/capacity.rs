@@ -56,6 +56,8 @@ pub enum Listener {
     HboneStream,
     /// A connection handed in process from another pod of the node.
     SameNode,
+    /// A connection accepted on the SOCKS5 listener (15080).
+    Socks5,
 }
 
 impl Listener {
@@ -67,6 +69,7 @@ impl Listener {
             Listener::Hbone => "hbone",
             Listener::HboneStream => "hbone_stream",
             Listener::SameNode => "same_node",
+            Listener::Socks5 => "socks5",
         }
     }
 }

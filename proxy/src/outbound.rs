@@ -36,6 +36,7 @@ use crate::tracker::{Shown, ShownProtocol};
 
 pub mod route;
 mod same_node;
+pub mod socks5;
 #[cfg(test)]
 mod test_proxy;
 mod tunnel;

@@ -1,5 +1,6 @@
 //! The tasks of one proxy, started alike in both modes: its three capture
-//! listeners (outbound 15001, inbound plaintext 15006, inbound HBONE 15008),
+//! listeners (outbound 15001, inbound plaintext 15006, inbound HBONE 15008)
+//! and SOCKS5 (15080) when it is on,
 //! the policy re-check of its open connections, and its pool's release of
 //! idle connections. Where the listeners are bound (this namespace, or a
 //! pod's) is the mode's business (`app/dedicated.rs`, `inpod/workloads.rs`);
@@ -21,6 +22,8 @@ pub struct Listeners {
     pub inbound_plaintext: TcpListener,
     /// Inbound HBONE.
     pub inbound: TcpListener,
+    /// SOCKS5 (`UNSTABLE_ENABLE_SOCKS5`), when on.
+    pub socks5: Option<TcpListener>,
 }
 
 /// Spawns `proxy`'s tasks on the current runtime; each ends with the
@@ -32,6 +35,9 @@ pub fn spawn(proxy: &Arc<Proxy>, listeners: Listeners) {
         listeners.inbound_plaintext,
     ));
     tokio::spawn(hbone::serve_hbone(Arc::clone(proxy), listeners.inbound));
+    if let Some(listener) = listeners.socks5 {
+        tokio::spawn(outbound::socks5::serve(Arc::clone(proxy), listener));
+    }
     tokio::spawn(inbound::recheck_policies(Arc::clone(proxy)));
     let drain = proxy.drain.clone();
     tokio::spawn(proxy.pool.clone().release_idle_until_drained(drain));

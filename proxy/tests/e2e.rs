@@ -896,3 +896,76 @@ fn authz_policy_info_logging_puts_each_decision_in_the_info_log() {
     assert!(ping(&mesh, &target));
     assert_eq!(decisions(&mesh), Vec::<String>::new());
 }
+
+/// A SOCKS5 CONNECT from node a's client namespace through its proxy's
+/// 127.0.0.1:15080, to `address` (`[1, a, b, c, d]`) or a hostname
+/// (`[3, len, name...]`) and `port`: the reply code, and the stream when
+/// it is 0.
+fn socks5_connect(mesh: &Mesh, address: Vec<u8>, port: u16) -> (u8, Option<TcpStream>) {
+    mesh.a
+        .run(move || {
+            let mut stream = TcpStream::connect_timeout(
+                &"127.0.0.1:15080".parse().unwrap(),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .unwrap();
+            stream.write_all(&[5, 1, 0]).unwrap();
+            let mut choice = [0u8; 2];
+            stream.read_exact(&mut choice).unwrap();
+            assert_eq!(choice, [5, 0], "no authentication chosen");
+            let mut request = vec![5, 1, 0];
+            request.extend_from_slice(&address);
+            request.extend_from_slice(&port.to_be_bytes());
+            stream.write_all(&request).unwrap();
+            let mut reply = [0u8; 10];
+            stream.read_exact(&mut reply).unwrap();
+            assert_eq!(reply[0], 5);
+            let code = reply[1];
+            (code, (code == 0).then_some(stream))
+        })
+        .unwrap()
+}
+
+#[test]
+fn socks5_on_15080_carries_connections_by_address_and_by_service_name_over_hbone() {
+    let env = [("UNSTABLE_ENABLE_SOCKS5", "true")];
+    let Some(mesh) = Mesh::start_with_env("socks5", "", &env) else {
+        return;
+    };
+    let _peers = mesh.echo_server(&format!("{SERVER_IP}:8080"));
+    let server: std::net::Ipv4Addr = SERVER_IP.parse().unwrap();
+    let mut by_address = vec![1];
+    by_address.extend_from_slice(&server.octets());
+    let host = b"echo.default.svc.cluster.local";
+    let mut by_name = vec![3, u8::try_from(host.len()).unwrap()];
+    by_name.extend_from_slice(host);
+    for (what, address, port) in [("address", by_address, 8080), ("service name", by_name, 80)] {
+        let (code, stream) = socks5_connect(&mesh, address, port);
+        assert_eq!(code, 0, "{what}: {}", mesh.log("client"));
+        let echoed = round_trip(stream.unwrap(), b"through socks".to_vec());
+        assert_eq!(echoed, b"through socks", "{what}");
+    }
+    // Tunnelled with the client's identity, as a captured connection.
+    let client = "spiffe://cluster.local/ns/default/sa/client";
+    assert!(
+        eventually(|| mesh
+            .log("server")
+            .lines()
+            .filter(|line| line.contains("connection complete") && line.contains(client))
+            .count()
+            >= 2),
+        "{}",
+        mesh.log("server")
+    );
+    // What it does not do is answered with its reply code.
+    let (code, _) = socks5_connect(&mesh, vec![9], 80);
+    assert_eq!(code, 8, "address type not supported");
+    let missing = b"nothing.invalid";
+    let mut by_missing = vec![3, u8::try_from(missing.len()).unwrap()];
+    by_missing.extend_from_slice(missing);
+    let (code, _) = socks5_connect(&mesh, by_missing, 80);
+    assert_eq!(code, 4, "host unreachable");
+}

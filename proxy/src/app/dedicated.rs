@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::app;
@@ -12,6 +13,7 @@ use crate::config::WorkloadInfo;
 use crate::context::Proxy;
 use crate::dns::{self, server::Dns};
 use crate::identity::manager::IdentityManager;
+use crate::outbound::socks5;
 use crate::serve;
 use crate::socket::LocalSockets;
 use ztunnel_certs::identity::Identity;
@@ -61,6 +63,14 @@ pub fn start(node: &Node, workload: WorkloadInfo, identity: Identity) -> anyhow:
         outbound: app::bind(&sockets, addrs.outbound, "outbound")?,
         inbound: app::bind(&sockets, addrs.inbound, "inbound HBONE")?,
         inbound_plaintext: app::bind(&sockets, addrs.inbound_plaintext, "inbound plaintext")?,
+        socks5: match addrs.socks5 {
+            Some(addr) => Some(
+                socks5::bind(addr)
+                    .and_then(tokio::net::TcpListener::from_std)
+                    .with_context(|| format!("binding the SOCKS5 listener on {addr}"))?,
+            ),
+            None => None,
+        },
     };
     serve::spawn(&proxy, listeners);
     if let Some(dns) = &node.runtime.dns {

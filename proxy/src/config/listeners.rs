@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ztunnel_proto::ports::HBONE_PORT;
 
 use super::proxy_config::ProxyConfig;
-use crate::ports::{INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
+use crate::ports::{INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT, SOCKS5_PORT};
 
 /// The admin port, unless Istio's proxy config sets `proxyAdminPort`.
 const ADMIN_PORT: u16 = 15000;
@@ -43,6 +43,8 @@ pub struct Listeners {
     pub stats: SocketAddr,
     /// Readiness (15021).
     pub readiness: SocketAddr,
+    /// SOCKS5 (127.0.0.1:15080) in each pod, when `UNSTABLE_ENABLE_SOCKS5`.
+    pub socks5: Option<SocketAddr>,
 }
 
 /// The flags and variables, flattened into the command line.
@@ -67,6 +69,11 @@ pub(super) struct ListenerArgs {
     /// Readiness listener [default: [::]:15021, 0.0.0.0:15021 without IPv6].
     #[arg(long, env = "ZTUNNEL_READINESS_ADDR")]
     readiness_addr: Option<SocketAddr>,
+    /// A SOCKS5 listener on 127.0.0.1:15080 in each pod, for applications
+    /// that name their destination rather than being captured (CONNECT
+    /// only, no authentication), as istio/ztunnel's.
+    #[arg(long, env = "UNSTABLE_ENABLE_SOCKS5", default_value_t = false, action = clap::ArgAction::Set)]
+    unstable_enable_socks5: bool,
 }
 
 impl ListenerArgs {
@@ -95,6 +102,10 @@ impl ListenerArgs {
             admin_ipv6,
             stats: or_wildcard(self.stats_addr, stats_port),
             readiness: or_wildcard(self.readiness_addr, READINESS_PORT),
+            // istio/ztunnel's address, whatever IPV6_ENABLED says.
+            socks5: self
+                .unstable_enable_socks5
+                .then(|| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), SOCKS5_PORT)),
         }
     }
 }

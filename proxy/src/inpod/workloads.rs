@@ -25,6 +25,7 @@ use crate::inpod::netns::{
 };
 use crate::inpod::{PodInfo, PodProxies, StartError};
 use crate::metrics::WorkloadManagerMetrics;
+use crate::outbound::socks5;
 use crate::serve;
 use crate::state::SharedState;
 use crate::state::{InboundProtocol, State, Workload};
@@ -143,6 +144,18 @@ impl Workloads {
             Some(_) => Some(self.bind_dns(&netns)?),
             None => None,
         };
+        let socks5 = match config.listeners.socks5 {
+            Some(addr) => Some(
+                netns
+                    .run_on_thread(|| socks5::bind(addr))
+                    .map_err(StartError::Netns)?
+                    .map_err(|source| StartError::Bind {
+                        what: "SOCKS5",
+                        source,
+                    })?,
+            ),
+            None => None,
+        };
         let (trigger, watcher) = self.pod_runtime.drain.child();
         let sockets = NetnsSockets {
             netns,
@@ -165,6 +178,9 @@ impl Workloads {
             outbound: register(bound.outbound, "outbound")?,
             inbound_plaintext: register(bound.inbound_plaintext, "inbound plaintext")?,
             inbound: register(bound.inbound, "inbound HBONE")?,
+            socks5: socks5
+                .map(|listener| register(listener, "SOCKS5"))
+                .transpose()?,
         };
         serve::spawn(&proxy, listeners);
         if let (Some(dns), Some(listeners)) = (&self.node.dns, dns_listeners) {

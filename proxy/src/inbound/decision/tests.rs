@@ -568,11 +568,26 @@ services:
         inbound_service(&state, &workload, host, port).map(|service| service.name.to_string())
     };
     let rows: &[(Option<&str>, u16, Option<&str>, &str)] = &[
-        (None, 8080, Some("web"), "the service whose target port is the one dialled"),
+        (
+            None,
+            8080,
+            Some("web"),
+            "the service whose target port is the one dialled",
+        ),
         (None, 9000, Some("admin"), "another port, another service"),
-        (None, 8081, Some("named"), "a named port: the workload's own mapping"),
+        (
+            None,
+            8081,
+            Some("named"),
+            "a named port: the workload's own mapping",
+        ),
         (None, 7000, None, "no service of the workload has it"),
-        (Some("admin.shop.svc.cluster.local"), 8080, Some("admin"), "the client named it"),
+        (
+            Some("admin.shop.svc.cluster.local"),
+            8080,
+            Some("admin"),
+            "the client named it",
+        ),
         (
             Some("other.shop.svc.cluster.local"),
             8080,
