@@ -28,6 +28,10 @@ use serde::de::{self, Visitor};
 use tokio::sync::watch;
 
 pub use file::{FileRegistry, RegistryError};
+pub use peer_authentication::{
+    CONVERTED_POLICY_PREFIX, MtlsMode, PeerAuthentication, STATIC_STRICT_POLICY_NAME,
+    converted_policies, workload_policies,
+};
 pub use pod::{Labels, Locality, Pod, PodPhase, WorkloadProtocol, WorkloadType};
 pub use policy::{
     Cidr, Policy, PolicyAction, PolicyMatch, PolicyScope, ServiceAccountMatch, StringMatch,
@@ -44,6 +48,7 @@ pub use waypoint::{
 
 mod file;
 pub mod kube;
+mod peer_authentication;
 mod pod;
 mod policy;
 mod service;
