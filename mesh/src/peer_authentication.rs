@@ -107,7 +107,7 @@ enum Level {
 /// none when there are no PeerAuthentications at all; else the static
 /// STRICT one, in the root namespace, and one per workload
 /// PeerAuthentication whose port modes need their own.
-pub fn converted_policies(
+pub(crate) fn converted_policies(
     peer_authentications: &[PeerAuthentication],
     root_namespace: &str,
 ) -> Vec<Policy> {
@@ -142,7 +142,7 @@ pub fn converted_policies(
 /// workload of `namespace` with `labels` lists: the static STRICT one when
 /// its effective mode is STRICT on every port, its PeerAuthentication's
 /// own converted policy when a port differs from the rest.
-pub fn workload_policies(
+pub(crate) fn workload_policies(
     peer_authentications: &[PeerAuthentication],
     root_namespace: &str,
     namespace: &str,
