@@ -1,7 +1,7 @@
 //! One PeerAuthentication of the mesh (the mTLS mode its workloads accept),
 //! and what istiod makes of them for ztunnel, which has no notion of an
 //! mTLS mode: DENY policies refusing peers without an identity (plaintext),
-//! which a workload lists by name (KUBERNETES.md; istio/istio
+//! which a workload lists by name (KUBERNETES.md E10; istio/istio
 //! `pilot/pkg/serviceregistry/ambient/authorization.go`).
 //!
 //! Which level a PeerAuthentication is at follows from where it is, as in
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::pod::Labels;
+use super::pod::{Labels, Pod};
 use super::policy::{Policy, PolicyAction, PolicyMatch, PolicyScope, StringMatch};
 
 /// The name of the one policy every workload under an effective STRICT
@@ -39,8 +39,8 @@ pub struct PeerAuthentication {
     pub name: String,
     /// Its namespace; the root namespace's apply to the mesh.
     pub namespace: String,
-    /// The labels of the pods of its namespace it applies to; absent (or
-    /// empty), every pod of its namespace.
+    /// The labels of the pods of its namespace it applies to; absent, every
+    /// pod of its namespace (empty, the same outside the root namespace).
     #[serde(default)]
     pub selector: Option<Labels>,
     /// The mode of every port not in `port_level_mtls`.
@@ -84,7 +84,7 @@ pub enum MtlsMode {
     /// Inherit the mode of the level above (the mesh's default: PERMISSIVE).
     #[default]
     Unset,
-    /// Plaintext only; ztunnel treats it as PERMISSIVE.
+    /// No mTLS asked of peers; for ztunnel, the same as PERMISSIVE.
     Disable,
     /// mTLS and plaintext.
     Permissive,
@@ -138,16 +138,16 @@ pub(crate) fn converted_policies(
     policies
 }
 
-/// The names (`<namespace>/<name>`, sorted) of the converted policies a
-/// workload of `namespace` with `labels` lists: the static STRICT one when
-/// its effective mode is STRICT on every port, its PeerAuthentication's
-/// own converted policy when a port differs from the rest.
+/// The names (`<namespace>/<name>`, sorted) of the converted policies
+/// `pod`'s workload lists: the static STRICT one when its effective mode
+/// is STRICT on every port, its PeerAuthentication's own converted policy
+/// when a port differs from the rest.
 pub(crate) fn workload_policies(
     peer_authentications: &[PeerAuthentication],
     root_namespace: &str,
-    namespace: &str,
-    labels: &Labels,
+    pod: &Pod,
 ) -> Vec<String> {
+    let namespace = pod.namespace.as_str();
     let mesh = oldest(peer_authentications, root_namespace, Level::Mesh, None);
     let namespace_wide = oldest(
         peer_authentications,
@@ -160,7 +160,7 @@ pub(crate) fn workload_policies(
             && candidate.level(root_namespace) == Level::Workload
             && candidate
                 .workload_labels()
-                .is_some_and(|selector| selects(selector, labels))
+                .is_some_and(|selector| pod.is_selected_by(selector))
     });
     let parent_strict = parent_strict(namespace_wide, mesh);
     let (strict, own) = match workload {
@@ -207,6 +207,14 @@ fn effective(workload: &PeerAuthentication, parent_strict: bool) -> (bool, bool)
 /// need one: a rule per STRICT port the parent does not already make
 /// STRICT, and, when the workload is STRICT (itself or inherited), one
 /// rule refusing plaintext except on its PERMISSIVE or DISABLE ports.
+///
+/// What is inherited is read as [`workload_policies`] reads it (a
+/// namespace's UNSET passes the mesh's mode down). istiod's conversion
+/// reads it otherwise in two cases (a PERMISSIVE or DISABLE workload with
+/// a STRICT port under a STRICT mesh; an UNSET workload with a PERMISSIVE
+/// port under an UNSET namespace and a STRICT mesh) and then sends no
+/// policy for a workload that lists one, which leaves plaintext in where
+/// STRICT was asked for; that is not copied.
 fn converted(peer_authentication: &PeerAuthentication, parent_strict: bool) -> Option<Policy> {
     let mode = peer_authentication.mode;
     if peer_authentication.port_level_mtls.is_empty() {
@@ -291,13 +299,6 @@ fn parent_strict(
         .filter(set)
         .or(mesh)
         .is_some_and(|peer_authentication| peer_authentication.mode == MtlsMode::Strict)
-}
-
-/// Whether a pod with `labels` carries every label of `selector`.
-fn selects(selector: &Labels, labels: &Labels) -> bool {
-    selector
-        .iter()
-        .all(|(key, value)| labels.get(key) == Some(value))
 }
 
 /// A peer without an identity: a plaintext connection.

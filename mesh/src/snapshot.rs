@@ -221,12 +221,7 @@ impl MeshSnapshot {
     /// [`peer_authentication_policies`](Self::peer_authentication_policies)
     /// a pod lists: they apply only to the workloads that name them.
     pub fn peer_authentication_policies_of(&self, pod: &Pod) -> Vec<String> {
-        workload_policies(
-            &self.peer_authentications,
-            &self.root_namespace,
-            &pod.namespace,
-            &pod.labels,
-        )
+        workload_policies(&self.peer_authentications, &self.root_namespace, pod)
     }
 
     /// The gateway of `network` that workloads of that network are reached

@@ -55,6 +55,16 @@ fn web() -> Labels {
     Labels::from([("app".to_owned(), "web".to_owned())])
 }
 
+/// A pod labelled `app=web` in `namespace`.
+fn web_pod(namespace: &str) -> Pod {
+    Pod {
+        name: "web-1".to_owned(),
+        namespace: namespace.to_owned(),
+        labels: web(),
+        ..Pod::default()
+    }
+}
+
 /// Plaintext to any port.
 fn plaintext() -> PolicyMatch {
     without_identity()
@@ -250,7 +260,7 @@ fn peer_auth_workload_policies_follow_the_effective_mode() {
         ),
     ];
     for (case, peer_authentications, namespace, expected) in cases {
-        let names = workload_policies(&peer_authentications, ROOT, namespace, &web());
+        let names = workload_policies(&peer_authentications, ROOT, &web_pod(namespace));
         assert_eq!(names, expected, "{case}");
     }
 }
@@ -291,14 +301,13 @@ fn peer_auth_levels_depend_on_the_root_namespace() {
         ),
     ];
     for (case, peer_authentications, namespace, expected) in cases {
-        let names = workload_policies(&peer_authentications, ROOT, namespace, &web());
+        let names = workload_policies(&peer_authentications, ROOT, &web_pod(namespace));
         assert_eq!(names, expected, "{case}");
     }
     let names = workload_policies(
         &[peer("mesh-root", "mesh", None, Strict, &[])],
         "mesh-root",
-        "shop",
-        &web(),
+        &web_pod("shop"),
     );
     assert_eq!(
         names,
