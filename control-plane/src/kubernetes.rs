@@ -48,6 +48,8 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("watch", "discovery.k8s.io", "endpointslices"),
     ("list", "security.istio.io", "authorizationpolicies"),
     ("watch", "security.istio.io", "authorizationpolicies"),
+    ("list", "security.istio.io", "peerauthentications"),
+    ("watch", "security.istio.io", "peerauthentications"),
     ("list", "gateway.networking.k8s.io", "gateways"),
     ("watch", "gateway.networking.k8s.io", "gateways"),
     ("list", "gateway.networking.k8s.io", "gatewayclasses"),

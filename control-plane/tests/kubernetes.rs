@@ -5,7 +5,8 @@
 //! real tokens from the TokenRequest API; pods are created and deleted
 //! through the API, with their status written as a kubelet would. Where
 //! the CA's root comes from is `kubernetes_ca.rs`'s. The order of the
-//! xDS responses a selector AuthorizationPolicy causes is tested here too.
+//! xDS responses a selector AuthorizationPolicy causes, and the policy a
+//! PeerAuthentication makes, are tested here too.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -67,6 +68,19 @@ spec:
 
 /// The policy's xDS resource name.
 const DENY_POLICY: &str = "apps/db-deny-client";
+
+/// A namespace-wide STRICT PeerAuthentication, written against the older
+/// version (`v1beta1`) the CRD still serves.
+const STRICT_APPS: &str = r#"
+apiVersion: security.istio.io/v1beta1
+kind: PeerAuthentication
+metadata: {name: default, namespace: apps}
+spec:
+  mtls: {mode: STRICT}
+"#;
+
+/// istiod's name of the policy every workload under STRICT lists.
+const STATIC_STRICT: &str = "istio-system/istio_converted_static_strict";
 
 /// Requests a client sends without reading, so that the server's writes
 /// to it back up and its stream's task waits to send: far more empty
@@ -579,11 +593,24 @@ fn policy_in(response: &DeltaDiscoveryResponse) -> Option<bool> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it() {
-    let Some((api, kubeconfig)) = api_with_control_plane_account(ROLE).await else {
-        return;
-    };
+/// A control plane on a real API server, with `apps/db-0` (labelled
+/// `app=db`) and node a's ztunnel pod, and a node agent's stream open.
+struct DbMesh {
+    api: KubeApi,
+    /// Kept for the test's length: dropping it stops the control plane.
+    _server: serve::Server,
+    grpc: SocketAddr,
+    roots: Vec<CertificateDer<'static>>,
+    /// Node a's ztunnel's token.
+    token: String,
+    /// Subscribed as istio/ztunnel does (Address, then Authorization),
+    /// both first answers read.
+    agent: AdsStream,
+}
+
+/// [`DbMesh`], or `None` where the API server cannot run (skipped).
+async fn db_mesh() -> Option<DbMesh> {
+    let (api, kubeconfig) = api_with_control_plane_account(ROLE).await?;
     let client = api.admin_client().await.unwrap();
     ensure_namespace(&client, "apps", &[]).await.unwrap();
     let ztunnel_a = running_pod(
@@ -619,13 +646,34 @@ async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it
     .await
     .unwrap();
 
-    // A node agent subscribed as istio/ztunnel does: Address, then
-    // Authorization.
     let both = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
     let mut agent = AdsStream::open(grpc, &roots, &token, &both, None).await;
     for expected in both {
         assert_eq!(agent.next_acked().await.type_url, expected);
     }
+    Some(DbMesh {
+        api,
+        _server,
+        grpc,
+        roots,
+        token,
+        agent,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it() {
+    let Some(DbMesh {
+        api,
+        _server,
+        grpc,
+        roots,
+        token,
+        mut agent,
+    }) = db_mesh().await
+    else {
+        return;
+    };
 
     // Released, the held-back stream's task finds its queued requests and
     // the new build both waiting, and `select!` picks either first. A
@@ -677,5 +725,36 @@ async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it
         agent
             .assert_address_first(false, &format!("round {round}, deleted"))
             .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_auth_a_strict_namespace_sends_the_static_strict_policy_listed_by_its_workloads() {
+    let Some(DbMesh { api, mut agent, .. }) = db_mesh().await else {
+        return;
+    };
+
+    api.kubectl(&["apply", "-f", "-"], Some(STRICT_APPS))
+        .unwrap();
+    let (mut listed, mut sent) = (false, false);
+    while !(listed && sent) {
+        let response = agent.next_acked().await;
+        for resource in &response.resources {
+            let Some(any) = resource.resource.as_ref() else {
+                continue;
+            };
+            match response.type_url.as_str() {
+                ADDRESS_TYPE_URL => {
+                    if let Some(address::Type::Workload(workload)) =
+                        Address::decode(any.value.as_slice()).unwrap().r#type
+                    {
+                        listed |= workload.name == "db-0"
+                            && workload.authorization_policies == [STATIC_STRICT];
+                    }
+                }
+                AUTHORIZATION_TYPE_URL => sent |= resource.name == STATIC_STRICT,
+                _ => {}
+            }
+        }
     }
 }

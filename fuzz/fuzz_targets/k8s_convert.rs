@@ -1,9 +1,10 @@
 //! Fuzzes the control plane's Kubernetes conversion (KUBERNETES.md
 //! E2–E10): objects decoded from JSON as the watches decode them (Pods,
 //! Namespaces, Services, EndpointSlices, Nodes, AuthorizationPolicies,
-//! Gateways, GatewayClasses, each list under its key: `pods`,
-//! `namespaces`, `services`, `endpointSlices`, `nodes`,
-//! `authorizationPolicies`, `gateways`, `gatewayClasses`), then
+//! PeerAuthentications, Gateways, GatewayClasses, each list under its key:
+//! `pods`, `namespaces`, `services`, `endpointSlices`, `nodes`,
+//! `authorizationPolicies`, `peerAuthentications`, `gateways`,
+//! `gatewayClasses`), then
 //! `kube::convert::convert`, then what the control plane serves of the
 //! result over xDS.
 //!
@@ -29,6 +30,7 @@ use ztunnel_fuzz::check_served_to_proxy;
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_mesh::kube::convert::{ConvertSettings, KubeObjects, convert};
 use ztunnel_mesh::kube::gateway_crd::{Gateway, GatewayClass};
+use ztunnel_mesh::kube::peer_authentication_crd::PeerAuthentication;
 use ztunnel_mesh::kube::policy_crd::AuthorizationPolicy;
 
 /// The watches' stores, as one JSON document.
@@ -47,6 +49,8 @@ struct Objects {
     nodes: Vec<Node>,
     #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
+    #[serde(default)]
+    peer_authentications: Vec<PeerAuthentication>,
     #[serde(default)]
     gateways: Vec<Gateway>,
     #[serde(default)]
@@ -86,6 +90,7 @@ fuzz_target!(|data: &[u8]| {
         endpoint_slices: shared(objects.endpoint_slices),
         nodes: shared(objects.nodes),
         authorization_policies: shared(objects.authorization_policies),
+        peer_authentications: shared(objects.peer_authentications),
         gateways: shared(objects.gateways),
         gateway_classes: shared(objects.gateway_classes),
     };
@@ -110,6 +115,7 @@ fuzz_target!(|data: &[u8]| {
         && unique(&objects.endpoint_slices)
         && unique(&objects.nodes)
         && unique(&objects.authorization_policies)
+        && unique_by(&objects.peer_authentications, |peer| &peer.metadata)
         && unique_by(&objects.gateways, |gateway| &gateway.metadata)
         && unique_by(&objects.gateway_classes, |class| &class.metadata)
     {
@@ -120,6 +126,7 @@ fuzz_target!(|data: &[u8]| {
             endpoint_slices: reversed(&objects.endpoint_slices),
             nodes: reversed(&objects.nodes),
             authorization_policies: reversed(&objects.authorization_policies),
+            peer_authentications: reversed(&objects.peer_authentications),
             gateways: reversed(&objects.gateways),
             gateway_classes: reversed(&objects.gateway_classes),
         };

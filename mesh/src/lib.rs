@@ -11,7 +11,8 @@
 //! Kubernetes objects to a [`MeshFile`]). Readers take an immutable
 //! [`MeshSnapshot`], so one request sees one consistent mesh; a change
 //! swaps the whole snapshot at once and tells [`PodRegistry::changes`]
-//! watchers. The entries are `pod.rs`, `service.rs` and `policy.rs`, with
+//! watchers. The entries are `pod.rs`, `service.rs`, `policy.rs` and
+//! `peer_authentication.rs` (with the policies istiod makes of them), with
 //! the waypoints and network gateways they name in `waypoint.rs`; checks
 //! across entries are `snapshot.rs`'s.
 
@@ -28,6 +29,9 @@ use serde::de::{self, Visitor};
 use tokio::sync::watch;
 
 pub use file::{FileRegistry, RegistryError};
+pub use peer_authentication::{
+    CONVERTED_POLICY_PREFIX, MtlsMode, PeerAuthentication, STATIC_STRICT_POLICY_NAME,
+};
 pub use pod::{Labels, Locality, Pod, PodPhase, WorkloadProtocol, WorkloadType};
 pub use policy::{
     Cidr, Policy, PolicyAction, PolicyMatch, PolicyScope, ServiceAccountMatch, StringMatch,
@@ -36,7 +40,7 @@ pub use service::{
     AppProtocol, HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, LocalityScope,
     NetworkAddress, Service, ServicePort, TargetPort,
 };
-pub use snapshot::{MeshError, MeshFile, MeshSnapshot};
+pub use snapshot::{DEFAULT_ROOT_NAMESPACE, MeshError, MeshFile, MeshSnapshot};
 pub use waypoint::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, NetworkGateway, TunnelHeader,
     WAYPOINT_HBONE_PORT, WeightedWaypoint,
@@ -44,6 +48,7 @@ pub use waypoint::{
 
 mod file;
 pub mod kube;
+mod peer_authentication;
 mod pod;
 mod policy;
 mod service;

@@ -1,5 +1,5 @@
-//! The mesh file as a whole ([`MeshFile`]: `{pods, services, policies}`, or
-//! a bare list of pods) and the immutable, validated, indexed
+//! The mesh file as a whole ([`MeshFile`]: `{pods, services, policies,
+//! peerAuthentications, ...}`, or a bare list of pods) and the immutable, validated, indexed
 //! [`MeshSnapshot`] one load of it becomes. The CA's authorizer and the xDS
 //! server read the same snapshot, so both see a pod on the same node.
 //!
@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
+use super::peer_authentication::{PeerAuthentication, converted_policies, workload_policies};
 use super::pod::Pod;
 use super::policy::{Policy, PolicyScope};
 use super::service::{Service, TargetPort};
@@ -34,7 +35,16 @@ pub struct MeshFile {
     /// Gateways into the networks of pods on other networks than a
     /// client's.
     pub network_gateways: Vec<NetworkGateway>,
+    /// PeerAuthentications, oldest first: at each level the oldest applies.
+    pub peer_authentications: Vec<PeerAuthentication>,
+    /// The namespace whose PeerAuthentication without a selector applies
+    /// to the mesh, and where the static STRICT policy lives; absent,
+    /// [`DEFAULT_ROOT_NAMESPACE`].
+    pub root_namespace: Option<String>,
 }
+
+/// Istio's default root namespace (mesh config `rootNamespace`).
+pub const DEFAULT_ROOT_NAMESPACE: &str = "istio-system";
 
 /// The map form of the file.
 #[derive(Deserialize)]
@@ -48,6 +58,10 @@ struct MeshFileMap {
     policies: Vec<Policy>,
     #[serde(default, rename = "networkGateways")]
     network_gateways: Vec<NetworkGateway>,
+    #[serde(default, rename = "peerAuthentications")]
+    peer_authentications: Vec<PeerAuthentication>,
+    #[serde(default, rename = "rootNamespace")]
+    root_namespace: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for MeshFile {
@@ -65,7 +79,10 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
     type Value = MeshFile;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map {pods, services, policies, networkGateways} or a list of pods")
+        f.write_str(
+            "a map {pods, services, policies, networkGateways, peerAuthentications, \
+             rootNamespace} or a list of pods",
+        )
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
@@ -83,6 +100,8 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
             services: form.services,
             policies: form.policies,
             network_gateways: form.network_gateways,
+            peer_authentications: form.peer_authentications,
+            root_namespace: form.root_namespace,
         })
     }
 
@@ -110,6 +129,13 @@ pub struct MeshSnapshot {
     policies: Vec<Policy>,
     /// Network gateways, in file order.
     network_gateways: Vec<NetworkGateway>,
+    /// PeerAuthentications, oldest first.
+    peer_authentications: Vec<PeerAuthentication>,
+    /// The root namespace the PeerAuthentications are read under.
+    root_namespace: String,
+    /// The policies the PeerAuthentications make, kept beside them: every
+    /// xDS push sends them.
+    peer_authentication_policies: Vec<Policy>,
 }
 
 impl MeshSnapshot {
@@ -120,9 +146,18 @@ impl MeshSnapshot {
         snapshot.add_pods(file.pods)?;
         snapshot.check_services(&file.services)?;
         check_policies(&file.policies)?;
+        let root_namespace = file
+            .root_namespace
+            .unwrap_or_else(|| DEFAULT_ROOT_NAMESPACE.to_owned());
+        non_empty(&root_namespace, "rootNamespace", || "the file".to_owned())?;
+        let converted = converted_policies(&file.peer_authentications, &root_namespace);
+        check_peer_authentications(&file.peer_authentications, &file.policies, &converted)?;
         snapshot.services = file.services;
         snapshot.policies = file.policies;
         snapshot.network_gateways = file.network_gateways;
+        snapshot.peer_authentications = file.peer_authentications;
+        snapshot.root_namespace = root_namespace;
+        snapshot.peer_authentication_policies = converted;
         Ok(snapshot)
     }
 
@@ -163,6 +198,30 @@ impl MeshSnapshot {
     /// Every network gateway, in file order.
     pub fn network_gateways(&self) -> &[NetworkGateway] {
         &self.network_gateways
+    }
+
+    /// Every PeerAuthentication, oldest first.
+    pub fn peer_authentications(&self) -> &[PeerAuthentication] {
+        &self.peer_authentications
+    }
+
+    /// The root namespace: its PeerAuthentication without a selector
+    /// applies to the mesh.
+    pub fn root_namespace(&self) -> &str {
+        &self.root_namespace
+    }
+
+    /// The policies istiod makes of the PeerAuthentications for ztunnel,
+    /// sent beside [`policies`](Self::policies).
+    pub fn peer_authentication_policies(&self) -> &[Policy] {
+        &self.peer_authentication_policies
+    }
+
+    /// The names (`<namespace>/<name>`, sorted) of the policies of
+    /// [`peer_authentication_policies`](Self::peer_authentication_policies)
+    /// a pod lists: they apply only to the workloads that name them.
+    pub fn peer_authentication_policies_of(&self, pod: &Pod) -> Vec<String> {
+        workload_policies(&self.peer_authentications, &self.root_namespace, pod)
     }
 
     /// The gateway of `network` that workloads of that network are reached
@@ -423,6 +482,44 @@ fn check_policies(policies: &[Policy]) -> Result<(), MeshError> {
     Ok(())
 }
 
+/// PeerAuthentications against each other, and the names of the policies
+/// they make against the file's policies.
+fn check_peer_authentications(
+    peer_authentications: &[PeerAuthentication],
+    policies: &[Policy],
+    converted: &[Policy],
+) -> Result<(), MeshError> {
+    let mut names = HashSet::new();
+    for peer_authentication in peer_authentications {
+        let item = || {
+            format!(
+                "peer authentication {}/{}",
+                peer_authentication.namespace, peer_authentication.name
+            )
+        };
+        non_empty(&peer_authentication.name, "name", item)?;
+        non_empty(&peer_authentication.namespace, "namespace", item)?;
+        if !names.insert((&peer_authentication.namespace, &peer_authentication.name)) {
+            return Err(MeshError::DuplicatePeerAuthentication {
+                peer_authentication: item(),
+            });
+        }
+    }
+    let taken: HashSet<_> = policies
+        .iter()
+        .map(|policy| (&policy.namespace, &policy.name))
+        .collect();
+    if let Some(policy) = converted
+        .iter()
+        .find(|policy| taken.contains(&(&policy.namespace, &policy.name)))
+    {
+        return Err(MeshError::DuplicatePolicy {
+            policy: format!("policy {}/{}", policy.namespace, policy.name),
+        });
+    }
+    Ok(())
+}
+
 fn non_empty(
     value: &str,
     field: &'static str,
@@ -552,11 +649,18 @@ pub enum MeshError {
         /// `namespace/name` of the service named.
         service: String,
     },
-    /// Two policies share a namespace and name.
+    /// Two policies share a namespace and name (a policy of the file may
+    /// also meet one a PeerAuthentication makes).
     #[error("{policy} appears twice")]
     DuplicatePolicy {
         /// The policy.
         policy: String,
+    },
+    /// Two PeerAuthentications share a namespace and name.
+    #[error("{peer_authentication} appears twice")]
+    DuplicatePeerAuthentication {
+        /// The PeerAuthentication.
+        peer_authentication: String,
     },
     /// A `WorkloadSelector` policy without `selector`.
     #[error("{policy}: scope WorkloadSelector needs a selector")]

@@ -449,6 +449,23 @@ fn contradictory_entries_are_refused() {
             policy(", scope: Namespace, allNamespaces: true"),
             "allNamespaces is only for scope WorkloadSelector",
         ),
+        (
+            "duplicate peer authentication",
+            "peerAuthentications:\n- {name: p, namespace: n}\n- {name: p, namespace: n, mode: Strict}\n"
+                .to_owned(),
+            "peer authentication n/p appears twice",
+        ),
+        (
+            "a policy named as a PeerAuthentication's converted one",
+            "policies:\n- {name: istio_converted_static_strict, namespace: istio-system, scope: Global, action: Deny}\npeerAuthentications:\n- {name: p, namespace: n}\n"
+                .to_owned(),
+            "policy istio-system/istio_converted_static_strict appears twice",
+        ),
+        (
+            "empty root namespace",
+            "rootNamespace: ''\n".to_owned(),
+            "rootNamespace is empty",
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (name, content, want) in cases {
@@ -577,4 +594,50 @@ policies:
     );
     assert!(service.canonical);
     assert!(snapshot.policies()[0].all_namespaces);
+}
+
+#[test]
+fn peer_auth_the_file_holds_peer_authentications_under_its_root_namespace() {
+    let file = "\
+rootNamespace: mesh-root
+pods:
+- {name: web-1, namespace: shop, uid: u-web-1, serviceAccount: web, ips: [10.0.0.1], labels: {app: web}}
+peerAuthentications:
+- {name: default, namespace: mesh-root, mode: Strict}
+- name: web
+  namespace: shop
+  selector: {app: web}
+  portLevelMtls: {9090: Permissive}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = FileRegistry::load(&write(&dir, file)).unwrap().snapshot();
+    assert_eq!(snapshot.root_namespace(), "mesh-root");
+    assert_eq!(snapshot.peer_authentications().len(), 2);
+    assert_eq!(
+        snapshot.peer_authentications()[1].port_level_mtls[&9090],
+        MtlsMode::Permissive
+    );
+    let names: Vec<String> = snapshot
+        .peer_authentication_policies()
+        .iter()
+        .map(Policy::resource_name)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "mesh-root/istio_converted_static_strict",
+            "shop/converted_peer_authentication_web"
+        ]
+    );
+    let pod = snapshot.pod("shop", "web-1").unwrap();
+    assert_eq!(
+        snapshot.peer_authentication_policies_of(pod),
+        ["shop/converted_peer_authentication_web"],
+        "the workload's own policy holds the inherited STRICT"
+    );
+    let without = FileRegistry::load(&write(&dir, "pods: []\n"))
+        .unwrap()
+        .snapshot();
+    assert_eq!(without.root_namespace(), DEFAULT_ROOT_NAMESPACE);
+    assert!(without.peer_authentication_policies().is_empty());
 }

@@ -5,9 +5,10 @@
 //! from the control plane over delta xDS (gRPC over TLS on the CA's port),
 //! with no local file. The tests edit the control plane's mesh file, as a
 //! Kubernetes API change would, and watch the data path follow: traffic
-//! over HBONE, a deny policy added and removed, a workload added and
-//! removed, and a control-plane restart with changes made while it was
-//! down. Needs root, `ip`, `iptables` and containernetworking-plugins;
+//! over HBONE, a deny policy added and removed, a namespace's
+//! PeerAuthentication turned STRICT and back to PERMISSIVE, a workload
+//! added and removed, and a control-plane restart with changes made while
+//! it was down. Needs root, `ip`, `iptables` and containernetworking-plugins;
 //! skips with the reason otherwise.
 
 use std::io::{Read, Write};
@@ -15,7 +16,7 @@ use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
 use ztunnel_test_support::cluster::{
-    Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, still_echoes,
+    Cluster, ConfigSource, PodSpec, closed_by_peer, deny_policy, peer_authentication, still_echoes,
 };
 
 use support::{
@@ -149,6 +150,64 @@ fn a_deny_policy_added_at_run_time_closes_matching_connections_until_removed() {
         "the client passes again once the policy is removed:\n{}",
         logs(&cluster)
     );
+}
+
+#[test]
+fn peer_auth_strict_on_a_namespace_refuses_plaintext_from_outside_the_mesh_and_permissive_lets_it_in()
+ {
+    // `outsider` (namespace `plain`, not in the mesh) sends plaintext;
+    // `client` and `server` (namespace `default`) are meshed, on one node.
+    let Some(mut cluster) = support::one_node("peer_auth_strict", &[]) else {
+        return;
+    };
+    assert_eq!(cluster.config_source(), ConfigSource::Xds);
+    assert!(
+        echoes(&cluster, "outsider", "server"),
+        "without a PeerAuthentication plaintext is let in (PERMISSIVE by default)"
+    );
+
+    cluster
+        .mesh()
+        .set_peer_authentications(&peer_authentication("default", "Strict"))
+        .unwrap();
+    assert!(
+        eventually(|| !echoes(&cluster, "outsider", "server")),
+        "STRICT: plaintext from outside the mesh is refused:\n{}",
+        logs(&cluster)
+    );
+    assert!(
+        echoes(&cluster, "client", "server"),
+        "STRICT: a meshed client (mTLS, with an identity) still passes:\n{}",
+        logs(&cluster)
+    );
+    assert!(
+        cluster
+            .node("node-a")
+            .unwrap()
+            .access_log()
+            .iter()
+            .any(|entry| {
+                entry.direction == "inbound"
+                    && entry.dst_workload.as_deref() == Some("server")
+                    && entry.src_identity.is_none()
+                    && entry.error.as_deref().is_some_and(|error| {
+                        error.contains("istio-system/istio_converted_static_strict")
+                    })
+            }),
+        "the refusal names istiod's static STRICT policy:\n{}",
+        logs(&cluster)
+    );
+
+    cluster
+        .mesh()
+        .set_peer_authentications(&peer_authentication("default", "Permissive"))
+        .unwrap();
+    assert!(
+        eventually(|| echoes(&cluster, "outsider", "server")),
+        "PERMISSIVE: plaintext is let in again:\n{}",
+        logs(&cluster)
+    );
+    assert!(echoes(&cluster, "client", "server"), "and mTLS still is");
 }
 
 #[test]

@@ -36,7 +36,7 @@ mod kube;
 mod node;
 mod pods;
 
-pub use files::{ConfigSource, MeshFile, deny_policy, ztunnel_pod};
+pub use files::{ConfigSource, MeshFile, deny_policy, peer_authentication, ztunnel_pod};
 pub use kube::ClusterApi;
 pub use node::{AccessEntry, Node};
 pub use pods::{Pod, PodSpec, closed_by_peer, still_echoes};

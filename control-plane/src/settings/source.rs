@@ -12,7 +12,8 @@ use ztunnel_control_plane::kubernetes;
 pub(crate) struct SourceArgs {
     /// Mesh file (YAML), the source of truth for impersonation and xDS:
     /// `{pods: [...], services: [...], policies: [...], networkGateways:
-    /// [...]}`, or a bare list of pods. Pods: name, namespace, uid,
+    /// [...], peerAuthentications: [...], rootNamespace}`, or a bare list of
+    /// pods. Pods: name, namespace, uid,
     /// serviceAccount, nodeName, phase, ips, labels, protocol (HBONE or
     /// TCP), network, clusterId, workloadName, locality {region, zone,
     /// subzone}, waypoint, applicationTunnel {protocol, port}. Services:
@@ -24,15 +25,21 @@ pub(crate) struct SourceArgs {
     /// {address: net/ip}, each with an optional port (15008). Network
     /// gateways: network, namespace, serviceAccount, address or hostname,
     /// port. Policies: as ztunnel's local file, plus selector for scope
-    /// WorkloadSelector. Reloaded when it changes; a bad edit keeps the last
+    /// WorkloadSelector. PeerAuthentications, oldest first: name,
+    /// namespace, selector (labels), mode and portLevelMtls {port: mode}
+    /// (Unset, Disable, Permissive or Strict); one without a selector in
+    /// rootNamespace (istio-system) applies to the mesh, elsewhere to its
+    /// namespace; they are sent as the Authorizations istiod makes of them.
+    /// Reloaded when it changes; a bad edit keeps the last
     /// good file. Without it no impersonation is authorized and xDS serves
     /// nothing.
     #[arg(long, visible_alias = "pods", conflicts_with_all = ["kubeconfig", "in_cluster"])]
     mesh: Option<PathBuf>,
     /// Take the mesh from the Kubernetes API with this kubeconfig, instead
     /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes,
-    /// security.istio.io AuthorizationPolicies and (when installed) Gateway
-    /// API Gateways and GatewayClasses are watched, and callers'
+    /// security.istio.io AuthorizationPolicies and (when installed)
+    /// PeerAuthentications, Gateway API Gateways and GatewayClasses are
+    /// watched, and callers'
     /// tokens are checked by TokenReview (the role it needs:
     /// deploy/rbac/control-plane.yaml).
     #[arg(long, conflicts_with = "in_cluster")]

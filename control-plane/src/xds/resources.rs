@@ -3,9 +3,11 @@
 //! - each Running or Pending pod with an IP → `Address{workload}` named by
 //!   its workload uid (else its uid), listing the services it serves (with
 //!   named target ports resolved against its container ports) and the
-//!   `WorkloadSelector` policies that pick it;
+//!   `WorkloadSelector` policies that pick it, then the policies its
+//!   PeerAuthentications make it list;
 //! - each service → `Address{service}` named `<namespace>/<hostname>`;
-//! - each policy → `Authorization` named `<namespace>/<name>`.
+//! - each policy, and each policy the PeerAuthentications make →
+//!   `Authorization` named `<namespace>/<name>`.
 //!
 //! Also the canonical encoding of an `Address`: `Workload.services` is a
 //! map, which prost encodes in hash order; resources are versioned by the
@@ -93,6 +95,8 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
         };
         let mut policies = policies_of.remove(&at).unwrap_or_default();
         policies.sort_unstable();
+        // After the sorted selector policies, as istiod lists them.
+        policies.extend(snapshot.peer_authentication_policies_of(pod));
         let services = services_of.remove(&at).unwrap_or_default();
         let mut workload = workload(pod, trust_domain, services, policies);
         workload.network_gateway = snapshot
@@ -130,6 +134,7 @@ pub fn authorizations(snapshot: &MeshSnapshot) -> Vec<(String, Authorization)> {
     snapshot
         .policies()
         .iter()
+        .chain(snapshot.peer_authentication_policies())
         .map(|policy| (policy.resource_name(), authorization(policy)))
         .collect()
 }

@@ -1,5 +1,5 @@
 //! A real API server (`ztunnel_test_support::kube::KubeApi`) set up for the
-//! control plane: the AuthorizationPolicy CRD, the namespace
+//! control plane: the AuthorizationPolicy and PeerAuthentication CRDs, the namespace
 //! `istio-system`, and the control plane's service account there bound to
 //! exactly the roles in `deploy/rbac/` (the main one or a test's variant
 //! of it, plus the CA's); and the pods, waits and reads the tests share.
@@ -30,6 +30,10 @@ pub const CA_ROLE: &str = include_str!("../../../deploy/rbac/control-plane-ca.ya
 /// The AuthorizationPolicy CRD it watches.
 const CRD: &str = include_str!("../../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
 
+/// The PeerAuthentication CRD it watches too.
+const PEER_AUTHENTICATION_CRD: &str =
+    include_str!("../../../deploy/crds/peerauthentications.security.istio.io.yaml");
+
 /// The namespace the control plane runs in, and its service account
 /// there (the subject of `CA_ROLE`'s bindings).
 pub const NAMESPACE: &str = "istio-system";
@@ -47,7 +51,7 @@ pub async fn api_with_control_plane_account(role: &str) -> Option<(KubeApi, Stri
     eprintln!("API server ready in {:?}", api.started_in());
     let client = api.admin_client().await.unwrap();
     ensure_namespace(&client, NAMESPACE, &[]).await.unwrap();
-    for manifest in [CRD, role, CA_ROLE] {
+    for manifest in [CRD, PEER_AUTHENTICATION_CRD, role, CA_ROLE] {
         api.kubectl(&["apply", "-f", "-"], Some(manifest)).unwrap();
     }
     let token = service_account_with_role(&client, NAMESPACE, SERVICE_ACCOUNT, CLUSTER_ROLE)

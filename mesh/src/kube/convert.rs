@@ -6,7 +6,8 @@
 //!
 //! This file owns the whole-mesh part: ordering, the checks across objects
 //! (duplicates, shared addresses) and the problems' vocabulary. One object
-//! at a time is `pod.rs`, `service.rs` and `policy.rs`'s. Watching is
+//! at a time is `pod.rs`, `service.rs`, `policy.rs` and
+//! `peer_authentication.rs`'s. Watching is
 //! `kube.rs`'s.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,11 +20,14 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::gateway_crd::{Gateway, GatewayClass};
+use super::peer_authentication_crd::PeerAuthentication;
 use super::policy_crd::AuthorizationPolicy;
+use crate::peer_authentication::converted_policies;
 use crate::{Labels, Locality, MeshFile, Pod, Policy};
 use waypoint::Waypoints;
 
 mod network;
+mod peer_authentication;
 mod pod;
 mod policy;
 mod service;
@@ -49,6 +53,8 @@ pub struct KubeObjects {
     pub nodes: Vec<Arc<Node>>,
     /// Istio AuthorizationPolicies.
     pub authorization_policies: Vec<Arc<AuthorizationPolicy>>,
+    /// Istio PeerAuthentications.
+    pub peer_authentications: Vec<Arc<PeerAuthentication>>,
     /// Gateway API Gateways: waypoints and network gateways.
     pub gateways: Vec<Arc<Gateway>>,
     /// Gateway API GatewayClasses: what their Gateways inherit.
@@ -100,14 +106,16 @@ pub struct Conversion {
     /// Passes `MeshSnapshot::new`.
     pub mesh: MeshFile,
     /// One entry per object and reason, pods first, then services,
-    /// EndpointSlices and policies, each in namespace/name order.
+    /// EndpointSlices and policies, each in namespace/name order, then
+    /// PeerAuthentications, oldest first.
     pub problems: Vec<ObjectProblem>,
 }
 
 /// An object the conversion left out or trimmed, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectProblem {
-    /// `Pod`, `Service`, `EndpointSlice` or `AuthorizationPolicy`.
+    /// `Pod`, `Service`, `EndpointSlice`, `AuthorizationPolicy` or
+    /// `PeerAuthentication`.
     pub kind: &'static str,
     /// The object's namespace (empty if it has none).
     pub namespace: String,
@@ -147,8 +155,9 @@ pub enum ProblemReason {
         /// The uid.
         uid: String,
     },
-    /// Another object of the same kind has this namespace and name; the
-    /// later one is left out.
+    /// Another object of the same kind has this namespace and name (for a
+    /// policy, also one a PeerAuthentication makes); the later one is left
+    /// out.
     #[error("appears twice")]
     Duplicate,
     /// Another pod has this uid; the later one (in namespace/name order) is
@@ -215,6 +224,20 @@ pub enum ProblemReason {
         /// Why.
         why: String,
     },
+    /// A PeerAuthentication `portLevelMtls` key that is no port in
+    /// 1..=65535; that port's mode is skipped.
+    #[error("portLevelMtls key {key:?} is not a port; skipped")]
+    BadPortKey {
+        /// The key.
+        key: String,
+    },
+    /// An mTLS mode that is not UNSET, DISABLE, PERMISSIVE or STRICT; the
+    /// PeerAuthentication is left out.
+    #[error("unknown mTLS mode {mode:?}")]
+    UnknownMtlsMode {
+        /// The mode as written.
+        mode: String,
+    },
     /// A dry-run policy while dry-run policies are disabled; not sent.
     #[error("dry-run policy not sent (dry-run policies are disabled)")]
     DryRunNotSent,
@@ -244,13 +267,15 @@ impl ProblemReason {
             | ProblemReason::SlashInUid { .. }
             | ProblemReason::InvalidIdentity(_)
             | ProblemReason::Duplicate
-            | ProblemReason::DuplicateUid { .. } => Effect::Dropped,
+            | ProblemReason::DuplicateUid { .. }
+            | ProblemReason::UnknownMtlsMode { .. } => Effect::Dropped,
             ProblemReason::TargetRefNotSent
             | ProblemReason::UnsupportedAction { .. }
             | ProblemReason::DryRunNotSent => Effect::NotSent,
             ProblemReason::AddressInUse { .. }
             | ProblemReason::BadAddress { .. }
             | ProblemReason::BadPort { .. }
+            | ProblemReason::BadPortKey { .. }
             | ProblemReason::EndpointsWithoutPod { .. }
             | ProblemReason::AllowRulesDropped { .. }
             | ProblemReason::DenyFieldsIgnored { .. }
@@ -302,13 +327,22 @@ pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion 
         waypoints: &waypoints,
     };
     let services = service::services(objects, &context, settings, &mut problems);
-    let policies = policies(objects, settings, &mut problems);
+    let peer_authentications =
+        peer_authentication::peer_authentications(&objects.peer_authentications, &mut problems);
+    let reserved: HashSet<(String, String)> =
+        converted_policies(&peer_authentications, &settings.root_namespace)
+            .into_iter()
+            .map(|policy| (policy.namespace, policy.name))
+            .collect();
+    let policies = policies(objects, settings, &reserved, &mut problems);
     Conversion {
         mesh: MeshFile {
             pods,
             services,
             policies,
             network_gateways: network::network_gateways(&objects.gateways),
+            peer_authentications,
+            root_namespace: Some(settings.root_namespace.clone()),
         },
         problems,
     }
@@ -398,14 +432,17 @@ impl PodClaims {
     }
 }
 
-/// Every policy that converts and is sent, in namespace/name order.
+/// Every policy that converts and is sent, in namespace/name order; none
+/// may take a name in `reserved` (the policies the PeerAuthentications
+/// make, whose `_` the API server refuses in a name anyway).
 fn policies(
     objects: &KubeObjects,
     settings: &ConvertSettings,
+    reserved: &HashSet<(String, String)>,
     problems: &mut Vec<ObjectProblem>,
 ) -> Vec<Policy> {
     let mut converted = Vec::new();
-    let mut names = HashSet::new();
+    let mut names = reserved.clone();
     for object in sorted(&objects.authorization_policies, |policy| &policy.metadata) {
         let report = |reason| problem("AuthorizationPolicy", &object.metadata, reason);
         let outcome = policy::policy(object, settings);

@@ -108,44 +108,15 @@ pub struct GatewayClass {
     pub metadata: ObjectMeta,
 }
 
-impl k8s_openapi::Resource for Gateway {
-    const API_VERSION: &'static str = "gateway.networking.k8s.io/v1";
-    const GROUP: &'static str = "gateway.networking.k8s.io";
-    const KIND: &'static str = "Gateway";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "gateways";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for Gateway {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl k8s_openapi::Resource for GatewayClass {
-    const API_VERSION: &'static str = "gateway.networking.k8s.io/v1";
-    const GROUP: &'static str = "gateway.networking.k8s.io";
-    const KIND: &'static str = "GatewayClass";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "gatewayclasses";
-    type Scope = k8s_openapi::ClusterResourceScope;
-}
-
-impl k8s_openapi::Metadata for GatewayClass {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+custom_resource!(
+    Gateway: "gateway.networking.k8s.io" / "v1",
+    "Gateway",
+    "gateways",
+    NamespaceResourceScope
+);
+custom_resource!(
+    GatewayClass: "gateway.networking.k8s.io" / "v1",
+    "GatewayClass",
+    "gatewayclasses",
+    ClusterResourceScope
+);

@@ -10,8 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::ser::SerializeStruct;
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// An AuthorizationPolicy object: metadata and spec. Its status is the
 /// API server's and is not read.
@@ -25,39 +24,13 @@ pub struct AuthorizationPolicy {
     pub spec: AuthorizationPolicySpec,
 }
 
-impl k8s_openapi::Resource for AuthorizationPolicy {
-    const API_VERSION: &'static str = "security.istio.io/v1";
-    const GROUP: &'static str = "security.istio.io";
-    const KIND: &'static str = "AuthorizationPolicy";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "authorizationpolicies";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::Metadata for AuthorizationPolicy {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
-impl Serialize for AuthorizationPolicy {
-    /// With `apiVersion` and `kind`, which the API server needs on create.
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use k8s_openapi::Resource;
-        let mut object = serializer.serialize_struct("AuthorizationPolicy", 4)?;
-        object.serialize_field("apiVersion", Self::API_VERSION)?;
-        object.serialize_field("kind", Self::KIND)?;
-        object.serialize_field("metadata", &self.metadata)?;
-        object.serialize_field("spec", &self.spec)?;
-        object.end()
-    }
-}
+custom_resource!(
+    AuthorizationPolicy: "security.istio.io" / "v1",
+    "AuthorizationPolicy",
+    "authorizationpolicies",
+    NamespaceResourceScope,
+    with spec
+);
 
 /// `spec`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,4 +235,4 @@ pub struct Condition {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -1,6 +1,7 @@
 //! The Kubernetes source of the mesh, as a [`PodRegistry`]: one watch per
 //! kind (Pods, Namespaces, Services, EndpointSlices, Nodes,
-//! AuthorizationPolicies, Gateways, GatewayClasses) feeding a reflector
+//! AuthorizationPolicies, PeerAuthentications, Gateways, GatewayClasses)
+//! feeding a reflector
 //! store, and one task that
 //! turns the stores into a new [`MeshSnapshot`] through the pure
 //! conversion (`convert.rs`) after each change.
@@ -13,10 +14,11 @@
 //!   kind and name, once per distinct problem; the rest of the mesh is kept;
 //! - until every watch has listed once, the source is not ready and the
 //!   snapshot is empty (readers check [`KubeRegistry::is_ready`]);
-//! - the Gateway API is optional: while its CRDs are not installed, its
-//!   kinds count as listed and empty (said once, through
+//! - the Gateway API and PeerAuthentication are optional: while their
+//!   CRDs are not installed, their kinds count as listed and empty (said
+//!   once, through
 //!   [`SourceObserver::kind_absent`]), and their watches keep retrying, so
-//!   Gateways installed later are picked up.
+//!   objects of a CRD installed later are picked up.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
@@ -35,6 +37,7 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use super::convert::{ConvertSettings, KubeObjects, ObjectProblem, convert};
 use super::gateway_crd::{Gateway, GatewayClass};
+use super::peer_authentication_crd::PeerAuthentication;
 use super::policy_crd::AuthorizationPolicy;
 use crate::{MeshSnapshot, PodRegistry};
 
@@ -106,6 +109,10 @@ impl KubeRegistry {
                 &client,
                 watch("AuthorizationPolicy"),
             ),
+            peer_authentications: watch_optional_kind::<PeerAuthentication>(
+                &client,
+                watch("PeerAuthentication"),
+            ),
             gateways: watch_optional_kind::<Gateway>(&client, watch("Gateway")),
             gateway_classes: watch_optional_kind::<GatewayClass>(&client, watch("GatewayClass")),
         };
@@ -165,6 +172,7 @@ struct Stores {
     endpoint_slices: Store<EndpointSlice>,
     nodes: Store<Node>,
     authorization_policies: Store<AuthorizationPolicy>,
+    peer_authentications: OptionalStore<PeerAuthentication>,
     gateways: OptionalStore<Gateway>,
     gateway_classes: OptionalStore<GatewayClass>,
 }
@@ -206,6 +214,10 @@ impl Stores {
         wait!(self.endpoint_slices, "EndpointSlices");
         wait!(self.nodes, "Nodes");
         wait!(self.authorization_policies, "AuthorizationPolicies");
+        registry.set_waiting_for(
+            "the first list of PeerAuthentications (or word that they are not served)",
+        );
+        self.peer_authentications.wait_until_settled().await;
         registry.set_waiting_for("the first list of Gateways (or word that they are not served)");
         self.gateways.wait_until_settled().await;
         registry
@@ -221,6 +233,7 @@ impl Stores {
             endpoint_slices: self.endpoint_slices.state(),
             nodes: self.nodes.state(),
             authorization_policies: self.authorization_policies.state(),
+            peer_authentications: self.peer_authentications.store.state(),
             gateways: self.gateways.store.state(),
             gateway_classes: self.gateway_classes.store.state(),
         }

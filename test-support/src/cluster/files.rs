@@ -96,6 +96,13 @@ pub fn deny_policy(namespace: &str, service_account: &str) -> String {
     )
 }
 
+/// A namespace-wide PeerAuthentication `default` of `namespace` with mTLS
+/// `mode` (`Strict`, `Permissive`, `Disable` or `Unset`), as a YAML list
+/// item for [`MeshFile::set_peer_authentications`].
+pub fn peer_authentication(namespace: &str, mode: &str) -> String {
+    format!("- {{name: default, namespace: {namespace}, mode: {mode}}}\n")
+}
+
 /// What makes a pod a workload: its address, and whether peers reach it
 /// over HBONE.
 #[derive(Debug, Clone, Copy)]
@@ -132,6 +139,9 @@ pub struct MeshFile {
     pods: Vec<Entry>,
     policies: String,
     services: String,
+    /// `peerAuthentications:` list items (YAML), xDS only: a ztunnel's
+    /// local file has no such key.
+    peer_authentications: String,
     /// `networkGateways:` list items (YAML), as the mesh file spells them.
     network_gateways: String,
     /// The network of each node's pods, where it is not the default one.
@@ -182,6 +192,7 @@ impl MeshFile {
                 .collect(),
             policies: String::new(),
             services: String::new(),
+            peer_authentications: String::new(),
             network_gateways: String::new(),
             node_networks: Vec::new(),
             remote_workloads: 0,
@@ -244,6 +255,14 @@ impl MeshFile {
     /// `selector`).
     pub fn set_policies(&mut self, policies: &str) -> anyhow::Result<()> {
         policies.clone_into(&mut self.policies);
+        self.write()
+    }
+
+    /// Replaces the `peerAuthentications:` list of the control plane's
+    /// mesh file (YAML list items; see [`peer_authentication`]). Only the
+    /// control plane reads them, so a local file is left as it was.
+    pub fn set_peer_authentications(&mut self, peer_authentications: &str) -> anyhow::Result<()> {
+        peer_authentications.clone_into(&mut self.peer_authentications);
         self.write()
     }
 
@@ -367,6 +386,9 @@ impl MeshFile {
         if !self.policies.trim().is_empty() {
             let _ = write!(text, "policies:\n{}", self.policies);
         }
+        if !self.peer_authentications.trim().is_empty() {
+            let _ = write!(text, "peerAuthentications:\n{}", self.peer_authentications);
+        }
         text
     }
 
@@ -476,6 +498,26 @@ mod tests {
         assert!(snapshot.pod_by_uid(&client.uid()).unwrap().ips.is_empty());
         assert!(snapshot.policies().is_empty());
         assert_eq!(mesh.workload_uids(), [legacy.uid()]);
+    }
+
+    #[test]
+    fn peer_auth_the_control_plane_reads_the_peer_authentications() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut mesh = MeshFile::new(
+            dir.path().join("mesh.yaml"),
+            ConfigSource::Xds,
+            &["node-a"],
+            &[],
+        )
+        .unwrap();
+        mesh.set_peer_authentications(&peer_authentication("default", "Strict"))
+            .unwrap();
+        let snapshot = FileRegistry::load(mesh.path()).unwrap().snapshot();
+        let [peer_authentication] = snapshot.peer_authentications() else {
+            panic!("one PeerAuthentication")
+        };
+        assert_eq!(peer_authentication.namespace, "default");
+        assert_eq!(peer_authentication.mode, ztunnel_mesh::MtlsMode::Strict);
     }
 
     /// A mesh file at `path` for one node, `node-a`, with `pod` on it.

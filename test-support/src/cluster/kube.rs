@@ -1,7 +1,7 @@
 //! The cluster on a real Kubernetes API server (`crate::kube`): what a
 //! kubelet, a scheduler and an operator would write there, done with
 //! `kubectl` as the admin. The control plane and the node agents read only
-//! the API: the CRD and both roles are installed, each component runs as a
+//! the API: the CRDs and both roles are installed, each component runs as a
 //! service account bound to its role, each node's ztunnel pod exists there
 //! with a token from the TokenRequest API bound to it, and each
 //! application pod is created before its sandbox and gets its address,
@@ -22,6 +22,10 @@ use crate::kube::KubeApi;
 
 /// The AuthorizationPolicy CRD the control plane watches.
 const CRD: &str = include_str!("../../../deploy/crds/authorizationpolicies.security.istio.io.yaml");
+
+/// The PeerAuthentication CRD it watches too.
+const PEER_AUTHENTICATION_CRD: &str =
+    include_str!("../../../deploy/crds/peerauthentications.security.istio.io.yaml");
 
 /// The control plane's ClusterRole, `ztunnel-control-plane`.
 const CONTROL_PLANE_ROLE: &str = include_str!("../../../deploy/rbac/control-plane.yaml");
@@ -52,7 +56,7 @@ pub struct ClusterApi {
 
 impl ClusterApi {
     /// Installs what the control plane and the node agents need on `api`:
-    /// the CRD, their roles and service accounts, the namespaces (ambient
+    /// the CRDs, their roles and service accounts, the namespaces (ambient
     /// ones labelled), the ztunnel pod of each node, and the application
     /// pods (not running yet).
     pub(super) fn prepare(
@@ -61,7 +65,12 @@ impl ClusterApi {
         pods: &[PodSpec],
         ambient_namespaces: &[&str],
     ) -> anyhow::Result<ClusterApi> {
-        for manifest in [CRD, CONTROL_PLANE_ROLE, NODE_AGENT_ROLE] {
+        for manifest in [
+            CRD,
+            PEER_AUTHENTICATION_CRD,
+            CONTROL_PLANE_ROLE,
+            NODE_AGENT_ROLE,
+        ] {
             api.kubectl(&["apply", "-f", "-"], Some(manifest))?;
         }
         let mut namespaces: Vec<&str> = vec!["istio-system"];

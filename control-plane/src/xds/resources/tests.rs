@@ -251,6 +251,57 @@ fn workload_selector_policies_attach_to_the_pods_they_select() {
 }
 
 #[test]
+fn peer_auth_workloads_list_the_policies_their_peer_authentications_make() {
+    let mesh = format!(
+        "{PODS}policies:
+- {{name: all-web, namespace: shop, scope: WorkloadSelector, selector: {{app: web}}, action: Deny}}
+peerAuthentications:
+- {{name: default, namespace: shop, mode: Strict}}
+- {{name: web-v2, namespace: shop, selector: {{version: v2}}, portLevelMtls: {{9090: Permissive}}}}
+"
+    );
+    let (workloads, _) = convert(&mesh);
+    // (uid, the policies it lists: selector ones sorted, then the
+    // PeerAuthentications', as istiod appends them)
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "u-web-1",
+            &["shop/all-web", "shop/converted_peer_authentication_web-v2"],
+        ),
+        (
+            "u-web-2",
+            &["shop/all-web", "istio-system/istio_converted_static_strict"],
+        ),
+        ("u-web-o", &[]), // another namespace, no PeerAuthentication
+        ("u-db-1", &["istio-system/istio_converted_static_strict"]),
+    ];
+    for (uid, want) in cases {
+        assert_eq!(workloads[uid].authorization_policies, want, "{uid}");
+    }
+
+    let authorizations: HashMap<String, Authorization> =
+        authorizations(&snapshot(&mesh)).into_iter().collect();
+    let strict = &authorizations["istio-system/istio_converted_static_strict"];
+    assert_eq!(strict.scope, Scope::WorkloadSelector as i32);
+    assert_eq!(strict.action, proto_security::Action::Deny as i32);
+    let refused = &strict.rules[0].clauses[0].matches[0].not_principals[0];
+    assert_eq!(
+        refused.match_type,
+        Some(MatchType::Presence(())),
+        "peers without an identity"
+    );
+    let exception = &authorizations["shop/converted_peer_authentication_web-v2"];
+    let clauses: Vec<&proto_security::Match> = exception.rules[0]
+        .clauses
+        .iter()
+        .map(|clause| &clause.matches[0])
+        .collect();
+    assert_eq!(clauses[0].not_destination_ports, [9090]);
+    assert_eq!(clauses[1].not_principals.len(), 1);
+    assert_eq!(authorizations.len(), 3);
+}
+
+#[test]
 fn policies_become_authorizations() {
     let mesh = "policies:
 - name: p

@@ -181,7 +181,7 @@ fn the_crd_manifest_names_the_type_and_has_a_structural_schema() {
 /// What the API server requires of a structural schema, as far as this
 /// manifest uses it: every node typed, objects with either properties or
 /// additionalProperties, arrays with items.
-fn assert_structural(schema: &JSONSchemaProps, path: &str) {
+pub(in crate::kube) fn assert_structural(schema: &JSONSchemaProps, path: &str) {
     let kind = schema.type_.as_deref();
     assert!(kind.is_some(), "{path}: no type");
     assert!(
