@@ -730,7 +730,15 @@ async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_auth_a_strict_namespace_sends_the_static_strict_policy_listed_by_its_workloads() {
-    let Some(DbMesh { api, mut agent, .. }) = db_mesh().await else {
+    // `_server` is bound: a field left to `..` would be dropped here, and
+    // with it the control plane.
+    let Some(DbMesh {
+        api,
+        _server,
+        mut agent,
+        ..
+    }) = db_mesh().await
+    else {
         return;
     };
 
