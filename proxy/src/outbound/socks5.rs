@@ -48,13 +48,13 @@ pub enum Target {
 }
 
 /// Why a SOCKS5 connection was not carried; each has its reply code
-/// ([`Socks5Error::reply`]), sent where the protocol has one.
+/// (`Socks5Error::reply`), sent where the protocol has one.
 #[derive(Debug, thiserror::Error)]
 pub enum Socks5Error {
     /// Reading or writing the client failed, or it closed.
     #[error("talking to the SOCKS client")]
     Io(#[from] io::Error),
-    /// The client did not finish within [`NEGOTIATION_TIMEOUT`].
+    /// The client did not finish within `NEGOTIATION_TIMEOUT`.
     #[error("the SOCKS negotiation took too long")]
     TimedOut,
     /// Not version 5.
