@@ -79,6 +79,8 @@ impl PodProxies for Proxies {
     fn served(&self) -> Vec<Arc<str>> {
         self.state().served.iter().cloned().collect()
     }
+
+    fn pending(&self, _count: usize) {}
 }
 
 /// WIRE.md §5's session rules, written out plainly.
