@@ -50,6 +50,10 @@ pub fn check_served_to_proxy(snapshot: &MeshSnapshot, trust_domain: &str) {
         assert_eq!(applied.updated, entries.len());
         assert_eq!(known.len(kind), entries.len());
     }
-    assert_eq!(state.policies().count(), snapshot.policies().len());
+    // The users' policies and those converted from PeerAuthentications.
+    assert_eq!(
+        state.policies().count(),
+        snapshot.policies().len() + snapshot.peer_authentication_policies().len()
+    );
     assert_eq!(state.services().count(), snapshot.services().len());
 }
