@@ -235,7 +235,11 @@ impl Mesh {
     /// Rewrites one proxy's local config file (`client` or `server`).
     pub fn set_node_config(&self, node: &str, text: &str) {
         let path: PathBuf = self.dir.path().join(format!("{node}.yaml"));
-        std::fs::write(path, text).unwrap();
+        // Renamed into place: a truncating write lets a reload read the
+        // file half written, and the proxy keeps what it read.
+        let staged = self.dir.path().join(format!("{node}.yaml.new"));
+        std::fs::write(&staged, text).unwrap();
+        std::fs::rename(staged, path).unwrap();
     }
 
     fn wait_ready(&self, ns: &NetNs, ip: &str) {
@@ -356,4 +360,58 @@ pub fn http_get(ns: &NetNs, addr: &str, path: &str) -> Option<String> {
     })
     .ok()
     .flatten()
+}
+
+/// A policy allowing only the client's identity.
+pub const ALLOW_CLIENT: &str = "\
+policies:
+- name: allow-client
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules:
+  - - - principals: [!Exact \"cluster.local/ns/default/sa/client\"]
+";
+
+/// A policy allowing an identity nobody has.
+pub const ALLOW_NOBODY: &str = "\
+policies:
+- name: allow-nobody
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules:
+  - - - principals: [!Exact \"cluster.local/ns/default/sa/nobody\"]
+";
+
+/// Sends `data`, half-closes, and reads the whole echo.
+pub fn round_trip(stream: TcpStream, data: Vec<u8>) -> Vec<u8> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    // A refused connection fails the write or the read; the caller sees
+    // fewer bytes than it sent.
+    let sender = std::thread::spawn(move || {
+        let _ = writer.write_all(&data);
+        let _ = writer.shutdown(Shutdown::Write);
+    });
+    let mut reader = stream;
+    let mut echoed = Vec::new();
+    let _ = reader.read_to_end(&mut echoed);
+    let _ = sender.join();
+    echoed
+}
+
+/// Whether a connection from the client to `addr` echoes `ping`.
+pub fn ping(mesh: &Mesh, addr: &str) -> bool {
+    match mesh.client_connect(addr) {
+        Ok(stream) => round_trip(stream, b"ping".to_vec()) == b"ping",
+        Err(_) => false,
+    }
+}
+
+/// Waits up to 10 s for `check`, polling.
+pub fn eventually(check: impl FnMut() -> bool) -> bool {
+    wait::until(Duration::from_secs(10), check)
 }
