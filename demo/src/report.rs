@@ -180,6 +180,7 @@ mod tests {
             direction: "inbound".to_owned(),
             src_addr: "198.18.64.5:40000".to_owned(),
             src_identity: identity.map(str::to_owned),
+            src_workload: None,
             dst_workload: Some(to.to_owned()),
             dst_addr: "198.18.64.6:8080".to_owned(),
             dst_hbone_addr: None,

@@ -15,7 +15,10 @@
 //! Properties: no panic, no hang; an accepted authority has a non-zero
 //! port, an IP one is a socket address and a hostname one a DNS name, and
 //! either reads back from its text; a hostname authority can go in
-//! `forwarded`; a request is answered 400 exactly when it is not a
+//! `forwarded`; the request's `baggage`, however many lines, reads into
+//! fields that are each non-empty and hold neither `,` nor `=`, and is
+//! empty when a line is not visible ASCII; a request is answered 400
+//! exactly when it is not a
 //! CONNECT with such an authority, and otherwise the handler sees the
 //! same authority, the same headers and the connection's identity.
 
@@ -34,8 +37,8 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_proxy::copy::{CopyError, Transferred};
 use ztunnel_proxy::drain;
 use ztunnel_proxy::hbone::{
-    Authority, H2Settings, InboundHandler, InboundRefusal, InboundRequest, forwarded,
-    serve_connection,
+    Authority, BAGGAGE, Baggage, H2Settings, InboundHandler, InboundRefusal, InboundRequest,
+    forwarded, serve_connection,
 };
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
@@ -48,6 +51,27 @@ const LOCAL_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 0
 /// Bounds each input in virtual time: the clock is paused and jumps ahead
 /// whenever every task waits.
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// What a request's `baggage` reads as: each field one member's value,
+/// so non-empty and free of the separators; nothing from unreadable lines.
+fn check_baggage(headers: &HeaderMap) {
+    let baggage = Baggage::parse(headers.get_all(BAGGAGE));
+    let fields = [
+        &baggage.cluster,
+        &baggage.namespace,
+        &baggage.workload_name,
+        &baggage.canonical_name,
+        &baggage.canonical_revision,
+        &baggage.region,
+        &baggage.zone,
+    ];
+    for field in fields.into_iter().flatten() {
+        assert!(!field.is_empty() && !field.contains([',', '=']), "{field:?}");
+    }
+    if headers.get_all(BAGGAGE).iter().any(|value| value.to_str().is_err()) {
+        assert!(baggage.is_empty(), "read from an unreadable line: {baggage:?}");
+    }
+}
 
 /// Records every request it is asked to admit.
 #[derive(Default)]
@@ -63,6 +87,7 @@ impl InboundHandler for Recorder {
         request: &InboundRequest,
     ) -> impl Future<Output = Result<DuplexStream, InboundRefusal>> + Send {
         check_authority(&request.authority);
+        check_baggage(&request.headers);
         self.seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

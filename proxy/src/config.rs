@@ -148,6 +148,10 @@ pub struct Config {
     /// Whether each connection's authorization decision is logged at info
     /// rather than debug (`AUTHZ_POLICY_INFO_LOGGING`).
     pub authz_policy_info_logging: bool,
+    /// Whether HBONE's `baggage` is read on both sides and answered on the
+    /// 200 (`ENABLE_RESPONSE_BAGGAGE`): the only names of an end reached
+    /// through another network's gateway.
+    pub response_baggage: bool,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
     /// The DNS proxy.
@@ -315,6 +319,11 @@ struct Args {
     /// istio/ztunnel does; any other value is false, as there.
     #[arg(long, env = "AUTHZ_POLICY_INFO_LOGGING", default_value = "")]
     authz_policy_info_logging: String,
+    /// Answer each HBONE CONNECT's 200 with the local workload's
+    /// `baggage`, and read a client's for a source the state cannot name
+    /// (one from another network), as istio/ztunnel does by default.
+    #[arg(long, env = "ENABLE_RESPONSE_BAGGAGE", default_value_t = true, action = clap::ArgAction::Set)]
+    response_baggage: bool,
     #[command(flatten)]
     inpod: inpod::InpodArgs,
     #[command(flatten)]
@@ -380,6 +389,7 @@ impl Args {
             min_connections_per_pod: limits.min_connections_per_pod,
             localhost_app_tunnel: self.localhost_app_tunnel,
             authz_policy_info_logging: self.authz_policy_info_logging == "true",
+            response_baggage: self.response_baggage,
             key_exchange: if self.compliance_policy == "pqc" {
                 KeyExchange::PostQuantum
             } else {

@@ -2,7 +2,8 @@
 //! mTLS. The dialing side is `hbone/client.rs`, the tunnel inside a tunnel
 //! through a network gateway `hbone/double.rs`, the accepting side
 //! `hbone/server.rs`, the stream-as-socket adapter `hbone/stream.rs`, the
-//! request headers `hbone/headers.rs`. What is shared lives here: the h2
+//! request headers `hbone/headers.rs`, and `baggage` in both directions
+//! `hbone/baggage.rs`. What is shared lives here: the h2
 //! settings, the parsed `:authority`, and the PING keepalive. The TLS
 //! stream under h2 is `ztunnel_certs::tls::record`'s.
 //!
@@ -19,17 +20,19 @@ use ztunnel_certs::error_chain::ErrorChain;
 
 use crate::config::Http2Settings;
 
+mod baggage;
 mod client;
 mod double;
 mod headers;
 mod server;
 mod stream;
 
+pub use baggage::{Baggage, WorkloadLabels, baggage};
 pub use client::{HboneConnection, HboneError, connect};
 pub use double::connect_inner;
 pub use headers::{
-    BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, WorkloadLabels, X_FORWARDED_NETWORK, baggage,
-    connect_headers, forwarded, forwarded_host, traceparent,
+    BAGGAGE, FORWARDED, HeaderError, TRACEPARENT, X_FORWARDED_NETWORK, connect_headers, forwarded,
+    forwarded_host, traceparent,
 };
 pub use server::{
     AcceptedClient, InboundHandler, InboundRefusal, InboundRequest, ServedClient, ServerError,

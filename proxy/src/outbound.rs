@@ -11,6 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,7 @@ use crate::access_log::{self, Direction};
 use crate::capacity::Listener;
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{Ended, copy_bidirectional_until_quiet};
-use crate::hbone::{self, HboneError, InboundRefusal};
+use crate::hbone::{self, Baggage, HboneError, InboundRefusal};
 use crate::identity::manager::FetchError;
 use crate::inbound::application;
 use crate::metrics::{OnDemandDnsLabels, Reporter, ResponseFlags};
@@ -329,6 +330,7 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
                     addr: target,
                     workload: Some(&pending.endpoint.workload),
                     identity: None,
+                    described: None,
                 };
                 let service = pending.endpoint.service.as_deref();
                 let report = open_report(proxy, peer, source, destination, service, None, false);
@@ -369,6 +371,7 @@ async fn open_tcp(
         addr: target,
         workload,
         identity: None,
+        described: None,
     };
     let report = open_report(proxy, peer, source, destination, service, None, false);
     let connected = dial(proxy, target)
@@ -393,40 +396,48 @@ async fn open_hbone(
     let Some(destination) = same_node::destination(proxy, route) else {
         return open_tunnel(proxy, peer, source, &tunnel).await;
     };
-    let report = tunnel_report(proxy, peer, source, &tunnel, true);
+    let report = tunnel_report(proxy, peer, source, &tunnel, true, None);
     let connected = same_node::open(proxy, &destination, source, peer, route)
         .await
         .map(|same| Upstream::SameNode(Box::new(same)));
     (report, connected)
 }
 
-/// The HBONE stream of `tunnel`, over one hop or two.
+/// The HBONE stream of `tunnel`, over one hop or two. Reported once the
+/// far end has answered (from when it was asked): through a gateway, its
+/// answer's `baggage` names the workload it ended at.
 async fn open_tunnel(
     proxy: &Proxy,
     peer: SocketAddr,
     source: Option<&Workload>,
     tunnel: &Tunnel<'_>,
 ) -> (Report, Result<Upstream, OutboundError>) {
-    let report = tunnel_report(proxy, peer, source, tunnel, false);
-    let connected = tunnel::open(proxy, source, peer, tunnel)
-        .await
-        .map(Upstream::Hbone);
-    (report, connected)
+    let started = Instant::now();
+    let (connected, described) = match tunnel::open(proxy, source, peer, tunnel).await {
+        Ok((stream, described)) => (Ok(Upstream::Hbone(stream)), described),
+        Err(error) => (Err(error), None),
+    };
+    let described = described.filter(|described| !described.is_empty());
+    let report = tunnel_report(proxy, peer, source, tunnel, false, described.as_ref());
+    (report.since(started), connected)
 }
 
 /// Opens the report of a connection through `tunnel`, or, `same_node`,
-/// handed over in-process to its destination.
+/// handed over in-process to its destination; `described` is what the far
+/// end's answer said of it.
 fn tunnel_report(
     proxy: &Proxy,
     peer: SocketAddr,
     source: Option<&Workload>,
     tunnel: &Tunnel<'_>,
     same_node: bool,
+    described: Option<&Baggage>,
 ) -> Report {
     let destination = End {
         addr: tunnel.destination,
         workload: Some(tunnel.workload),
         identity: tunnel.far_end_expected().first(),
+        described,
     };
     let hbone_addr = Some(tunnel.dial);
     open_report(
@@ -453,6 +464,7 @@ async fn resolve(
         addr: peer,
         workload: source,
         identity: source.map(|workload| &workload.identity),
+        described: None,
     };
     proxy.node.metrics.record_on_demand_dns(&OnDemandDnsLabels {
         source: report::peer_labels(&client),
@@ -487,6 +499,7 @@ fn open_report(
                 addr: peer,
                 workload: source,
                 identity,
+                described: None,
             },
             destination,
             service,

@@ -12,6 +12,7 @@ use ztunnel_certs::identity::Identity;
 
 use crate::access_log::{self, ConnectionLog, Direction, Outcome, PeerLog, Peers};
 use crate::copy::{CopyError, Transferred};
+use crate::hbone::{Baggage, WorkloadLabels};
 use crate::interner::Interner;
 use crate::metrics::{
     ConnectionMetrics, Metrics, PeerLabels, Reporter, ResponseFlags, SecurityPolicy, ServiceLabels,
@@ -29,6 +30,12 @@ pub struct End<'a> {
     pub workload: Option<&'a Workload>,
     /// Its verified identity (mTLS only).
     pub identity: Option<&'a Identity>,
+    /// What the end's own `baggage` says of it, where that is the best
+    /// word on it: a source that came through another network's gateway
+    /// (the state cannot name it), a destination that answered through one
+    /// (its answer names the workload the tunnel really ended at). Its
+    /// labels replace the workload's.
+    pub described: Option<&'a Baggage>,
 }
 
 /// The ends of open connections, shared by every connection between the
@@ -101,6 +108,14 @@ impl Report {
         }
     }
 
+    /// Dates the report from `started`: a connection reported only once
+    /// what it is reported with was known (a tunnel's far end, named by its
+    /// answer) lasted from then.
+    pub fn since(mut self, started: Instant) -> Report {
+        self.started = started;
+        self
+    }
+
     /// Closes the report of a connection that ended before its bytes
     /// flowed: refused, or its upstream not reached.
     pub fn refused(self, flags: ResponseFlags, error: &(dyn std::error::Error + '_)) {
@@ -152,11 +167,40 @@ impl Report {
     }
 }
 
-/// The metric labels of one end: its workload's, and its identity when
-/// verified.
+/// The labels `workload`'s `baggage` gives its peers: on each CONNECT its
+/// proxy sends for it, and on each 200 answered for it.
+pub(crate) fn baggage_labels(workload: &Workload) -> WorkloadLabels<'_> {
+    let group = &workload.group;
+    WorkloadLabels {
+        cluster_id: &group.cluster_id,
+        namespace: &workload.namespace,
+        workload_type: group.workload_type.as_str(),
+        workload_name: &group.workload_name,
+        canonical_name: &group.canonical_name,
+        canonical_revision: &group.canonical_revision,
+        region: &group.locality.region,
+        zone: &group.locality.zone,
+    }
+}
+
+/// The metric labels of one end: its workload's, or what it said of
+/// itself; and its identity when verified.
 pub(crate) fn peer_labels(end: &End<'_>) -> PeerLabels {
     let mut labels = PeerLabels::default();
-    if let Some(workload) = end.workload {
+    if let Some(described) = end.described {
+        labels.workload = described.workload_name.clone().into();
+        labels.canonical_service = described.canonical_name.clone().into();
+        labels.canonical_revision = described.canonical_revision.clone().into();
+        labels.workload_namespace = described.namespace.clone().into();
+        // istio/ztunnel reports a described end's app as its workload name
+        // (and a known workload's as its canonical name); dashboards that
+        // group by `*_app` see the same series from both proxies.
+        labels.app = described.workload_name.clone().into();
+        labels.version = described.canonical_revision.clone().into();
+        labels.cluster = described.cluster.clone().into();
+        labels.region = described.region.clone().into();
+        labels.zone = described.zone.clone().into();
+    } else if let Some(workload) = end.workload {
         let group = &workload.group;
         let workload_name = if group.workload_name.is_empty() {
             workload.name.clone()
@@ -180,10 +224,19 @@ pub(crate) fn peer_labels(end: &End<'_>) -> PeerLabels {
 }
 
 fn peer_log(end: &End<'_>) -> PeerLog {
+    let identity = end.identity.map(Identity::shared_str);
+    if let Some(described) = end.described {
+        return PeerLog {
+            workload: described.workload_name.clone(),
+            namespace: described.namespace.clone(),
+            identity,
+            cluster: described.cluster.clone(),
+        };
+    }
     PeerLog {
         workload: end.workload.map(|workload| workload.name.clone()),
         namespace: end.workload.map(|workload| workload.namespace.clone()),
-        identity: end.identity.map(Identity::shared_str),
+        identity,
         cluster: end
             .workload
             .map(|workload| workload.group.cluster_id.clone()),

@@ -7,6 +7,7 @@
 //! reads a PROXY v2 header (checked byte by byte against the
 //! specification, not decoded by our encoder) with the client's address,
 //! the authority and the client's SPIFFE URI, then the tunnelled bytes.
+//! The client's 200 carries the serving workload's `baggage`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -18,7 +19,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use ztunnel_certs::identity::Identity;
-use ztunnel_proxy::hbone::{Authority, H2Settings, HboneConnection};
+use ztunnel_proxy::hbone::{Authority, Baggage, H2Settings, HboneConnection};
 use ztunnel_test_support::ca::{PodRef, TestCa};
 use ztunnel_test_support::ports::unused_loopback_port;
 
@@ -80,11 +81,12 @@ fn spawn_ztunnel(dir: &Path, ca: &TestCa, inbound: SocketAddr) -> Ztunnel {
 
 /// Dials the proxy's HBONE port as the client workload, retrying while
 /// the proxy starts, and opens a tunnel to [`AUTHORITY`]; returns the
-/// client's own TCP address (the PROXY header's source) and the stream.
+/// client's own TCP address (the PROXY header's source), the stream and
+/// what the 200's `baggage` said of the serving workload.
 async fn open_tunnel(
     ca: &TestCa,
     inbound: SocketAddr,
-) -> (SocketAddr, ztunnel_proxy::hbone::H2Stream) {
+) -> (SocketAddr, ztunnel_proxy::hbone::H2Stream, Baggage) {
     let cert = ca.issue(&CLIENT.parse().unwrap()).unwrap();
     let server: Identity = SERVER.parse().unwrap();
     let tls = Arc::new(ztunnel_certs::tls::client_config(&cert, vec![server]).unwrap());
@@ -98,11 +100,11 @@ async fn open_tunnel(
                 ztunnel_proxy::hbone::connect(tcp, Arc::clone(&tls), &H2Settings::default(), None)
                     .await
                     .ok()?;
-            let stream = connection
-                .send_connect(&authority, HeaderMap::new())
+            let (stream, baggage) = connection
+                .send_connect_reading_baggage(&authority, HeaderMap::new())
                 .await
                 .ok()?;
-            Some((local, stream))
+            Some((local, stream, baggage))
         };
         if let Some(opened) = attempt.await {
             return opened;
@@ -171,6 +173,8 @@ workloads:
   name: waypoint-0
   namespace: default
   serviceAccount: waypoint
+  workloadName: waypoint
+  canonicalName: waypoint
   workloadIps: [127.0.0.1]
   protocol: HBONE
   node: node-a
@@ -199,7 +203,16 @@ workloads:
         received
     });
 
-    let (client, mut tunnel) = open_tunnel(&ca, inbound).await;
+    let (client, mut tunnel, baggage) = open_tunnel(&ca, inbound).await;
+    assert_eq!(
+        (
+            baggage.namespace.as_deref(),
+            baggage.workload_name.as_deref(),
+            baggage.canonical_name.as_deref()
+        ),
+        (Some("default"), Some("waypoint"), Some("waypoint")),
+        "the 200 says which workload serves the tunnel"
+    );
     tunnel.write_all(b"hello").await.unwrap();
     tunnel.flush().await.unwrap();
     let mut answer = [0u8; 5];

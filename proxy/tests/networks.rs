@@ -19,7 +19,7 @@ use ztunnel_test_support::skip::skip;
 use ztunnel_test_support::wait;
 use ztunnel_test_support::waypoint::EastWestGateway;
 
-use support::{APP_PORT, HBONE_PORT, PATIENCE, delivered_over_mtls, eventually, logs};
+use support::{APP_PORT, HBONE_PORT, PATIENCE, delivered_over_mtls, eventually, logs, metric};
 
 #[path = "support/cluster.rs"]
 mod support;
@@ -72,20 +72,12 @@ fn gateway_entry(cluster: &Cluster) -> String {
     )
 }
 
-/// Whether the client's bytes to the service come back.
-fn echoes(cluster: &Cluster) -> bool {
-    let vip = SocketAddr::new(VIP.parse().unwrap(), SERVICE_PORT);
-    cluster.pod("client").unwrap().echoes(vip)
-}
-
-#[test]
-fn a_service_on_another_network_is_reached_through_its_gateway_and_refused_without_one() {
-    let Some(mut cluster) = start("networks") else {
-        return;
-    };
+/// The east-west gateway of net-b, in its pod, passing the service's
+/// inner tunnels to the server's ztunnel.
+fn start_gateway(cluster: &Cluster) -> EastWestGateway {
     let gateway_pod = cluster.pod("eastwest-0").unwrap();
     let server = cluster.pod("server-b").unwrap();
-    let gateway = EastWestGateway::start_in(
+    EastWestGateway::start_in(
         &gateway_pod.ns,
         SocketAddr::new(gateway_pod.ip.into(), HBONE_PORT),
         cluster
@@ -97,7 +89,33 @@ fn a_service_on_another_network_is_reached_through_its_gateway_and_refused_witho
             SocketAddr::new(server.ip.into(), HBONE_PORT),
         )]),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Names the gateway pod as net-b's gateway, and waits until the
+/// service is reached through it.
+fn open_the_gateway(cluster: &mut Cluster) {
+    let entry = gateway_entry(cluster);
+    cluster.mesh().set_network_gateways(&entry).unwrap();
+    assert!(
+        eventually(|| echoes(cluster)),
+        "the service is reached through the gateway:\n{}",
+        logs(cluster)
+    );
+}
+
+/// Whether the client's bytes to the service come back.
+fn echoes(cluster: &Cluster) -> bool {
+    let vip = SocketAddr::new(VIP.parse().unwrap(), SERVICE_PORT);
+    cluster.pod("client").unwrap().echoes(vip)
+}
+
+#[test]
+fn a_service_on_another_network_is_reached_through_its_gateway_and_refused_without_one() {
+    let Some(mut cluster) = start("networks") else {
+        return;
+    };
+    let gateway = start_gateway(&cluster);
     let client_identity = cluster.pod("client").unwrap().spec.identity();
 
     // No gateway into net-b yet: the endpoint cannot be reached, and the
@@ -114,13 +132,7 @@ fn a_service_on_another_network_is_reached_through_its_gateway_and_refused_witho
     );
     assert!(gateway.records().is_empty());
 
-    let entry = gateway_entry(&cluster);
-    cluster.mesh().set_network_gateways(&entry).unwrap();
-    assert!(
-        eventually(|| echoes(&cluster)),
-        "the service is reached through the gateway:\n{}",
-        logs(&cluster)
-    );
+    open_the_gateway(&mut cluster);
     let records = gateway.records();
     let record = records.last().unwrap();
     assert_eq!(
@@ -150,4 +162,57 @@ fn a_service_on_another_network_is_reached_through_its_gateway_and_refused_witho
         eventually(|| !echoes(&cluster)),
         "without the gateway the service is unreachable again"
     );
+}
+
+#[test]
+fn baggage_names_both_ends_of_a_connection_through_an_east_west_gateway() {
+    let Some(mut cluster) = start("networks-baggage") else {
+        return;
+    };
+    let _gateway = start_gateway(&cluster);
+    open_the_gateway(&mut cluster);
+    let opened = "istio_tcp_connections_opened_total";
+    let client = cluster.pod("client").unwrap().spec.identity();
+    let gateway_ip = cluster.pod("eastwest-0").unwrap().ip.to_string();
+
+    // The receiver does not look the source up by address (it is the
+    // gateway's): the client's baggage names it, beside the identity its
+    // certificate proved.
+    let principal = format!("source_principal=\"{client}\"");
+    let named_by_baggage = [
+        "reporter=\"destination\"",
+        "source_workload=\"client\"",
+        "source_workload_namespace=\"default\"",
+        "source_canonical_service=\"client\"",
+        &principal,
+        "destination_workload=\"server-b\"",
+    ];
+    assert!(
+        metric(&cluster, "node-b", opened, &named_by_baggage) > 0.0,
+        "node-b names the client from its baggage:\n{}",
+        cluster
+            .node("node-b")
+            .unwrap()
+            .http_get(15020, "/metrics")
+            .unwrap()
+            .1
+    );
+    let gateway_ip = format!("{gateway_ip}:");
+    let entries = cluster.node("node-b").unwrap().access_log();
+    assert!(
+        entries.iter().any(|entry| entry.direction == "inbound"
+            && entry.src_workload.as_deref() == Some("client")
+            && entry.src_addr.starts_with(&gateway_ip)),
+        "the access log names the client by its baggage, at the gateway's address: {entries:?}"
+    );
+
+    // The sender names the far end by what its 200 said through the
+    // gateway.
+    let named_by_answer = [
+        "reporter=\"source\"",
+        "source_workload=\"client\"",
+        "destination_workload=\"server-b\"",
+        "destination_workload_namespace=\"default\"",
+    ];
+    assert!(metric(&cluster, "node-a", opened, &named_by_answer) > 0.0);
 }

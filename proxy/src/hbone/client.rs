@@ -27,6 +27,8 @@ use ztunnel_certs::tls::revocation::Revocation;
 use ztunnel_certs::tls::{ALPN_H2, dummy_server_name};
 
 use crate::hbone::Authority;
+use crate::hbone::baggage::Baggage;
+use crate::hbone::headers::BAGGAGE;
 use crate::hbone::stream::{ActiveStream, H2Stream};
 use crate::hbone::{H2Settings, keepalive};
 use crate::revocation::RevocationWatch;
@@ -206,6 +208,30 @@ impl HboneConnection {
         authority: &Authority,
         headers: HeaderMap,
     ) -> Result<H2Stream, HboneError> {
+        let (stream, _response) = self.open_stream(slot, authority, headers).await?;
+        Ok(stream)
+    }
+
+    /// [`HboneConnection::send_connect`], with what the server's 200 says
+    /// of the workload it serves (its `baggage`): the only word on where a
+    /// tunnel through another network's gateway ended.
+    pub async fn send_connect_reading_baggage(
+        &self,
+        authority: &Authority,
+        headers: HeaderMap,
+    ) -> Result<(H2Stream, Baggage), HboneError> {
+        let (stream, response) = self.open_stream(self.reserve(), authority, headers).await?;
+        Ok((stream, Baggage::parse(response.get_all(BAGGAGE))))
+    }
+
+    /// Sends the CONNECT and waits for its 200: the stream, and the
+    /// response's headers.
+    async fn open_stream(
+        &self,
+        slot: ActiveStream,
+        authority: &Authority,
+        headers: HeaderMap,
+    ) -> Result<(H2Stream, HeaderMap), HboneError> {
         let uri = Uri::from(UriAuthority::try_from(authority.to_string())?);
         let mut request = Request::builder()
             .method(Method::CONNECT)
@@ -220,13 +246,10 @@ impl HboneConnection {
         if response.status() != StatusCode::OK {
             return Err(HboneError::Status(response.status()));
         }
-        Ok(H2Stream::new(
-            send,
-            response.into_body(),
-            self.shared.max_write,
-            Some(slot),
-        )
-        .with_revocation(self.shared.revocation.clone()))
+        let (parts, body) = response.into_parts();
+        let stream = H2Stream::new(send, body, self.shared.max_write, Some(slot))
+            .with_revocation(self.shared.revocation.clone());
+        Ok((stream, parts.headers))
     }
 
     /// Whether new streams can be opened: the driver is running and no

@@ -14,7 +14,7 @@ use rustls::ClientConfig;
 
 use crate::hbone::client::{HboneError, connect};
 use crate::hbone::stream::H2Stream;
-use crate::hbone::{Authority, H2Settings};
+use crate::hbone::{Authority, Baggage, H2Settings};
 use crate::revocation::RevocationWatch;
 
 /// Runs TLS with `tls` (the source's certificate, expecting the service's
@@ -22,7 +22,9 @@ use crate::revocation::RevocationWatch;
 /// CONNECT to `authority` with `headers`, which carry
 /// `x-forwarded-network`. The inner connection's driver runs until the
 /// returned stream and the outer stream under it are done, or until a
-/// revocation list revokes the destination (with `watch`).
+/// revocation list revokes the destination (with `watch`). The far
+/// side's `baggage` comes with the stream: the workload the tunnel ended
+/// at, as it describes itself.
 ///
 /// Not bounded in time by itself: the caller wraps it in its connect timeout.
 pub async fn connect_inner(
@@ -32,7 +34,7 @@ pub async fn connect_inner(
     authority: &Authority,
     headers: HeaderMap,
     watch: Option<RevocationWatch>,
-) -> Result<H2Stream, HboneError> {
+) -> Result<(H2Stream, Baggage), HboneError> {
     let inner = connect(outer, tls, settings, watch).await?;
-    inner.send_connect(authority, headers).await
+    inner.send_connect_reading_baggage(authority, headers).await
 }

@@ -1,6 +1,6 @@
 //! The request headers an HBONE CONNECT carries (WIRE.md §4): `baggage`
-//! with the source workload's labels, `forwarded` with the client address,
-//! and a fresh W3C `traceparent`.
+//! with the source workload's labels (written and read by `baggage.rs`),
+//! `forwarded` with the client address, and a fresh W3C `traceparent`.
 //!
 //! The builders take plain data; filling it from the workload state is the
 //! caller's job.
@@ -9,6 +9,8 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, InvalidHeaderValue};
+
+use super::baggage::{WorkloadLabels, baggage};
 
 /// `baggage` request header name.
 pub const BAGGAGE: HeaderName = HeaderName::from_static("baggage");
@@ -29,28 +31,6 @@ pub enum HeaderError {
     InvalidValue(#[from] InvalidHeaderValue),
 }
 
-/// The source workload's labels, as `baggage` reports them. Empty fields are
-/// left out of the header.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WorkloadLabels<'a> {
-    /// `CLUSTER_ID`.
-    pub cluster_id: &'a str,
-    /// The workload's namespace.
-    pub namespace: &'a str,
-    /// The lower-case `WorkloadType` name: `deployment`, `cronjob`, `pod` or `job`.
-    pub workload_type: &'a str,
-    /// The workload (controller) name.
-    pub workload_name: &'a str,
-    /// The canonical service name.
-    pub canonical_name: &'a str,
-    /// The canonical revision.
-    pub canonical_revision: &'a str,
-    /// The cloud region of the workload's node.
-    pub region: &'a str,
-    /// The availability zone of the workload's node.
-    pub zone: &'a str,
-}
-
 /// The three headers every outgoing CONNECT carries.
 pub fn connect_headers(
     labels: &WorkloadLabels<'_>,
@@ -62,37 +42,6 @@ pub fn connect_headers(
     headers.insert(FORWARDED, forwarded(client, service_hostname)?);
     headers.insert(TRACEPARENT, traceparent());
     Ok(headers)
-}
-
-/// `baggage`: comma-joined `key=value` in the WIRE.md §4 order, empty values
-/// omitted.
-pub fn baggage(labels: &WorkloadLabels<'_>) -> Result<HeaderValue, HeaderError> {
-    let mut value = String::with_capacity(160);
-    push_pair(&mut value, &["k8s.cluster.name"], labels.cluster_id);
-    push_pair(&mut value, &["k8s.namespace.name"], labels.namespace);
-    // Without a type the workload name has no key to go under.
-    if !labels.workload_type.is_empty() {
-        let key = ["k8s.", labels.workload_type, ".name"];
-        push_pair(&mut value, &key, labels.workload_name);
-    }
-    push_pair(&mut value, &["service.name"], labels.canonical_name);
-    push_pair(&mut value, &["service.version"], labels.canonical_revision);
-    push_pair(&mut value, &["cloud.region"], labels.region);
-    push_pair(&mut value, &["cloud.availability_zone"], labels.zone);
-    Ok(HeaderValue::try_from(value)?)
-}
-
-/// Appends `,key=item` (no comma first), unless `item` is empty.
-fn push_pair(value: &mut String, key: &[&str], item: &str) {
-    if item.is_empty() {
-        return;
-    }
-    if !value.is_empty() {
-        value.push(',');
-    }
-    key.iter().for_each(|part| value.push_str(part));
-    value.push('=');
-    value.push_str(item);
 }
 
 /// `forwarded`: `for="<ip:port>"` (IPv6 in brackets), then
@@ -144,64 +93,7 @@ fn traceparent_from(trace_id: u128, parent_id: u64) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const FULL: WorkloadLabels<'static> = WorkloadLabels {
-        cluster_id: "Kubernetes",
-        namespace: "default",
-        workload_type: "deployment",
-        workload_name: "productpage-v1",
-        canonical_name: "productpage",
-        canonical_revision: "v1",
-        region: "eu-west-1",
-        zone: "eu-west-1a",
-    };
-
-    #[test]
-    fn baggage_lists_labels_in_wire_order_without_empty_ones() {
-        let cases = [
-            (
-                FULL,
-                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
-                 k8s.deployment.name=productpage-v1,service.name=productpage,\
-                 service.version=v1,cloud.region=eu-west-1,cloud.availability_zone=eu-west-1a",
-            ),
-            (
-                WorkloadLabels {
-                    region: "",
-                    zone: "",
-                    canonical_revision: "",
-                    ..FULL
-                },
-                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
-                 k8s.deployment.name=productpage-v1,service.name=productpage",
-            ),
-            (
-                WorkloadLabels {
-                    workload_type: "pod",
-                    cluster_id: "",
-                    ..FULL
-                },
-                "k8s.namespace.name=default,k8s.pod.name=productpage-v1,\
-                 service.name=productpage,service.version=v1,cloud.region=eu-west-1,\
-                 cloud.availability_zone=eu-west-1a",
-            ),
-            // No type: the workload name has no key to go under.
-            (
-                WorkloadLabels {
-                    workload_type: "",
-                    region: "",
-                    zone: "",
-                    ..FULL
-                },
-                "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,\
-                 service.name=productpage,service.version=v1",
-            ),
-            (WorkloadLabels::default(), ""),
-        ];
-        for (labels, expected) in cases {
-            assert_eq!(baggage(&labels).unwrap(), expected, "{labels:?}");
-        }
-    }
+    use crate::hbone::baggage::tests::FULL;
 
     #[test]
     fn forwarded_quotes_the_client_and_brackets_ipv6() {

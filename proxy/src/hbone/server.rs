@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -52,6 +52,7 @@ use ztunnel_certs::tls::revocation::{PeerChain, Revocation};
 
 use crate::copy::{CopyError, Side, Transferred, Way, copy_bidirectional_until};
 use crate::drain::DrainWatcher;
+use crate::hbone::headers::BAGGAGE;
 use crate::hbone::stream::H2Stream;
 use crate::hbone::{Authority, H2Settings, keepalive};
 use crate::revocation::{WatchedPeer, until_revoked};
@@ -183,6 +184,12 @@ pub trait InboundHandler: Send + Sync + 'static {
         &self,
         request: &InboundRequest,
     ) -> impl Future<Output = Result<Self::Upstream, InboundRefusal>> + Send;
+
+    /// The `baggage` the 200 carries for `upstream`: what the workload it
+    /// serves says of itself to the client. None by default.
+    fn response_baggage(&self, _upstream: &Self::Upstream) -> Option<HeaderValue> {
+        None
+    }
 
     /// What the copy of `upstream` waits on to stop early: the handler
     /// cancels it when the drain is forced, or when the tunnel must close
@@ -460,7 +467,10 @@ async fn open_stream<H: InboundHandler>(
             return None;
         }
     };
-    let ok = Response::new(());
+    let mut ok = Response::new(());
+    if let Some(baggage) = handler.response_baggage(&upstream) {
+        ok.headers_mut().insert(BAGGAGE, baggage);
+    }
     match respond.send_response(ok, false) {
         Ok(send) => Some((H2Stream::new(send, body, context.max_write, None), upstream)),
         Err(error) => {

@@ -7,8 +7,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::HeaderMap;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +21,7 @@ use crate::access_log::{self, Direction};
 use crate::capacity::Slot;
 use crate::context::{CONNECT_TIMEOUT, Proxy};
 use crate::copy::{CopyError, Transferred};
-use crate::hbone::{Authority, InboundRefusal};
+use crate::hbone::{Authority, BAGGAGE, Baggage, InboundRefusal};
 use crate::inbound::decision::{
     Admitted, Arrival, Refusal, RefusalAnswer, admit, inbound_service, source_workload,
 };
@@ -28,6 +30,7 @@ use crate::metrics::{Reporter, ResponseFlags};
 use crate::rbac::DenyReason;
 use crate::report::{End, Opening, Report};
 use crate::revocation;
+use crate::state::Workload;
 use crate::tracker::{Shown, ShownProtocol, TrackedGuard};
 
 /// An admitted, connected application socket with what its close reports.
@@ -46,6 +49,8 @@ pub struct AppConnection {
     /// Fires when the HBONE connection the stream came on is closed for
     /// its client's revocation, which the close then reports.
     pub(super) revocation: Option<Revocation>,
+    /// The admitted local workload, which an HBONE stream's 200 describes.
+    pub(super) workload: Arc<Workload>,
 }
 
 impl AsyncRead for AppConnection {
@@ -145,6 +150,18 @@ pub(crate) struct Forwarded<'a> {
     /// CONNECT to a hostname, or the same-node route's service. It picks
     /// the `destination_service` reported when the workload has several.
     pub host: Option<&'a str>,
+    /// The CONNECT's headers, whose `baggage` is the word on a source the
+    /// state cannot name; read only then, and only with
+    /// `ENABLE_RESPONSE_BAGGAGE`.
+    pub baggage: Option<&'a HeaderMap>,
+}
+
+impl Forwarded<'_> {
+    /// What the client's `baggage` says of it, if anything.
+    fn described(&self) -> Option<Baggage> {
+        let headers = self.baggage?;
+        Some(Baggage::parse(headers.get_all(BAGGAGE))).filter(|described| !described.is_empty())
+    }
 }
 
 /// Admits an arrival and dials the application: the inbound side of an
@@ -256,6 +273,7 @@ pub(super) async fn open_upstream_for(
         tracked,
         slot: None,
         revocation: None,
+        workload: admitted.workload,
     })
 }
 
@@ -327,6 +345,10 @@ fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool
     let state = proxy.node.state.read();
     let network = &proxy.node.config.network;
     let source = source_workload(&state, network, arrival.source_ip, forwarded.network);
+    let described = match source {
+        Some(_) => None,
+        None => forwarded.described(),
+    };
     let local = proxy.local_workload_in(&state);
     let service = workload.and_then(|workload| {
         inbound_service(&state, workload, forwarded.host, arrival.target.port())
@@ -340,11 +362,13 @@ fn open_report(proxy: &Proxy, arrival: &Arrival, ends: Ends<'_>, same_node: bool
                 addr: SocketAddr::new(arrival.source_ip, arrival.source_port),
                 workload: source.as_deref(),
                 identity: peer,
+                described: described.as_ref(),
             },
             destination: End {
                 addr: arrival.target,
                 workload: workload.or(local.as_deref()),
                 identity: peer.and(local.as_ref().map(|workload| &workload.identity)),
+                described: None,
             },
             service: service.map(|service| &**service),
             hbone_addr: None,

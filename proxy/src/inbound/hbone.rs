@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use http::HeaderValue;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,11 +23,12 @@ use crate::context::{Proxy, TLS_HANDSHAKE_TIMEOUT};
 use crate::copy::{CopyError, Transferred};
 use crate::hbone::{
     Authority, FORWARDED, InboundHandler, InboundRefusal, InboundRequest, ServedClient,
-    ServerError, X_FORWARDED_NETWORK, accept_tls, forwarded_host, serve_connection,
+    ServerError, X_FORWARDED_NETWORK, accept_tls, baggage, forwarded_host, serve_connection,
 };
 use crate::inbound::application::{AppConnection, Forwarded, close_report, open_upstream_for};
 use crate::inbound::decision::Arrival;
 use crate::metrics::Reporter;
+use crate::report;
 use crate::revocation;
 use crate::socket::canonical;
 
@@ -70,9 +72,11 @@ impl InboundHandler for HboneInbound {
                 .and_then(|value| value.to_str().ok())
                 .and_then(forwarded_host),
         };
+        let baggage = self.proxy.node.config.response_baggage;
         let forwarded = Forwarded {
             network: forwarded_network,
             host,
+            baggage: baggage.then_some(&request.headers),
         };
         let proxy = &self.proxy;
         let Some(slot) = proxy.share.admit(Listener::HboneStream) else {
@@ -83,6 +87,15 @@ impl InboundHandler for HboneInbound {
         upstream.slot = Some(slot);
         upstream.revocation = request.revocation.clone();
         Ok(upstream)
+    }
+
+    fn response_baggage(&self, upstream: &AppConnection) -> Option<HeaderValue> {
+        if !self.proxy.node.config.response_baggage {
+            return None;
+        }
+        // Labels that cannot be a header value (the state refuses none so
+        // far) leave the answer without baggage rather than unanswered.
+        baggage(&report::baggage_labels(&upstream.workload)).ok()
     }
 
     fn stop(upstream: &AppConnection) -> CancellationToken {

@@ -163,6 +163,7 @@ pub(super) async fn open(
     let forwarded = Forwarded {
         network: None,
         host: route.service.as_deref().map(|service| &*service.hostname),
+        baggage: None,
     };
     let mut app = application::open_upstream(
         destination,

@@ -16,11 +16,10 @@ use ztunnel_certs::identity::Identity;
 use super::OutboundError;
 use super::route::{DoubleHboneRoute, HboneRoute};
 use crate::context::{CONNECT_TIMEOUT, Proxy};
-use crate::hbone::{
-    self, Authority, HboneError, WorkloadLabels, X_FORWARDED_NETWORK, connect_headers,
-};
+use crate::hbone::{self, Authority, Baggage, HboneError, X_FORWARDED_NETWORK, connect_headers};
 use crate::metrics::Reporter;
 use crate::pool::{Checkout, PoolKey};
+use crate::report;
 use crate::state::{Service, Workload};
 
 /// The HBONE hops of a route, as data: a CONNECT on a pooled connection
@@ -82,13 +81,14 @@ impl<'a> Tunnel<'a> {
 
 /// Opens the tunnel's CONNECT stream on a pooled HBONE connection, and for
 /// two hops the session inside it, with the same certificate, whose
-/// CONNECT tells the far side the network it came from.
+/// CONNECT tells the far side the network it came from; through two hops,
+/// with what the far side's answer says of the workload it serves.
 pub(super) async fn open(
     proxy: &Proxy,
     source: Option<&Workload>,
     client: SocketAddr,
     tunnel: &Tunnel<'_>,
-) -> Result<hbone::H2Stream, OutboundError> {
+) -> Result<(hbone::H2Stream, Option<Baggage>), OutboundError> {
     let source = source.ok_or(OutboundError::UnknownSource)?;
     let certificate = certificate(proxy, source).await?;
     let failed = |error| OutboundError::Tunnel(Arc::new(error));
@@ -112,10 +112,8 @@ pub(super) async fn open(
     )
     .await?;
     let Some(inner_tls) = inner_tls else {
-        return checkout
-            .send_connect(&tunnel.authority, headers)
-            .await
-            .map_err(failed);
+        let stream = checkout.send_connect(&tunnel.authority, headers).await;
+        return stream.map(|stream| (stream, None)).map_err(failed);
     };
     let mut inner_headers = headers.clone();
     let network =
@@ -134,10 +132,11 @@ pub(super) async fn open(
         inner_headers,
         watch,
     );
-    tokio::time::timeout(CONNECT_TIMEOUT, inner)
+    let (stream, described) = tokio::time::timeout(CONNECT_TIMEOUT, inner)
         .await
         .unwrap_or_else(|_elapsed| Err(HboneError::Connect(io::ErrorKind::TimedOut.into())))
-        .map_err(failed)
+        .map_err(failed)?;
+    Ok((stream, Some(described)))
 }
 
 /// The source workload's certificate.
@@ -159,16 +158,7 @@ fn headers(
     client: SocketAddr,
     service: Option<&str>,
 ) -> Result<HeaderMap, OutboundError> {
-    let labels = WorkloadLabels {
-        cluster_id: &source.group.cluster_id,
-        namespace: &source.namespace,
-        workload_type: source.group.workload_type.as_str(),
-        workload_name: &source.group.workload_name,
-        canonical_name: &source.group.canonical_name,
-        canonical_revision: &source.group.canonical_revision,
-        region: &source.group.locality.region,
-        zone: &source.group.locality.zone,
-    };
+    let labels = report::baggage_labels(source);
     Ok(connect_headers(&labels, client, service)?)
 }
 

@@ -221,6 +221,9 @@ pub struct AccessEntry {
     /// The client's verified SPIFFE identity: set only when it came over
     /// mTLS.
     pub src_identity: Option<String>,
+    /// The client's workload name, when ztunnel knows it (or its
+    /// `baggage` told).
+    pub src_workload: Option<String>,
     /// The destination workload's name, when ztunnel knows it.
     pub dst_workload: Option<String>,
     /// The address of the original destination.
@@ -256,6 +259,7 @@ impl AccessEntry {
             direction: field("direction")?,
             src_addr: field("src.addr").unwrap_or_default(),
             src_identity: field("src.identity"),
+            src_workload: field("src.workload"),
             dst_workload: field("dst.workload"),
             dst_addr: field("dst.addr").unwrap_or_default(),
             dst_hbone_addr: field("dst.hbone_addr"),

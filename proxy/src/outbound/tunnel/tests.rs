@@ -190,7 +190,11 @@ async fn serve_destination(listener: TcpListener, cert: WorkloadCertificate, log
                 let authority = request.uri().authority().unwrap().to_string();
                 log.record(&peer, authority, request.headers());
                 let mut body = request.into_body();
-                let response = Response::builder().status(StatusCode::OK).body(()).unwrap();
+                let response = Response::builder()
+                    .status(StatusCode::OK)
+                    .header("baggage", DESTINATION_BAGGAGE)
+                    .body(())
+                    .unwrap();
                 let mut send = respond.send_response(response, false).unwrap();
                 tokio::spawn(async move {
                     while let Some(Ok(chunk)) = body.data().await {
@@ -203,6 +207,10 @@ async fn serve_destination(listener: TcpListener, cert: WorkloadCertificate, log
         });
     }
 }
+
+/// What the destination's 200 says of the workload it serves.
+const DESTINATION_BAGGAGE: &str = "k8s.cluster.name=far,k8s.namespace.name=default,\
+    k8s.deployment.name=server-v2,service.name=server,service.version=v2";
 
 /// The services of the mesh, each reached only through istiod's stand-in
 /// for network `far`: `(hostname, VIP, subject_alt_names)`.
@@ -335,7 +343,10 @@ async fn topology() -> Topology {
 }
 
 /// Routes a connection from the client to `dst` and opens its double tunnel.
-async fn connect(topology: &Topology, dst: &str) -> Result<hbone::H2Stream, OutboundError> {
+async fn connect(
+    topology: &Topology,
+    dst: &str,
+) -> Result<(hbone::H2Stream, Option<Baggage>), OutboundError> {
     let client = topology.proxy.local_workload().unwrap();
     let client_addr: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let routed = route(
@@ -370,8 +381,19 @@ async fn a_service_on_another_network_is_reached_through_its_gateway_in_a_tunnel
     let topology = topology().await;
     let message: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
     // Two tunnels open at once: two inner sessions in one outer connection.
-    let first = connect(&topology, "10.96.1.1:80").await.unwrap();
-    let second = connect(&topology, "10.96.1.1:80").await.unwrap();
+    let (first, described) = connect(&topology, "10.96.1.1:80").await.unwrap();
+    let (second, _) = connect(&topology, "10.96.1.1:80").await.unwrap();
+    let described = described.unwrap();
+    let named = |value: &str| Some(Arc::from(value));
+    assert_eq!(
+        (
+            described.cluster,
+            described.workload_name,
+            described.canonical_revision
+        ),
+        (named("far"), named("server-v2"), named("v2")),
+        "the far end's answer names the workload the inner tunnel ended at"
+    );
     for stream in [first, second] {
         let echoed = echo(stream, &message).await;
         assert!(
