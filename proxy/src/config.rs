@@ -69,6 +69,10 @@ enum Command {
 pub struct Config {
     /// Shared (in-pod) or dedicated.
     pub mode: ProxyMode,
+    /// ztunnel's own pod (`POD_NAMESPACE`, `POD_NAME`, `SERVICE_ACCOUNT`),
+    /// which in shared mode it serves on an HBONE listener of its own, with
+    /// its own identity; `None` otherwise.
+    pub own_workload: Option<WorkloadInfo>,
     /// Workloads, services and policies from a local file, reloaded on change.
     pub local_xds_path: Option<PathBuf>,
     /// The xDS client's settings; `None` when configuration comes only from
@@ -341,6 +345,11 @@ impl Args {
     ) -> Result<Config, ConfigError> {
         let proxy_config = self.proxy_config.parse(env)?;
         let mode = self.mode.parse()?;
+        let own_workload = self.mode.own_workload(
+            &mode,
+            self.xds.pod_namespace.as_deref(),
+            self.xds.pod_name.as_deref(),
+        );
         let packet_mark = mode.packet_mark(self.packet_mark);
         let worker_threads = self.workers.parse(logical_cpus, proxy_config.concurrency)?;
         let xds = self.xds.parse(
@@ -360,6 +369,7 @@ impl Args {
         let dns = self.dns.parse(&proxy_config.metadata)?;
         Ok(Config {
             mode,
+            own_workload,
             local_xds_path: self.xds.local_xds_path,
             xds,
             ca_address: ca.ca_address,

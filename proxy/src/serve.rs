@@ -2,7 +2,8 @@
 //! listeners (outbound 15001, inbound plaintext 15006, inbound HBONE 15008)
 //! and SOCKS5 (15080) when it is on,
 //! the policy re-check of its open connections, and its pool's release of
-//! idle connections. Where the listeners are bound (this namespace, or a
+//! idle connections; or, for ztunnel's own workload, its HBONE listener
+//! and the re-check alone. Where the listeners are bound (this namespace, or a
 //! pod's) is the mode's business (`app/dedicated.rs`, `inpod/workloads.rs`);
 //! the DNS listeners are `dns/server.rs`'s.
 
@@ -41,4 +42,12 @@ pub fn spawn(proxy: &Arc<Proxy>, listeners: Listeners) {
     tokio::spawn(inbound::recheck_policies(Arc::clone(proxy)));
     let drain = proxy.drain.clone();
     tokio::spawn(proxy.pool.clone().release_idle_until_drained(drain));
+}
+
+/// Spawns the tasks of a proxy that only receives: its HBONE listener and
+/// the policy re-check of what that listener let in. It never dials a
+/// tunnel, so it has no pool to release.
+pub fn spawn_inbound_only(proxy: &Arc<Proxy>, inbound: TcpListener) {
+    tokio::spawn(hbone::serve_hbone(Arc::clone(proxy), inbound));
+    tokio::spawn(inbound::recheck_policies(Arc::clone(proxy)));
 }

@@ -41,6 +41,11 @@ pub(super) struct ModeArgs {
     /// The dedicated workload, `namespace/name/service-account`.
     #[arg(long, env = "PROXY_WORKLOAD_INFO")]
     proxy_workload_info: Option<String>,
+    /// This pod's service account: with `POD_NAME` and `POD_NAMESPACE`,
+    /// ztunnel's own workload, served on its own HBONE listener in shared
+    /// mode.
+    #[arg(long, env = "SERVICE_ACCOUNT")]
+    service_account: Option<String>,
 }
 
 impl ModeArgs {
@@ -62,5 +67,31 @@ impl ModeArgs {
                 source: ValueError::Choice(other.to_owned(), "shared, dedicated"),
             }),
         }
+    }
+
+    /// ztunnel's own workload in shared mode, when its pod's namespace,
+    /// name and service account are all given (Istio's chart passes them
+    /// from the Downward API), as istio/ztunnel reads them: it then serves
+    /// HBONE as itself, so that a meshed client (a Prometheus scraping
+    /// 15020) reaches it with mTLS and its policies. Otherwise none.
+    pub(super) fn own_workload(
+        &self,
+        mode: &ProxyMode,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> Option<WorkloadInfo> {
+        if *mode != ProxyMode::Shared {
+            return None;
+        }
+        let parts = [namespace?, name?, self.service_account.as_deref()?];
+        if parts.iter().any(|part| part.is_empty()) {
+            return None;
+        }
+        let [namespace, name, service_account] = parts;
+        Some(WorkloadInfo {
+            namespace: namespace.into(),
+            name: name.into(),
+            service_account: service_account.into(),
+        })
     }
 }

@@ -45,6 +45,43 @@ fn dedicated_mode_needs_its_workload() {
 }
 
 #[test]
+fn ztunnels_own_workload_is_its_pod_in_shared_mode_when_all_three_are_given() {
+    let own = |args: &[&str]| parse(args).unwrap().own_workload;
+    let pod = [
+        "--pod-namespace",
+        "istio-system",
+        "--pod-name",
+        "ztunnel-x7",
+        "--service-account",
+        "ztunnel",
+    ];
+    let info = own(&pod).unwrap();
+    assert_eq!(
+        (&*info.namespace, &*info.name, &*info.service_account),
+        ("istio-system", "ztunnel-x7", "ztunnel")
+    );
+    assert_eq!(own(&pod[..4]), None, "no service account: none");
+    let mut empty = pod;
+    empty[5] = "";
+    assert_eq!(own(&empty), None, "an empty part: none");
+    let dedicated = [
+        &pod[..],
+        &[
+            "--proxy-mode",
+            "dedicated",
+            "--proxy-workload-info",
+            "default/client-0/client",
+        ],
+    ]
+    .concat();
+    assert_eq!(
+        own(&dedicated),
+        None,
+        "dedicated mode serves one workload only"
+    );
+}
+
+#[test]
 fn defaults_follow_istio() {
     let config = parse(&[]).unwrap();
     assert_eq!(config.mode, ProxyMode::Shared);

@@ -106,10 +106,10 @@ pub(super) struct XdsArgs {
     instance_ip: Option<String>,
     /// This pod's name, in the xDS node id.
     #[arg(long, env = "POD_NAME")]
-    pod_name: Option<String>,
+    pub(super) pod_name: Option<String>,
     /// This pod's namespace, in the xDS node id.
     #[arg(long, env = "POD_NAMESPACE")]
-    pod_namespace: Option<String>,
+    pub(super) pod_namespace: Option<String>,
 }
 
 impl XdsArgs {

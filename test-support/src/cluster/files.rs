@@ -44,7 +44,7 @@ pub fn ztunnel_pod(node: &str) -> String {
 pub fn registry(nodes: &[&str], pods: &[PodSpec]) -> String {
     let mut text = String::new();
     for node in nodes {
-        text.push_str(&ztunnel_entry(node));
+        text.push_str(&ztunnel_entry(node, None));
     }
     for pod in pods {
         text.push_str(&pod_entry(pod, None, ""));
@@ -52,11 +52,13 @@ pub fn registry(nodes: &[&str], pods: &[PodSpec]) -> String {
     text
 }
 
-/// The registry entry of the ztunnel pod of `node`.
-fn ztunnel_entry(node: &str) -> String {
+/// The registry entry of the ztunnel pod of `node`, a workload reached
+/// over HBONE at `ip` when published as one.
+fn ztunnel_entry(node: &str, ip: Option<Ipv4Addr>) -> String {
     let name = ztunnel_pod(node);
+    let workload = ip.map_or_else(String::new, |ip| format!(", ips: [{ip}], protocol: HBONE"));
     format!(
-        "- {{name: {name}, namespace: istio-system, uid: uid-{name}, serviceAccount: ztunnel, nodeName: {node}, phase: Running}}\n"
+        "- {{name: {name}, namespace: istio-system, uid: uid-{name}, serviceAccount: ztunnel, nodeName: {node}, phase: Running{workload}}}\n"
     )
 }
 
@@ -149,6 +151,9 @@ pub struct MeshFile {
     /// Workloads on nodes outside the cluster, only written to the file:
     /// the size of the mesh a proxy knows (`set_remote_workloads`).
     remote_workloads: usize,
+    /// The ztunnel pods published as HBONE workloads at their node's
+    /// address (`set_ztunnel_workload`), xDS only.
+    ztunnel_workloads: Vec<(String, Ipv4Addr)>,
 }
 
 /// The most remote workloads [`MeshFile::set_remote_workloads`] can
@@ -196,6 +201,7 @@ impl MeshFile {
             network_gateways: String::new(),
             node_networks: Vec::new(),
             remote_workloads: 0,
+            ztunnel_workloads: Vec::new(),
         };
         file.write()?;
         Ok(file)
@@ -236,6 +242,16 @@ impl MeshFile {
                 workload,
             }),
         }
+        self.write()
+    }
+
+    /// Publishes the ztunnel pod of `node` as a workload at `ip` (its
+    /// node's address: it runs in the node's namespace here), reached over
+    /// HBONE, as istiod does a ztunnel pod labelled
+    /// `networking.istio.io/tunnel: http`.
+    pub fn set_ztunnel_workload(&mut self, node: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+        self.ztunnel_workloads.retain(|(known, _)| known != node);
+        self.ztunnel_workloads.push((node.to_owned(), ip));
         self.write()
     }
 
@@ -371,7 +387,11 @@ impl MeshFile {
     fn render_mesh(&self) -> String {
         let mut text = String::from("pods:\n");
         for node in &self.nodes {
-            text.push_str(&ztunnel_entry(node));
+            let ip = self
+                .ztunnel_workloads
+                .iter()
+                .find_map(|(known, ip)| (known == node).then_some(*ip));
+            text.push_str(&ztunnel_entry(node, ip));
         }
         for entry in &self.pods {
             let network = self.node_network(&entry.spec.node);
