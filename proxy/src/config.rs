@@ -241,9 +241,6 @@ pub enum ConfigError {
     /// standard output and exit 0.
     #[error("{0}")]
     Print(String),
-    /// Two settings that exclude each other are both set.
-    #[error("{0} and {1} are both set; set only one")]
-    Conflict(&'static str, &'static str),
 }
 
 impl ConfigError {

@@ -8,8 +8,9 @@
 //! workloads in `/config_dump`, a NACK with the exact detail while the good
 //! resources of the same response apply, a reconnect after the server
 //! closes the stream with `initial_resource_versions` of the accepted
-//! resources, the Bearer token re-read on reconnect, and an `http://`
-//! address that never connects.
+//! resources, the Bearer token re-read on reconnect, an `http://`
+//! address that never connects, and a local file (`LOCAL_XDS_PATH`) beside
+//! xDS seeding the state that xDS then updates.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -625,4 +626,114 @@ async fn an_http_address_never_connects() {
     assert!(body.contains("xDS"), "{body}");
     let log = std::fs::read_to_string(&ztunnel.log).unwrap();
     assert!(log.contains("unsupported scheme http"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
+    ztunnel_certs::tls::install_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = start_ca(dir.path()).await;
+    let (ads, ads_root, mut sessions) = start_fake_ads().await;
+    let root_file = dir.path().join("xds-root.pem");
+    std::fs::write(&root_file, ads_root).unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, ca.app_token()).unwrap();
+    let local = dir.path().join("local.yaml");
+    let seed = |uid: &str, ip: &str| {
+        format!(
+            "- uid: {uid}\n  name: {uid}\n  namespace: default\n  serviceAccount: {uid}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: node-b\n  services: {{}}\n"
+        )
+    };
+    let file = format!(
+        "workloads:\n{}{}",
+        seed("local-1", "10.2.0.1"),
+        seed("local-2", "10.2.0.2")
+    );
+    std::fs::write(&local, &file).unwrap();
+    let ztunnel = spawn_ztunnel(
+        dir.path(),
+        &[
+            ("LOCAL_XDS_PATH", local.display().to_string()),
+            ("XDS_ADDRESS", format!("https://{ads}")),
+            ("XDS_ROOT_CA", root_file.display().to_string()),
+            ("CA_ADDRESS", format!("https://{}", ca.addr)),
+            ("CA_ROOT_CA", ca.root_file.display().to_string()),
+            ("AUTH_TOKEN", token_file.display().to_string()),
+        ],
+    );
+
+    // Both sources at once: the file's workloads are there from the
+    // start, and the stream still opens and must be ACKed for readiness.
+    let mut session = tokio::time::timeout(WAIT, sessions.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let first = session.request().await;
+    let _second = session.request().await;
+    assert!(
+        first.initial_resource_versions.is_empty(),
+        "the file's resources are not xDS versions"
+    );
+    eventually("the admin answers", || async {
+        get(ztunnel.admin, "/config_dump").await.map(|_| ())
+    })
+    .await;
+    assert_eq!(workload_uids(&ztunnel).await, ["local-1", "local-2"]);
+    assert_eq!(
+        get(ztunnel.readiness, "/healthz/ready").await.unwrap().0,
+        500,
+        "not ready before xDS is ACKed"
+    );
+
+    // xDS adds beside the file's, replaces one of the same name and
+    // removes another by name.
+    let ack = session
+        .push(
+            ADDRESS_TYPE_URL,
+            "a1",
+            vec![
+                workload("pushed-1", vec![10, 1, 0, 1], "1"),
+                workload("local-2", vec![10, 1, 0, 2], "1"),
+            ],
+            &[],
+        )
+        .await;
+    assert!(ack.error_detail.is_none());
+    let ack = session
+        .push(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
+        .await;
+    assert!(ack.error_detail.is_none());
+    eventually("ready after both ACKs", || async {
+        get(ztunnel.readiness, "/healthz/ready")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert_eq!(
+        workload_uids(&ztunnel).await,
+        ["local-1", "local-2", "pushed-1"]
+    );
+    let (_, dump) = get(ztunnel.admin, "/config_dump").await.unwrap();
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    let local_2 = dump["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|workload| workload["uid"] == "local-2")
+        .unwrap();
+    assert_eq!(
+        local_2["workloadIps"],
+        serde_json::json!(["10.1.0.2"]),
+        "local-2 is xDS's now"
+    );
+    let ack = session
+        .push(ADDRESS_TYPE_URL, "a2", vec![], &["local-1"])
+        .await;
+    assert!(ack.error_detail.is_none());
+    assert_eq!(workload_uids(&ztunnel).await, ["local-2", "pushed-1"]);
+
+    // The file is not read again: a change to it takes nothing back.
+    std::fs::write(&local, "workloads: []\n").unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(workload_uids(&ztunnel).await, ["local-2", "pushed-1"]);
 }

@@ -87,7 +87,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     if let Some((path, installed)) = crl {
         control.spawn(revocation::watch(path, installed, watcher.clone()));
     }
-    if let (Some(path), Some(version)) = (config.local_xds_path.clone(), version) {
+    // With xDS too, the file only seeds the state (istio/ztunnel reads it
+    // once): a reload would take back what xDS delivered since.
+    let reloaded = if config.xds.is_none() { version } else { None };
+    if let (Some(path), Some(version)) = (config.local_xds_path.clone(), reloaded) {
         let stop = watcher.clone();
         control.spawn(discovery::watch_local_file(
             path,

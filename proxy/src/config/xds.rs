@@ -114,8 +114,9 @@ pub(super) struct XdsArgs {
 
 impl XdsArgs {
     /// The xDS settings, or `None` when xDS is off: `XDS_ADDRESS` empty, or
-    /// unset while `LOCAL_XDS_PATH` supplies the configuration. Both set is
-    /// an error: a file reload replaces everything xDS delivered.
+    /// unset while `LOCAL_XDS_PATH` supplies the configuration. Both set,
+    /// as istio/ztunnel allows, the file seeds the state once at start and
+    /// xDS updates it from there.
     /// `auth_token` and `node_name` are `AUTH_TOKEN` and `NODE_NAME` as
     /// given; `discovery_address` (Istio's proxy config) replaces the
     /// default address.
@@ -128,10 +129,7 @@ impl XdsArgs {
     ) -> Result<Option<XdsSettings>, ConfigError> {
         let address = match (self.xds_address.as_deref(), self.local_xds_path.is_some()) {
             (Some(""), _) | (None, true) => return Ok(None),
-            (Some(_), true) => {
-                return Err(ConfigError::Conflict("LOCAL_XDS_PATH", "XDS_ADDRESS"));
-            }
-            (Some(address), false) => address,
+            (Some(address), _) => address,
             (None, false) => discovery_address.unwrap_or(DEFAULT_XDS_ADDRESS),
         };
         let address = address
@@ -267,14 +265,15 @@ mod tests {
     }
 
     #[test]
-    fn the_address_defaults_to_istiod_unless_a_local_file_is_used() {
+    fn the_address_defaults_to_istiod_unless_a_local_file_is_used_alone() {
         let settings = parse(&args(None, false), &[]).unwrap().unwrap();
         assert_eq!(settings.address.to_string(), DEFAULT_XDS_ADDRESS);
         assert!(parse(&args(None, true), &[]).unwrap().is_none());
         assert!(parse(&args(Some(""), false), &[]).unwrap().is_none());
         assert!(parse(&args(Some(""), true), &[]).unwrap().is_none());
-        let error = parse(&args(Some("https://istiod:15012"), true), &[]).unwrap_err();
-        assert!(error.to_string().contains("LOCAL_XDS_PATH"), "{error}");
+        // Both: the file seeds the state and xDS runs, as istio/ztunnel allows.
+        let both = parse(&args(Some("https://istiod:15012"), true), &[]).unwrap();
+        assert_eq!(both.unwrap().address.to_string(), "https://istiod:15012");
         // http is kept, to fail on every attempt; garbage fails at start.
         let http = parse(&args(Some("http://127.0.0.1:15010"), false), &[]).unwrap();
         assert!(http.is_some());

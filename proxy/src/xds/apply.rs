@@ -10,8 +10,11 @@
 //!   version is not recorded (the version accepted before it stays);
 //! - the good resources and the removals of the same response still apply;
 //! - a response of a type we do not handle changes nothing and is ACKed;
-//! - removals come after the resources of the same response, and a removal
-//!   of a name never accepted changes nothing.
+//! - removals come after the resources of the same response; a removal
+//!   takes out whatever the state holds under that name, as istio/ztunnel
+//!   does, which includes what a local file seeded beside xDS
+//!   (`LOCAL_XDS_PATH` with `XDS_ADDRESS`); only a name xDS delivered has a
+//!   version to forget.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -131,16 +134,15 @@ pub fn decide(
             .collect()
     };
     for name in &response.removed_resources {
-        // Only what was accepted, in this response or before, is there to remove.
-        if known.version(kind, name).is_none() && !accepted_now.contains(name.as_str()) {
-            continue;
-        }
+        let delivered = known.version(kind, name).is_some() || accepted_now.contains(name.as_str());
         let name: Arc<str> = name.as_str().into();
         changes.push(match kind {
             ResourceKind::Address => Change::RemoveAddress(name.clone()),
             ResourceKind::Authorization => Change::RemovePolicy(name.clone()),
         });
-        versions.push(VersionChange::Removed(name));
+        if delivered {
+            versions.push(VersionChange::Removed(name));
+        }
     }
     let reply = if rejected.is_empty() {
         request::ack(&response.type_url, &response.nonce)

@@ -409,3 +409,36 @@ fn removing_what_was_added_in_the_same_response_wins() {
     assert!(state.workload("w").is_none());
     assert!(known.is_empty(ResourceKind::Address));
 }
+
+#[test]
+fn a_removal_takes_out_what_a_local_file_seeded_without_a_version_to_forget() {
+    let mut state = State::new();
+    let seeded = decide(
+        &KnownVersions::new(),
+        &response(
+            AUTHORIZATION_TYPE_URL,
+            vec![policy_resource(
+                "default/seeded",
+                wire_policy::Action::Allow as i32,
+            )],
+            &[],
+        ),
+    );
+    // Put in the state as the file would: no xDS version recorded.
+    apply_changes(&mut state, seeded.changes);
+    let known = KnownVersions::new();
+    assert!(state.policy("default/seeded").is_some());
+
+    let removal = decide(
+        &known,
+        &response(
+            AUTHORIZATION_TYPE_URL,
+            vec![],
+            &["default/seeded", "default/never"],
+        ),
+    );
+    assert!(removal.is_ack());
+    assert!(removal.versions.is_empty(), "no version to forget");
+    apply_changes(&mut state, removal.changes);
+    assert!(state.policy("default/seeded").is_none());
+}
