@@ -347,6 +347,16 @@ async fn eventually<T, Fut: Future<Output = Option<T>>>(
     }
 }
 
+/// Waits for readiness, which follows the ACK of both wildcard types.
+async fn ready_after_both_acks(ztunnel: &Ztunnel) {
+    eventually("ready after both ACKs", || async {
+        get(ztunnel.readiness, "/healthz/ready")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+}
+
 async fn workload_uids(ztunnel: &Ztunnel) -> Vec<String> {
     let (status, body) = get(ztunnel.admin, "/config_dump")
         .await
@@ -514,12 +524,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
         )
         .await;
     assert!(ack.error_detail.is_none());
-    eventually("ready after both ACKs", || async {
-        get(ztunnel.readiness, "/healthz/ready")
-            .await
-            .filter(|(status, _)| *status == 200)
-    })
-    .await;
+    ready_after_both_acks(&ztunnel).await;
     assert_eq!(workload_uids(&ztunnel).await, ["w-1", "w-2"]);
 
     // One bad resource: NACKed with the exact detail; the rest applies.
@@ -703,12 +708,7 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
         .push(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
         .await;
     assert!(ack.error_detail.is_none());
-    eventually("ready after both ACKs", || async {
-        get(ztunnel.readiness, "/healthz/ready")
-            .await
-            .filter(|(status, _)| *status == 200)
-    })
-    .await;
+    ready_after_both_acks(&ztunnel).await;
     assert_eq!(
         workload_uids(&ztunnel).await,
         ["local-1", "local-2", "pushed-1"]
