@@ -109,12 +109,7 @@ impl Admin {
                 text(StatusCode::OK, "shutdown now\n".to_owned())
             }
             (_, "/debug/pprof/profile") => cpu_profile(query).await,
-            (_, "/debug/pprof/heap" | "/debug/pprof/heap/profiling") => text(
-                StatusCode::NOT_IMPLEMENTED,
-                "heap profiles need an allocator that records them; this build's \
-                 (mimalloc) does not\n"
-                    .to_owned(),
-            ),
+            (_, "/debug/pprof/heap" | "/debug/pprof/heap/profiling") => heap_profile().await,
             (_, "/config_dump" | "/quitquitquit") => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed\n".to_owned(),
@@ -192,6 +187,23 @@ async fn cpu_profile(query: &str) -> Response<Body> {
         Err(error) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("{}\n", ErrorChain(&error)),
+        ),
+    }
+}
+
+/// `/debug/pprof/heap`: 200 with the live heap as sampled, in pprof's
+/// format; 501 when sampling is off (`ZTUNNEL_HEAP_SAMPLE_BYTES=0`).
+async fn heap_profile() -> Response<Body> {
+    // Symbolizing reads the binary's debug information: not on a worker.
+    match tokio::task::spawn_blocking(crate::memory::heap_profile).await {
+        Ok(Some(profile)) => with_type(StatusCode::OK, profile, "application/octet-stream"),
+        Ok(None) => text(
+            StatusCode::NOT_IMPLEMENTED,
+            "heap sampling is off (ZTUNNEL_HEAP_SAMPLE_BYTES=0)\n".to_owned(),
+        ),
+        Err(error) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("building the heap profile: {error}\n"),
         ),
     }
 }
@@ -318,7 +330,7 @@ const ENDPOINTS: &[(&str, &str, &str)] = &[
     (
         "debug/pprof/heap",
         "GET",
-        "a heap profile, where the allocator records one (not this build's)",
+        "the live heap for go tool pprof, sampled about once per ZTUNNEL_HEAP_SAMPLE_BYTES allocated",
     ),
     ("quitquitquit", "POST", "starts the drain, as SIGTERM does"),
 ];

@@ -156,6 +156,9 @@ pub struct Config {
     /// 200 (`ENABLE_RESPONSE_BAGGAGE`): the only names of an end reached
     /// through another network's gateway.
     pub response_baggage: bool,
+    /// The mean bytes allocated between two sampled allocations of the heap
+    /// profile (`ZTUNNEL_HEAP_SAMPLE_BYTES`); 0 samples none.
+    pub heap_sample_bytes: u64,
     /// Shared (in-pod) mode settings; unused in dedicated mode.
     pub inpod: InpodSettings,
     /// The DNS proxy.
@@ -325,6 +328,11 @@ struct Args {
     /// (one from another network), as istio/ztunnel does by default.
     #[arg(long, env = "ENABLE_RESPONSE_BAGGAGE", default_value_t = true, action = clap::ArgAction::Set)]
     response_baggage: bool,
+    /// About one allocation per this many bytes allocated is sampled, with
+    /// its stack, for `/debug/pprof/heap` (Go's runtime default); 0 turns
+    /// heap profiles off and costs nothing.
+    #[arg(long, env = "ZTUNNEL_HEAP_SAMPLE_BYTES", default_value_t = 512 * 1024)]
+    heap_sample_bytes: u64,
     #[command(flatten)]
     inpod: inpod::InpodArgs,
     #[command(flatten)]
@@ -397,6 +405,7 @@ impl Args {
             localhost_app_tunnel: self.localhost_app_tunnel,
             authz_policy_info_logging: self.authz_policy_info_logging == "true",
             response_baggage: self.response_baggage,
+            heap_sample_bytes: self.heap_sample_bytes,
             key_exchange: if self.compliance_policy == "pqc" {
                 KeyExchange::PostQuantum
             } else {

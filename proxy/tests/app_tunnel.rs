@@ -12,7 +12,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use ztunnel_certs::identity::Identity;
 use ztunnel_proxy::hbone::{Authority, Baggage, H2Settings, HboneConnection};
 use ztunnel_test_support::ca::{PodRef, TestCa};
 use ztunnel_test_support::ports::unused_loopback_port;
+use ztunnel_test_support::process::LoggedChild;
 
 /// The workload the proxy serves: the tunnel's owner (a waypoint, say).
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
@@ -33,23 +34,8 @@ const AUTHORITY: &str = "127.0.0.2:8080";
 /// Bound on start-up (the certificate comes from the CA) and on each read.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A running `ztunnel`, killed (by its own handle) on drop, its log shown
-/// when the test failed.
-struct Ztunnel {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Drop for Ztunnel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            eprintln!("--- ztunnel log\n{log}");
-        }
-    }
-}
+/// A running `ztunnel`.
+type Ztunnel = LoggedChild;
 
 fn spawn_ztunnel(dir: &Path, ca: &TestCa, inbound: SocketAddr) -> Ztunnel {
     let log = dir.join("ztunnel.log");
@@ -76,7 +62,7 @@ fn spawn_ztunnel(dir: &Path, ca: &TestCa, inbound: SocketAddr) -> Ztunnel {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    Ztunnel { child, log }
+    LoggedChild::new("ztunnel", child, log)
 }
 
 /// Dials the proxy's HBONE port as the client workload, retrying while

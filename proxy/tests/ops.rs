@@ -433,6 +433,7 @@ async fn a_cpu_profile_reads_in_go_tool_pprof_and_bad_parameters_are_refused() {
         let answer = request(addr, "GET", &format!("/debug/pprof/profile?{bad}")).await;
         assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
     }
+    // This test's process allocates through the system allocator, unsampled.
     assert_eq!(request(addr, "GET", "/debug/pprof/heap").await.status, 501);
 
     let Ok(go) = which("go") else {

@@ -42,6 +42,7 @@ pub mod kube;
 pub mod netns;
 pub mod pause;
 pub mod ports;
+pub mod process;
 pub mod quoted;
 pub mod real_cluster;
 pub mod skip;

@@ -2,8 +2,8 @@
 //! protobuf format (uncompressed), as istio/ztunnel serves it, so that
 //! `go tool pprof` reads it. Sampling is pprof-rs's (SIGPROF at the asked
 //! frequency); this module parses the request, runs one profile at a time
-//! on a blocking thread, and encodes the report. Heap profiles need an
-//! allocator that records them, which the proxy's (mimalloc) does not.
+//! on a blocking thread, and encodes the report. Heap profiles are
+//! `memory/heap_profile.rs`'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
