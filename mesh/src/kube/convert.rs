@@ -293,9 +293,9 @@ pub enum ProblemReason {
         /// The entry.
         san: String,
     },
-    /// Two inline endpoints of a ServiceEntry with one address, which
-    /// would be one workload; the later is skipped.
-    #[error("endpoint address {address:?} appears twice; the second is skipped")]
+    /// Two endpoints with one address (or uid), which would be one
+    /// workload; the later is skipped.
+    #[error("endpoint {address:?} appears twice; the second is skipped")]
     DuplicateEndpoint {
         /// The address.
         address: String,

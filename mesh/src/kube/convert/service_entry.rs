@@ -121,6 +121,9 @@ pub(super) fn service_entries(
         .collect();
     let mut converted = Converted::default();
     let mut names = HashSet::new();
+    // Endpoint uids join name and address with `/`, so two entries could
+    // spell one; the later gives it up.
+    let mut uids = HashSet::new();
     for object in oldest_first(objects) {
         let report = |reason| problem("ServiceEntry", &object.metadata, reason);
         let namespace_metadata = object
@@ -169,11 +172,19 @@ pub(super) fn service_entries(
             .flatten()
             .map(String::as_str)
             .collect();
-        let endpoints: Vec<WorkloadEntry> = entry
-            .endpoints
-            .into_iter()
-            .filter(|endpoint| listed.contains(endpoint.uid.as_str()))
-            .collect();
+        let mut endpoints = Vec::with_capacity(entry.endpoints.len());
+        for endpoint in entry.endpoints {
+            if !listed.contains(endpoint.uid.as_str()) {
+                continue;
+            }
+            if !uids.insert(endpoint.uid.clone()) {
+                outcome.problems.push(ProblemReason::DuplicateEndpoint {
+                    address: endpoint.uid.clone(),
+                });
+                continue;
+            }
+            endpoints.push(endpoint);
+        }
         // A waypoint bound once per host says its problem once.
         outcome.problems.dedup();
         problems.extend(outcome.problems.into_iter().map(report));
@@ -217,7 +228,7 @@ pub(super) fn service_entry(
         Ok(resolution) => resolution,
         Err(reason) => return Outcome::left_out(reason),
     };
-    if spec.hosts.is_empty() {
+    if spec.hosts.is_empty() || spec.hosts.iter().any(String::is_empty) {
         return Outcome::left_out(ProblemReason::MissingField {
             field: "spec.hosts",
         });
