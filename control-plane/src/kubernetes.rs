@@ -56,6 +56,12 @@ pub const REQUIRED_ACCESS: &[(&str, &str, &str)] = &[
     ("watch", "gateway.networking.k8s.io", "gatewayclasses"),
     // The status addresses of our waypoints (`waypoint_status.rs`).
     ("patch", "gateway.networking.k8s.io", "gateways/status"),
+    ("list", "networking.istio.io", "serviceentries"),
+    ("watch", "networking.istio.io", "serviceentries"),
+    ("list", "networking.istio.io", "workloadentries"),
+    ("watch", "networking.istio.io", "workloadentries"),
+    // The VIPs allocated to ServiceEntries (`service_entry_status.rs`).
+    ("patch", "networking.istio.io", "serviceentries/status"),
     ("create", "authentication.k8s.io", "tokenreviews"),
 ];
 

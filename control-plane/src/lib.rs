@@ -12,6 +12,7 @@
 pub mod ca;
 pub mod kubernetes;
 pub mod root_configmap;
+pub mod service_entry_status;
 pub mod untaint;
 pub mod waypoint_status;
 pub mod xds;

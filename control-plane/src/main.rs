@@ -32,7 +32,7 @@ use ztunnel_control_plane::ca::{CaConfig, server};
 use ztunnel_control_plane::kubernetes::{self, MetricsObserver, Permissions};
 use ztunnel_control_plane::root_configmap;
 use ztunnel_control_plane::untaint;
-use ztunnel_control_plane::waypoint_status;
+use ztunnel_control_plane::{service_entry_status, waypoint_status};
 use ztunnel_mesh::kube::source::KubeRegistry;
 use ztunnel_mesh::{FileRegistry, MeshSnapshot, PodRegistry, StaticRegistry};
 
@@ -254,6 +254,10 @@ fn kubernetes_source(
     tokio::spawn(waypoint_status::run(
         client.clone(),
         settings.cluster_domain.clone(),
+        wait(stopped.clone()),
+    ));
+    tokio::spawn(service_entry_status::run(
+        client.clone(),
         wait(stopped.clone()),
     ));
     tokio::spawn(kubernetes::watch_permissions(

@@ -1,10 +1,11 @@
 //! Fuzzes the control plane's Kubernetes conversion (KUBERNETES.md
 //! E2–E10): objects decoded from JSON as the watches decode them (Pods,
 //! Namespaces, Services, EndpointSlices, Nodes, AuthorizationPolicies,
-//! PeerAuthentications, Gateways, GatewayClasses, each list under its key:
-//! `pods`, `namespaces`, `services`, `endpointSlices`, `nodes`,
-//! `authorizationPolicies`, `peerAuthentications`, `gateways`,
-//! `gatewayClasses`), then
+//! PeerAuthentications, Gateways, GatewayClasses, ServiceEntries,
+//! WorkloadEntries, each list under its key: `pods`, `namespaces`,
+//! `services`, `endpointSlices`, `nodes`, `authorizationPolicies`,
+//! `peerAuthentications`, `gateways`, `gatewayClasses`, `serviceEntries`,
+//! `workloadEntries`), then
 //! `kube::convert::convert`, then what the control plane serves of the
 //! result over xDS.
 //!
@@ -32,6 +33,8 @@ use ztunnel_mesh::kube::convert::{ConvertSettings, KubeObjects, convert};
 use ztunnel_mesh::kube::gateway_crd::{Gateway, GatewayClass};
 use ztunnel_mesh::kube::peer_authentication_crd::PeerAuthentication;
 use ztunnel_mesh::kube::policy_crd::AuthorizationPolicy;
+use ztunnel_mesh::kube::service_entry_crd::ServiceEntry;
+use ztunnel_mesh::kube::workload_entry_crd::WorkloadEntry;
 
 /// The watches' stores, as one JSON document.
 #[derive(Deserialize)]
@@ -55,6 +58,10 @@ struct Objects {
     gateways: Vec<Gateway>,
     #[serde(default)]
     gateway_classes: Vec<GatewayClass>,
+    #[serde(default)]
+    service_entries: Vec<ServiceEntry>,
+    #[serde(default)]
+    workload_entries: Vec<WorkloadEntry>,
 }
 
 fn shared<T>(objects: Vec<T>) -> Vec<Arc<T>> {
@@ -93,6 +100,8 @@ fuzz_target!(|data: &[u8]| {
         peer_authentications: shared(objects.peer_authentications),
         gateways: shared(objects.gateways),
         gateway_classes: shared(objects.gateway_classes),
+        service_entries: shared(objects.service_entries),
+        workload_entries: shared(objects.workload_entries),
     };
     let settings = ConvertSettings::default();
     let conversion = convert(&objects, &settings);
@@ -118,6 +127,8 @@ fuzz_target!(|data: &[u8]| {
         && unique_by(&objects.peer_authentications, |peer| &peer.metadata)
         && unique_by(&objects.gateways, |gateway| &gateway.metadata)
         && unique_by(&objects.gateway_classes, |class| &class.metadata)
+        && unique_by(&objects.service_entries, |entry| &entry.metadata)
+        && unique_by(&objects.workload_entries, |entry| &entry.metadata)
     {
         let backwards = KubeObjects {
             pods: reversed(&objects.pods),
@@ -129,6 +140,8 @@ fuzz_target!(|data: &[u8]| {
             peer_authentications: reversed(&objects.peer_authentications),
             gateways: reversed(&objects.gateways),
             gateway_classes: reversed(&objects.gateway_classes),
+            service_entries: reversed(&objects.service_entries),
+            workload_entries: reversed(&objects.workload_entries),
         };
         assert_eq!(convert(&backwards, &settings), conversion);
     }

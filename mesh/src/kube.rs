@@ -1,6 +1,7 @@
 //! The Kubernetes source of the mesh: Pods, Services, EndpointSlices,
-//! Nodes, Istio AuthorizationPolicies and PeerAuthentications, and Gateway
-//! API Gateways, converted to the mesh model.
+//! Nodes, Istio AuthorizationPolicies, PeerAuthentications, ServiceEntries
+//! and WorkloadEntries, and Gateway API Gateways, converted to the mesh
+//! model.
 
 /// Implements what `kube::Api` needs of a custom resource type whose
 /// `metadata` field is its `ObjectMeta`: its group, version, kind and
@@ -52,4 +53,6 @@ pub mod convert;
 pub mod gateway_crd;
 pub mod peer_authentication_crd;
 pub mod policy_crd;
+pub mod service_entry_crd;
 pub mod source;
+pub mod workload_entry_crd;

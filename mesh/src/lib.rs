@@ -11,8 +11,10 @@
 //! Kubernetes objects to a [`MeshFile`]). Readers take an immutable
 //! [`MeshSnapshot`], so one request sees one consistent mesh; a change
 //! swaps the whole snapshot at once and tells [`PodRegistry::changes`]
-//! watchers. The entries are `pod.rs`, `service.rs`, `policy.rs` and
-//! `peer_authentication.rs` (with the policies istiod makes of them), with
+//! watchers. The entries are `pod.rs`, `workload_entry.rs` (workloads that
+//! are no pods: WorkloadEntries and ServiceEntries' endpoints),
+//! `service.rs`, `policy.rs` and `peer_authentication.rs` (with the
+//! policies istiod makes of them), with
 //! the waypoints and network gateways they name in `waypoint.rs`; checks
 //! across entries are `snapshot.rs`'s.
 
@@ -45,6 +47,7 @@ pub use waypoint::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, NetworkGateway, TunnelHeader,
     WAYPOINT_HBONE_PORT, WeightedWaypoint,
 };
+pub use workload_entry::{EntryAddress, WorkloadEntry};
 
 mod file;
 pub mod kube;
@@ -54,6 +57,7 @@ mod policy;
 mod service;
 mod snapshot;
 mod waypoint;
+mod workload_entry;
 
 /// Where pod, service and policy facts come from.
 pub trait PodRegistry: Send + Sync {

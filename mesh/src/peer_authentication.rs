@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::pod::{Labels, Pod};
+use super::pod::{Labels, selects};
 use super::policy::{Policy, PolicyAction, PolicyMatch, PolicyScope, StringMatch};
 
 /// The name of the one policy every workload under an effective STRICT
@@ -139,15 +139,15 @@ pub(crate) fn converted_policies(
 }
 
 /// The names (`<namespace>/<name>`, sorted) of the converted policies
-/// `pod`'s workload lists: the static STRICT one when its effective mode
+/// a workload of `namespace` with these `labels` lists: the static STRICT one when its effective mode
 /// is STRICT on every port, its PeerAuthentication's own converted policy
 /// when a port differs from the rest.
 pub(crate) fn workload_policies(
     peer_authentications: &[PeerAuthentication],
     root_namespace: &str,
-    pod: &Pod,
+    namespace: &str,
+    labels: &Labels,
 ) -> Vec<String> {
-    let namespace = pod.namespace.as_str();
     let mesh = oldest(peer_authentications, root_namespace, Level::Mesh, None);
     let namespace_wide = oldest(
         peer_authentications,
@@ -160,7 +160,7 @@ pub(crate) fn workload_policies(
             && candidate.level(root_namespace) == Level::Workload
             && candidate
                 .workload_labels()
-                .is_some_and(|selector| pod.is_selected_by(selector))
+                .is_some_and(|selector| selects(selector, labels))
     });
     let parent_strict = parent_strict(namespace_wide, mesh);
     let (strict, own) = match workload {

@@ -112,9 +112,7 @@ impl Pod {
     /// Whether a selector picks this pod: every selector label is on the pod
     /// with the same value. The namespace is the caller's to compare.
     pub fn is_selected_by(&self, selector: &Labels) -> bool {
-        selector
-            .iter()
-            .all(|(key, value)| self.labels.get(key) == Some(value))
+        selects(selector, &self.labels)
     }
 
     /// Whether the pod runs or is about to: the phases that make a workload
@@ -141,6 +139,14 @@ impl Pod {
     pub fn is_healthy(&self) -> bool {
         self.ready.unwrap_or(self.phase == PodPhase::Running)
     }
+}
+
+/// Whether `selector` picks a workload with these labels: every selector
+/// label is among them with the same value.
+pub(crate) fn selects(selector: &Labels, labels: &Labels) -> bool {
+    selector
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value))
 }
 
 /// `status.phase`; which phases are live is [`Pod::is_live`].

@@ -35,14 +35,16 @@ pub struct Service {
     pub vips: Vec<NetworkAddress>,
     /// Service port → where endpoints receive it: `80: 8080`, `80: http`
     /// (a named container port), or `80: {targetPort: http, appProtocol:
-    /// HTTP2}`.
+    /// HTTP2, name: http}`.
     pub ports: BTreeMap<u16, ServicePort>,
-    /// Endpoints are the Running pods of the service's namespace carrying
-    /// these labels. Exclusive with `endpoints`.
+    /// Endpoints are the Running pods and the WorkloadEntries of the
+    /// service's namespace carrying these labels. Exclusive with
+    /// `endpoints`.
     #[serde(default)]
     pub selector: Option<Labels>,
-    /// Endpoints named by pod uid, for pods no label selector describes.
-    /// Exclusive with `selector`.
+    /// Endpoints named by pod uid, for pods no label selector describes,
+    /// or by the uid of a ServiceEntry's own endpoint. Exclusive with
+    /// `selector`.
     #[serde(default)]
     pub endpoints: Option<Vec<String>>,
     /// Which IP families the service serves, for clients choosing a VIP.
@@ -127,6 +129,12 @@ pub struct ServicePort {
     pub target: TargetPort,
     /// The protocol clients speak on it.
     pub app_protocol: AppProtocol,
+    /// A ServiceEntry port's name: an endpoint that declares a port of
+    /// this name (a pod's container port, a WorkloadEntry's `ports`)
+    /// receives the service port there rather than at a numbered `target`.
+    /// Kubernetes Services leave it out: they name endpoint ports through
+    /// `target` alone.
+    pub name: Option<String>,
 }
 
 impl From<u16> for ServicePort {
@@ -134,13 +142,14 @@ impl From<u16> for ServicePort {
         ServicePort {
             target: TargetPort::Number(port),
             app_protocol: AppProtocol::Unknown,
+            name: None,
         }
     }
 }
 
 impl<'de> Deserialize<'de> for ServicePort {
     /// A bare target (number or name), or the map form
-    /// `{targetPort, appProtocol}`.
+    /// `{targetPort, appProtocol, name}`.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(ServicePortVisitor)
     }
@@ -172,6 +181,7 @@ impl<'de> Visitor<'de> for ServicePortVisitor {
         Ok(ServicePort {
             target: form.target_port,
             app_protocol: form.app_protocol,
+            name: form.name,
         })
     }
 }
@@ -180,6 +190,7 @@ fn plain(target: TargetPort) -> ServicePort {
     ServicePort {
         target,
         app_protocol: AppProtocol::Unknown,
+        name: None,
     }
 }
 
@@ -190,6 +201,8 @@ struct ServicePortMap {
     target_port: TargetPort,
     #[serde(default)]
     app_protocol: AppProtocol,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// Where endpoints receive a service port.

@@ -1,5 +1,6 @@
 //! The mesh file as a whole ([`MeshFile`]: `{pods, services, policies,
-//! peerAuthentications, ...}`, or a bare list of pods) and the immutable, validated, indexed
+//! peerAuthentications, serviceEntries, workloadEntries, ...}`, or a bare
+//! list of pods) and the immutable, validated, indexed
 //! [`MeshSnapshot`] one load of it becomes. The CA's authorizer and the xDS
 //! server read the same snapshot, so both see a pod on the same node.
 //!
@@ -17,11 +18,15 @@ use serde::{Deserialize, Deserializer};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
+use super::kube::convert::file_entries;
+use super::kube::service_entry_crd::ServiceEntry as KubeServiceEntry;
+use super::kube::workload_entry_crd::WorkloadEntry as KubeWorkloadEntry;
 use super::peer_authentication::{PeerAuthentication, converted_policies, workload_policies};
-use super::pod::Pod;
+use super::pod::{Labels, Pod};
 use super::policy::{Policy, PolicyScope};
 use super::service::{Service, TargetPort};
 use super::waypoint::{GatewayAddress, GatewayDestination, NetworkGateway};
+use super::workload_entry::WorkloadEntry;
 
 /// The file's content, parsed but not yet checked as a whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,6 +46,9 @@ pub struct MeshFile {
     /// to the mesh, and where the static STRICT policy lives; absent,
     /// [`DEFAULT_ROOT_NAMESPACE`].
     pub root_namespace: Option<String>,
+    /// Workloads that are no pods: WorkloadEntries and the endpoints of
+    /// ServiceEntries (whose hosts are among `services`).
+    pub workload_entries: Vec<WorkloadEntry>,
 }
 
 /// Istio's default root namespace (mesh config `rootNamespace`).
@@ -62,6 +70,12 @@ struct MeshFileMap {
     peer_authentications: Vec<PeerAuthentication>,
     #[serde(default, rename = "rootNamespace")]
     root_namespace: Option<String>,
+    /// Istio's objects as Kubernetes holds them (`metadata`, `spec`, and
+    /// for a ServiceEntry `status`), converted as the API's are.
+    #[serde(default, rename = "serviceEntries")]
+    service_entries: Vec<KubeServiceEntry>,
+    #[serde(default, rename = "workloadEntries")]
+    workload_entries: Vec<KubeWorkloadEntry>,
 }
 
 impl<'de> Deserialize<'de> for MeshFile {
@@ -81,7 +95,7 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
             "a map {pods, services, policies, networkGateways, peerAuthentications, \
-             rootNamespace} or a list of pods",
+             rootNamespace, serviceEntries, workloadEntries} or a list of pods",
         )
     }
 
@@ -95,9 +109,14 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let form = MeshFileMap::deserialize(MapAccessDeserializer::new(map))?;
+        let mut services = form.services;
+        let workload_entries =
+            file_entries(form.service_entries, form.workload_entries, &mut services)
+                .map_err(|problem| de::Error::custom(format_args!("{problem}")))?;
         Ok(MeshFile {
             pods: form.pods,
-            services: form.services,
+            services,
+            workload_entries,
             policies: form.policies,
             network_gateways: form.network_gateways,
             peer_authentications: form.peer_authentications,
@@ -136,6 +155,8 @@ pub struct MeshSnapshot {
     /// The policies the PeerAuthentications make, kept beside them: every
     /// xDS push sends them.
     peer_authentication_policies: Vec<Policy>,
+    /// Workloads that are no pods, in file order.
+    workload_entries: Vec<WorkloadEntry>,
 }
 
 impl MeshSnapshot {
@@ -144,7 +165,8 @@ impl MeshSnapshot {
         resolve_waypoints(&mut file)?;
         let mut snapshot = MeshSnapshot::default();
         snapshot.add_pods(file.pods)?;
-        snapshot.check_services(&file.services)?;
+        let entry_uids = snapshot.check_workload_entries(&file.workload_entries)?;
+        snapshot.check_services(&file.services, &entry_uids)?;
         check_policies(&file.policies)?;
         let root_namespace = file
             .root_namespace
@@ -158,6 +180,7 @@ impl MeshSnapshot {
         snapshot.peer_authentications = file.peer_authentications;
         snapshot.root_namespace = root_namespace;
         snapshot.peer_authentication_policies = converted;
+        snapshot.workload_entries = file.workload_entries;
         Ok(snapshot)
     }
 
@@ -188,6 +211,11 @@ impl MeshSnapshot {
     /// Every service, in file order.
     pub fn services(&self) -> &[Service] {
         &self.services
+    }
+
+    /// Every workload that is no pod, in file order.
+    pub fn workload_entries(&self) -> &[WorkloadEntry] {
+        &self.workload_entries
     }
 
     /// Every policy, in file order.
@@ -221,7 +249,22 @@ impl MeshSnapshot {
     /// [`peer_authentication_policies`](Self::peer_authentication_policies)
     /// a pod lists: they apply only to the workloads that name them.
     pub fn peer_authentication_policies_of(&self, pod: &Pod) -> Vec<String> {
-        workload_policies(&self.peer_authentications, &self.root_namespace, pod)
+        self.peer_authentication_policies_for(&pod.namespace, &pod.labels)
+    }
+
+    /// As [`peer_authentication_policies_of`](Self::peer_authentication_policies_of),
+    /// for any workload of `namespace` with these labels (a WorkloadEntry).
+    pub fn peer_authentication_policies_for(
+        &self,
+        namespace: &str,
+        labels: &Labels,
+    ) -> Vec<String> {
+        workload_policies(
+            &self.peer_authentications,
+            &self.root_namespace,
+            namespace,
+            labels,
+        )
     }
 
     /// The gateway of `network` that workloads of that network are reached
@@ -331,9 +374,36 @@ impl MeshSnapshot {
         Ok(())
     }
 
-    /// Services against each other and against the pods (already added).
-    fn check_services(&self, services: &[Service]) -> Result<(), MeshError> {
-        let mut names = HashMap::new();
+    /// Workload entries against each other and against the pods (already
+    /// added): their uids, which name their resources, are the workloads'
+    /// own. Returns them.
+    fn check_workload_entries<'a>(
+        &self,
+        entries: &'a [WorkloadEntry],
+    ) -> Result<HashSet<&'a str>, MeshError> {
+        let mut uids = HashSet::with_capacity(entries.len());
+        let pod_names: HashSet<&str> = self.pods.iter().map(Pod::resource_name).collect();
+        for entry in entries {
+            let item = || format!("workload entry {}/{}", entry.namespace, entry.name);
+            non_empty(&entry.name, "name", item)?;
+            non_empty(&entry.namespace, "namespace", item)?;
+            non_empty(&entry.uid, "uid", item)?;
+            if pod_names.contains(entry.uid.as_str()) || !uids.insert(entry.uid.as_str()) {
+                return Err(MeshError::DuplicateUid {
+                    uid: entry.uid.clone(),
+                });
+            }
+        }
+        Ok(uids)
+    }
+
+    /// Services against each other and against the pods (already added)
+    /// and workload entries (`entry_uids`).
+    fn check_services(
+        &self,
+        services: &[Service],
+        entry_uids: &HashSet<&str>,
+    ) -> Result<(), MeshError> {
         let mut hostnames: HashMap<(&str, &str), &str> = HashMap::new();
         for service in services {
             let item = || format!("service {}/{}", service.namespace, service.name);
@@ -348,12 +418,6 @@ impl MeshSnapshot {
                         reason: ErrorChain(&error).to_string(),
                     });
                 }
-            }
-            if names
-                .insert((&service.namespace, &service.name), ())
-                .is_some()
-            {
-                return Err(MeshError::DuplicateService { service: item() });
             }
             match hostnames.entry((&service.namespace, &service.hostname)) {
                 Entry::Occupied(first) => {
@@ -383,8 +447,10 @@ impl MeshSnapshot {
                     return Err(MeshError::EmptySelector { service: item() });
                 }
                 (_, Some(endpoints)) => {
-                    if let Some(uid) = endpoints.iter().find(|uid| !self.by_uid.contains_key(*uid))
-                    {
+                    let known = |uid: &String| {
+                        self.by_uid.contains_key(uid) || entry_uids.contains(uid.as_str())
+                    };
+                    if let Some(uid) = endpoints.iter().find(|uid| !known(uid)) {
                         return Err(MeshError::UnknownEndpoint {
                             service: item(),
                             uid: uid.clone(),
@@ -401,24 +467,34 @@ impl MeshSnapshot {
 /// Turns every waypoint that names a service of the file into that
 /// service's hostname; an unknown name is an error.
 fn resolve_waypoints(file: &mut MeshFile) -> Result<(), MeshError> {
-    let hostnames: HashMap<(String, String), String> = file
-        .services
-        .iter()
-        .map(|service| {
-            let key = (service.namespace.clone(), service.name.clone());
-            (key, service.hostname.clone())
-        })
-        .collect();
+    // A ServiceEntry's hosts share its name: a waypoint named so is
+    // ambiguous, and refused.
+    let mut hostnames: HashMap<(String, String), Option<String>> = HashMap::new();
+    for service in &file.services {
+        let key = (service.namespace.clone(), service.name.clone());
+        hostnames
+            .entry(key)
+            .and_modify(|hostname| *hostname = None)
+            .or_insert_with(|| Some(service.hostname.clone()));
+    }
     let resolve = |waypoint: &mut GatewayAddress, referrer: &str, item: &dyn Fn() -> String| {
         let GatewayDestination::Service { namespace, name } = &waypoint.destination else {
             return Ok(());
         };
         let namespace = namespace.clone().unwrap_or_else(|| referrer.to_owned());
-        let Some(hostname) = hostnames.get(&(namespace.clone(), name.clone())) else {
-            return Err(MeshError::UnknownWaypoint {
-                item: item(),
-                service: format!("{namespace}/{name}"),
-            });
+        let hostname = match hostnames.get(&(namespace.clone(), name.clone())) {
+            Some(Some(hostname)) => hostname,
+            Some(None) => {
+                return Err(MeshError::DuplicateService {
+                    service: format!("service {namespace}/{name}"),
+                });
+            }
+            None => {
+                return Err(MeshError::UnknownWaypoint {
+                    item: item(),
+                    service: format!("{namespace}/{name}"),
+                });
+            }
         };
         waypoint.destination = GatewayDestination::Hostname {
             hostname: hostname.clone(),
@@ -598,8 +674,9 @@ pub enum MeshError {
         /// Why it does not parse.
         reason: String,
     },
-    /// Two services share a namespace and name.
-    #[error("{service} appears twice")]
+    /// A waypoint names a service whose namespace and name several
+    /// services share (a ServiceEntry's hosts).
+    #[error("{service} names several services; a waypoint must name one")]
     DuplicateService {
         /// The service.
         service: String,

@@ -405,10 +405,11 @@ fn contradictory_entries_are_refused() {
             "both have hostname n/h",
         ),
         (
-            "duplicate service",
-            "services:\n- {name: s, namespace: n, hostname: h, ports: {}}\n- {name: s, namespace: n, hostname: i, ports: {}}\n"
+            "a waypoint naming two services of one name (a ServiceEntry's hosts)",
+            "services:\n- {name: s, namespace: n, hostname: h, ports: {}}\n- {name: s, namespace: n, hostname: i, ports: {}}\n\
+             - {name: t, namespace: n, hostname: t, ports: {}, waypoint: {service: s}}\n"
                 .to_owned(),
-            "service n/s appears twice",
+            "service n/s names several services; a waypoint must name one",
         ),
         (
             "selector policy without selector",

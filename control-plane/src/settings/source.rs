@@ -12,8 +12,8 @@ use ztunnel_control_plane::kubernetes;
 pub(crate) struct SourceArgs {
     /// Mesh file (YAML), the source of truth for impersonation and xDS:
     /// `{pods: [...], services: [...], policies: [...], networkGateways:
-    /// [...], peerAuthentications: [...], rootNamespace}`, or a bare list of
-    /// pods. Pods: name, namespace, uid,
+    /// [...], peerAuthentications: [...], rootNamespace, serviceEntries:
+    /// [...], workloadEntries: [...]}`, or a bare list of pods. Pods: name, namespace, uid,
     /// serviceAccount, nodeName, phase, ips, labels, protocol (HBONE or
     /// TCP), network, clusterId, workloadName, locality {region, zone,
     /// subzone}, waypoint, applicationTunnel {protocol, port}. Services:
@@ -30,6 +30,10 @@ pub(crate) struct SourceArgs {
     /// (Unset, Disable, Permissive or Strict); one without a selector in
     /// rootNamespace (istio-system) applies to the mesh, elsewhere to its
     /// namespace; they are sent as the Authorizations istiod makes of them.
+    /// ServiceEntries and WorkloadEntries: Istio's objects as Kubernetes
+    /// holds them ({metadata, spec}), made into services and workloads as
+    /// istiod does; a ServiceEntry without addresses is given istiod's
+    /// VIPs on each load (pinned by its status.addresses when written).
     /// Reloaded when it changes; a bad edit keeps the last
     /// good file. Without it no impersonation is authorized and xDS serves
     /// nothing.
@@ -38,8 +42,9 @@ pub(crate) struct SourceArgs {
     /// Take the mesh from the Kubernetes API with this kubeconfig, instead
     /// of a mesh file: Pods, Namespaces, Services, EndpointSlices, Nodes,
     /// security.istio.io AuthorizationPolicies and (when installed)
-    /// PeerAuthentications, Gateway API Gateways and GatewayClasses are
-    /// watched, and callers'
+    /// PeerAuthentications, networking.istio.io ServiceEntries (whose
+    /// allocated VIPs it writes into their status) and WorkloadEntries,
+    /// Gateway API Gateways and GatewayClasses are watched, and callers'
     /// tokens are checked by TokenReview (the role it needs:
     /// deploy/rbac/control-plane.yaml).
     #[arg(long, conflicts_with = "in_cluster")]

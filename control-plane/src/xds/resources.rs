@@ -5,6 +5,10 @@
 //!   named target ports resolved against its container ports) and the
 //!   `WorkloadSelector` policies that pick it, then the policies its
 //!   PeerAuthentications make it list;
+//! - each workload entry (a WorkloadEntry, a ServiceEntry's endpoint) →
+//!   `Address{workload}` named by its uid, with its address or hostname,
+//!   capacity, the services that select or name it, and its policies as a
+//!   pod's;
 //! - each service → `Address{service}` named `<namespace>/<hostname>`;
 //! - each policy, and each policy the PeerAuthentications make →
 //!   `Authorization` named `<namespace>/<name>`.
@@ -28,10 +32,10 @@ use ztunnel_proto::istio::workload::{
 };
 
 use ztunnel_mesh::{
-    AppProtocol, Cidr, HealthPolicy, IpFamilies, Labels, LoadBalancing, LoadBalancingMode,
-    LocalityScope, MeshSnapshot, Pod, Policy, PolicyAction, PolicyMatch, PolicyScope, Service,
-    ServiceAccountMatch, StringMatch, TargetPort, WorkloadProtocol,
-    WorkloadType as MeshWorkloadType,
+    AppProtocol, Cidr, EntryAddress, HealthPolicy, IpFamilies, Labels, LoadBalancing,
+    LoadBalancingMode, Locality, LocalityScope, MeshSnapshot, Pod, Policy, PolicyAction,
+    PolicyMatch, PolicyScope, Service, ServiceAccountMatch, ServicePort, StringMatch, TargetPort,
+    WorkloadEntry, WorkloadProtocol, WorkloadType as MeshWorkloadType,
 };
 
 use gateway::{application_tunnel, gateway_address, network_gateway_workload};
@@ -61,8 +65,9 @@ const CANONICAL_REVISION_LABELS: [&str; 3] = [
 /// The revision of pods that carry none of the labels, as istiod says.
 const DEFAULT_REVISION: &str = "latest";
 
-/// Every `Address` resource of a snapshot (workloads, then network
-/// gateways' workloads, then services), with its resource name. `trust_domain` is the CA's: the identities it issues.
+/// Every `Address` resource of a snapshot (pods' workloads, then workload
+/// entries', then network gateways', then services), with its resource
+/// name. `trust_domain` is the CA's: the identities it issues.
 pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Address)> {
     let index = PodIndex::new(snapshot);
     let mut services_of: HashMap<usize, BTreeMap<String, PortList>> = HashMap::new();
@@ -109,6 +114,7 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
             },
         ));
     }
+    resources.extend(entry_workloads(snapshot, trust_domain));
     for gateway in snapshot.network_gateways() {
         let workload = network_gateway_workload(gateway, trust_domain);
         resources.push((
@@ -127,6 +133,165 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
         ));
     }
     resources
+}
+
+/// The `Address` resources of the snapshot's workload entries: what
+/// istiod sends for WorkloadEntries and ServiceEntries' endpoints.
+fn entry_workloads(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Address)> {
+    let entries = snapshot.workload_entries();
+    let mut services_of: Vec<BTreeMap<String, PortList>> = vec![BTreeMap::new(); entries.len()];
+    let by_uid: HashMap<&str, usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(at, entry)| (entry.uid.as_str(), at))
+        .collect();
+    for service in snapshot.services() {
+        let members: Vec<usize> = match (&service.selector, &service.endpoints) {
+            (Some(selector), _) => entries
+                .iter()
+                .enumerate()
+                .filter(|(_, entry)| {
+                    entry.namespace == service.namespace && entry.is_selected_by(selector)
+                })
+                .map(|(at, _)| at)
+                .collect(),
+            (None, Some(uids)) => uids
+                .iter()
+                .filter_map(|uid| by_uid.get(uid.as_str()).copied())
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        for at in members {
+            if let (Some(services), Some(entry)) = (services_of.get_mut(at), entries.get(at)) {
+                services.insert(service.resource_name(), entry_ports(service, entry));
+            }
+        }
+    }
+    entries
+        .iter()
+        .zip(services_of)
+        .map(|(entry, services)| {
+            let mut policies: Vec<String> = snapshot
+                .policies()
+                .iter()
+                .filter(|policy| {
+                    policy.scope == PolicyScope::WorkloadSelector
+                        && (policy.all_namespaces || policy.namespace == entry.namespace)
+                        && policy
+                            .selector
+                            .as_ref()
+                            .is_some_and(|selector| selects(selector, &entry.labels))
+                })
+                .map(Policy::resource_name)
+                .collect();
+            policies.sort_unstable();
+            policies
+                .extend(snapshot.peer_authentication_policies_for(&entry.namespace, &entry.labels));
+            let mut workload = entry_workload(entry, trust_domain, services, policies);
+            workload.network_gateway = snapshot
+                .network_gateway(&entry.network)
+                .map(|gateway| gateway_address(&gateway.destination, gateway.hbone_mtls_port));
+            (
+                entry.uid.clone(),
+                Address {
+                    r#type: Some(address::Type::Workload(workload)),
+                },
+            )
+        })
+        .collect()
+}
+
+fn selects(selector: &Labels, labels: &Labels) -> bool {
+    selector
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value))
+}
+
+/// A workload entry as istiod sends it: always healthy, of type POD, its
+/// canonical name from its labels else its workload name.
+fn entry_workload(
+    entry: &WorkloadEntry,
+    trust_domain: &str,
+    services: BTreeMap<String, PortList>,
+    authorization_policies: Vec<String>,
+) -> Workload {
+    let (addresses, hostname) = match &entry.address {
+        EntryAddress::Ip(ip) => (vec![ip_bytes(*ip)], String::new()),
+        EntryAddress::Hostname(hostname) => (Vec::new(), hostname.clone()),
+        EntryAddress::None => (Vec::new(), String::new()),
+    };
+    Workload {
+        uid: entry.uid.clone(),
+        name: entry.name.clone(),
+        namespace: entry.namespace.clone(),
+        addresses,
+        hostname,
+        network: entry.network.clone(),
+        tunnel_protocol: match entry.protocol {
+            WorkloadProtocol::Hbone => TunnelProtocol::Hbone,
+            WorkloadProtocol::Tcp => TunnelProtocol::None,
+        } as i32,
+        trust_domain: entry
+            .trust_domain
+            .clone()
+            .unwrap_or_else(|| trust_domain.to_owned()),
+        service_account: entry.service_account.clone(),
+        canonical_name: first_label(&entry.labels, &CANONICAL_NAME_LABELS)
+            .unwrap_or(&entry.workload_name)
+            .to_owned(),
+        canonical_revision: first_label(&entry.labels, &CANONICAL_REVISION_LABELS)
+            .unwrap_or(DEFAULT_REVISION)
+            .to_owned(),
+        workload_type: WorkloadType::Pod as i32,
+        workload_name: entry.workload_name.clone(),
+        native_tunnel: entry.native_tunnel,
+        authorization_policies,
+        status: WorkloadStatus::Healthy as i32,
+        cluster_id: entry
+            .cluster_id
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_owned()),
+        services: services.into_iter().collect(),
+        locality: entry.locality.as_ref().map(proto_locality),
+        capacity: entry.weight,
+        ..Workload::default()
+    }
+}
+
+/// The service's ports as a workload entry receives them: a port named
+/// like one of the entry's receives it there; a named target port the
+/// entry lacks is left out for it.
+fn entry_ports(service: &Service, entry: &WorkloadEntry) -> PortList {
+    let ports = service
+        .ports
+        .iter()
+        .filter_map(|(service_port, port)| {
+            let target_port = match &port.target {
+                TargetPort::Name(name) => *entry.ports.get(name)?,
+                TargetPort::Number(number) => named(port, &entry.ports).unwrap_or(*number),
+            };
+            Some(Port {
+                service_port: u32::from(*service_port),
+                target_port: u32::from(target_port),
+                ..Port::default()
+            })
+        })
+        .collect();
+    PortList { ports }
+}
+
+/// Where an endpoint with these named ports receives a ServiceEntry's
+/// port of the same name.
+fn named(port: &ServicePort, endpoint_ports: &BTreeMap<String, u16>) -> Option<u16> {
+    endpoint_ports.get(port.name.as_deref()?).copied()
+}
+
+fn proto_locality(locality: &Locality) -> proto_workload::Locality {
+    proto_workload::Locality {
+        region: locality.region.clone(),
+        zone: locality.zone.clone(),
+        subzone: locality.subzone.clone(),
+    }
 }
 
 /// Every `Authorization` resource of a snapshot, with its resource name.
@@ -224,14 +389,7 @@ fn workload(
             .clone()
             .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_owned()),
         services: services.into_iter().collect(),
-        locality: pod
-            .locality
-            .as_ref()
-            .map(|locality| proto_workload::Locality {
-                region: locality.region.clone(),
-                zone: locality.zone.clone(),
-                subzone: locality.subzone.clone(),
-            }),
+        locality: pod.locality.as_ref().map(proto_locality),
         network_mode: if pod.host_network {
             proto_workload::NetworkMode::HostNetwork
         } else {
@@ -254,14 +412,15 @@ fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a str> {
 
 /// The service's ports as one endpoint receives them: a named target port
 /// becomes the pod's container port of that name, and a service port whose
-/// name the pod lacks is left out for it.
+/// name the pod lacks is left out for it; a ServiceEntry's port named like
+/// a container port is received there.
 fn workload_ports(service: &Service, pod: &Pod) -> PortList {
     let ports = service
         .ports
         .iter()
         .filter_map(|(service_port, port)| {
             let target_port = match &port.target {
-                TargetPort::Number(number) => *number,
+                TargetPort::Number(number) => named(port, &pod.container_ports).unwrap_or(*number),
                 TargetPort::Name(name) => *pod.container_ports.get(name)?,
             };
             Some(Port {

@@ -1,5 +1,6 @@
 //! A real API server (`ztunnel_test_support::kube::KubeApi`) set up for the
-//! control plane: the AuthorizationPolicy and PeerAuthentication CRDs, the namespace
+//! control plane: the AuthorizationPolicy, PeerAuthentication, ServiceEntry
+//! and WorkloadEntry CRDs, the namespace
 //! `istio-system`, and the control plane's service account there bound to
 //! exactly the roles in `deploy/rbac/` (the main one or a test's variant
 //! of it, plus the CA's); and the pods, waits and reads the tests share.
@@ -34,6 +35,12 @@ const CRD: &str = include_str!("../../../deploy/crds/authorizationpolicies.secur
 const PEER_AUTHENTICATION_CRD: &str =
     include_str!("../../../deploy/crds/peerauthentications.security.istio.io.yaml");
 
+/// The ServiceEntry and WorkloadEntry CRDs it watches too.
+const SERVICE_ENTRY_CRD: &str =
+    include_str!("../../../deploy/crds/serviceentries.networking.istio.io.yaml");
+const WORKLOAD_ENTRY_CRD: &str =
+    include_str!("../../../deploy/crds/workloadentries.networking.istio.io.yaml");
+
 /// The namespace the control plane runs in, and its service account
 /// there (the subject of `CA_ROLE`'s bindings).
 pub const NAMESPACE: &str = "istio-system";
@@ -51,7 +58,14 @@ pub async fn api_with_control_plane_account(role: &str) -> Option<(KubeApi, Stri
     eprintln!("API server ready in {:?}", api.started_in());
     let client = api.admin_client().await.unwrap();
     ensure_namespace(&client, NAMESPACE, &[]).await.unwrap();
-    for manifest in [CRD, PEER_AUTHENTICATION_CRD, role, CA_ROLE] {
+    for manifest in [
+        CRD,
+        PEER_AUTHENTICATION_CRD,
+        SERVICE_ENTRY_CRD,
+        WORKLOAD_ENTRY_CRD,
+        role,
+        CA_ROLE,
+    ] {
         api.kubectl(&["apply", "-f", "-"], Some(manifest)).unwrap();
     }
     let token = service_account_with_role(&client, NAMESPACE, SERVICE_ACCOUNT, CLUSTER_ROLE)

@@ -6,8 +6,9 @@
 //!
 //! This file owns the whole-mesh part: ordering, the checks across objects
 //! (duplicates, shared addresses) and the problems' vocabulary. One object
-//! at a time is `pod.rs`, `service.rs`, `policy.rs` and
-//! `peer_authentication.rs`'s. Watching is
+//! at a time is `pod.rs`, `service.rs`, `policy.rs`,
+//! `peer_authentication.rs`, `workload_entry.rs` and `service_entry.rs`'s
+//! (with the ServiceEntries' VIPs in `allocation.rs`). Watching is
 //! `kube.rs`'s.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -22,18 +23,24 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::gateway_crd::{Gateway, GatewayClass};
 use super::peer_authentication_crd::PeerAuthentication;
 use super::policy_crd::AuthorizationPolicy;
+use super::service_entry_crd::ServiceEntry;
+use super::workload_entry_crd::WorkloadEntry;
 use crate::peer_authentication::converted_policies;
 use crate::{Labels, Locality, MeshFile, Pod, Policy};
 use waypoint::Waypoints;
 
+pub mod allocation;
 mod network;
 mod peer_authentication;
 mod pod;
 mod policy;
 mod service;
+mod service_entry;
 mod waypoint;
+mod workload_entry;
 
 pub use pod::{pod_addresses, service_account};
+pub use service_entry::Resolution;
 pub use waypoint::status_addresses;
 
 /// What the watches currently hold. Order does not matter: the output is
@@ -59,6 +66,10 @@ pub struct KubeObjects {
     pub gateways: Vec<Arc<Gateway>>,
     /// Gateway API GatewayClasses: what their Gateways inherit.
     pub gateway_classes: Vec<Arc<GatewayClass>>,
+    /// Istio ServiceEntries, with the addresses allocated in their status.
+    pub service_entries: Vec<Arc<ServiceEntry>>,
+    /// Istio WorkloadEntries.
+    pub workload_entries: Vec<Arc<WorkloadEntry>>,
 }
 
 /// The mesh-wide settings istiod takes from its flags and mesh config.
@@ -105,8 +116,9 @@ impl Default for ConvertSettings {
 pub struct Conversion {
     /// Passes `MeshSnapshot::new`.
     pub mesh: MeshFile,
-    /// One entry per object and reason, pods first, then services,
-    /// EndpointSlices and policies, each in namespace/name order, then
+    /// One entry per object and reason, pods first, then services and
+    /// EndpointSlices in namespace/name order, WorkloadEntries, then
+    /// ServiceEntries oldest first, policies in namespace/name order, then
     /// PeerAuthentications, oldest first.
     pub problems: Vec<ObjectProblem>,
 }
@@ -114,8 +126,8 @@ pub struct Conversion {
 /// An object the conversion left out or trimmed, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectProblem {
-    /// `Pod`, `Service`, `EndpointSlice`, `AuthorizationPolicy` or
-    /// `PeerAuthentication`.
+    /// `Pod`, `Service`, `EndpointSlice`, `AuthorizationPolicy`,
+    /// `PeerAuthentication`, `ServiceEntry` or `WorkloadEntry`.
     pub kind: &'static str,
     /// The object's namespace (empty if it has none).
     pub namespace: String,
@@ -238,6 +250,56 @@ pub enum ProblemReason {
         /// The mode as written.
         mode: String,
     },
+    /// An enumerated field's value this Istio does not know; the object
+    /// is left out (istiod cannot decode it either).
+    #[error("unknown {field} {value:?}")]
+    UnknownValue {
+        /// The field, e.g. `spec.resolution`.
+        field: &'static str,
+        /// The value as written.
+        value: String,
+    },
+    /// A ServiceEntry with both inline endpoints and a workload selector,
+    /// which Istio's validation refuses; it is left out.
+    #[error("spec.endpoints and spec.workloadSelector are both set")]
+    EndpointsAndSelector,
+    /// A ServiceEntry address that is no IP or CIDR; the ServiceEntry is
+    /// left out, as istiod makes no services of it.
+    #[error("spec.addresses entry {address:?} is no IP or CIDR")]
+    BadServiceEntryAddress {
+        /// The text.
+        address: String,
+    },
+    /// A ServiceEntry address that is a CIDR of more than one address; it
+    /// is skipped.
+    #[error("CIDR address {address} is not converted; skipped")]
+    CidrSkipped {
+        /// The CIDR.
+        address: String,
+    },
+    /// A ServiceEntry host that a Kubernetes Service of its namespace or an
+    /// older ServiceEntry already has; that host is left out.
+    #[error("host {host} is already {other}'s in this namespace; left out")]
+    HostTaken {
+        /// The host.
+        host: String,
+        /// `Service <name>` or `ServiceEntry <name>`.
+        other: String,
+    },
+    /// A `subjectAltNames` entry that is no SPIFFE identity; it is
+    /// skipped.
+    #[error("subjectAltNames entry {san:?} is not a SPIFFE identity; skipped")]
+    SubjectAltNameSkipped {
+        /// The entry.
+        san: String,
+    },
+    /// Two endpoints with one address (or uid), which would be one
+    /// workload; the later is skipped.
+    #[error("endpoint {address:?} appears twice; the second is skipped")]
+    DuplicateEndpoint {
+        /// The address.
+        address: String,
+    },
     /// A dry-run policy while dry-run policies are disabled; not sent.
     #[error("dry-run policy not sent (dry-run policies are disabled)")]
     DryRunNotSent,
@@ -268,7 +330,10 @@ impl ProblemReason {
             | ProblemReason::InvalidIdentity(_)
             | ProblemReason::Duplicate
             | ProblemReason::DuplicateUid { .. }
-            | ProblemReason::UnknownMtlsMode { .. } => Effect::Dropped,
+            | ProblemReason::UnknownMtlsMode { .. }
+            | ProblemReason::UnknownValue { .. }
+            | ProblemReason::EndpointsAndSelector
+            | ProblemReason::BadServiceEntryAddress { .. } => Effect::Dropped,
             ProblemReason::TargetRefNotSent
             | ProblemReason::UnsupportedAction { .. }
             | ProblemReason::DryRunNotSent => Effect::NotSent,
@@ -280,7 +345,11 @@ impl ProblemReason {
             | ProblemReason::AllowRulesDropped { .. }
             | ProblemReason::DenyFieldsIgnored { .. }
             | ProblemReason::WaypointNotBound { .. }
-            | ProblemReason::CanaryInvalid { .. } => Effect::Trimmed,
+            | ProblemReason::CanaryInvalid { .. }
+            | ProblemReason::CidrSkipped { .. }
+            | ProblemReason::HostTaken { .. }
+            | ProblemReason::SubjectAltNameSkipped { .. }
+            | ProblemReason::DuplicateEndpoint { .. } => Effect::Trimmed,
         }
     }
 }
@@ -326,7 +395,19 @@ pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion 
         namespaces: &namespaces,
         waypoints: &waypoints,
     };
-    let services = service::services(objects, &context, settings, &mut problems);
+    let mut services = service::services(objects, &context, settings, &mut problems);
+    let mut workload_entries =
+        workload_entry::workload_entries(&objects.workload_entries, settings, &mut problems);
+    let from_service_entries = service_entry::service_entries(
+        &objects.service_entries,
+        &services,
+        &namespaces,
+        &waypoints,
+        settings,
+        &mut problems,
+    );
+    services.extend(from_service_entries.services);
+    workload_entries.extend(from_service_entries.endpoints);
     let peer_authentications =
         peer_authentication::peer_authentications(&objects.peer_authentications, &mut problems);
     let reserved: HashSet<(String, String)> =
@@ -343,9 +424,51 @@ pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion 
             network_gateways: network::network_gateways(&objects.gateways),
             peer_authentications,
             root_namespace: Some(settings.root_namespace.clone()),
+            workload_entries,
         },
         problems,
     }
+}
+
+/// The workloads the mesh file's ServiceEntries and WorkloadEntries make,
+/// converted as the API's are with istiod's default settings, the
+/// ServiceEntries' hosts added to `services` (the file's own, which keep
+/// their hostnames). The file has no status to write, so addresses are
+/// allocated in memory on each load (`allocation.rs`); an address written
+/// in a ServiceEntry's `status` pins it. Any problem refuses the file:
+/// it is the operator's to correct.
+pub fn file_entries(
+    service_entries: Vec<ServiceEntry>,
+    workload_entries: Vec<WorkloadEntry>,
+    services: &mut Vec<crate::Service>,
+) -> Result<Vec<crate::WorkloadEntry>, ObjectProblem> {
+    if service_entries.is_empty() && workload_entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let settings = ConvertSettings::default();
+    let mut problems = Vec::new();
+    let workload_entries: Vec<Arc<WorkloadEntry>> =
+        workload_entries.into_iter().map(Arc::new).collect();
+    let mut converted =
+        workload_entry::workload_entries(&workload_entries, &settings, &mut problems);
+    let service_entries: Vec<Arc<ServiceEntry>> =
+        service_entries.into_iter().map(Arc::new).collect();
+    let namespaces = HashMap::new();
+    let waypoints = Waypoints::new(&[], &[], &namespaces, &settings.network);
+    let from_service_entries = service_entry::service_entries(
+        &allocation::with_allocations(&service_entries),
+        services,
+        &namespaces,
+        &waypoints,
+        &settings,
+        &mut problems,
+    );
+    if let Some(problem) = problems.into_iter().next() {
+        return Err(problem);
+    }
+    services.extend(from_service_entries.services);
+    converted.extend(from_service_entries.endpoints);
+    Ok(converted)
 }
 
 /// Every pod that converts, in namespace/name order, with the checks the

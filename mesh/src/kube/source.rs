@@ -1,6 +1,7 @@
 //! The Kubernetes source of the mesh, as a [`PodRegistry`]: one watch per
 //! kind (Pods, Namespaces, Services, EndpointSlices, Nodes,
-//! AuthorizationPolicies, PeerAuthentications, Gateways, GatewayClasses)
+//! AuthorizationPolicies, PeerAuthentications, ServiceEntries,
+//! WorkloadEntries, Gateways, GatewayClasses)
 //! feeding a reflector
 //! store, and one task that
 //! turns the stores into a new [`MeshSnapshot`] through the pure
@@ -14,7 +15,8 @@
 //!   kind and name, once per distinct problem; the rest of the mesh is kept;
 //! - until every watch has listed once, the source is not ready and the
 //!   snapshot is empty (readers check [`KubeRegistry::is_ready`]);
-//! - the Gateway API and PeerAuthentication are optional: while their
+//! - the Gateway API, PeerAuthentication, ServiceEntry and WorkloadEntry
+//!   are optional: while their
 //!   CRDs are not installed, their kinds count as listed and empty (said
 //!   once, through
 //!   [`SourceObserver::kind_absent`]), and their watches keep retrying, so
@@ -39,6 +41,8 @@ use super::convert::{ConvertSettings, KubeObjects, ObjectProblem, convert};
 use super::gateway_crd::{Gateway, GatewayClass};
 use super::peer_authentication_crd::PeerAuthentication;
 use super::policy_crd::AuthorizationPolicy;
+use super::service_entry_crd::ServiceEntry;
+use super::workload_entry_crd::WorkloadEntry;
 use crate::{MeshSnapshot, PodRegistry};
 
 /// How long changes are gathered before a rebuild: a burst of events (a
@@ -115,6 +119,8 @@ impl KubeRegistry {
             ),
             gateways: watch_optional_kind::<Gateway>(&client, watch("Gateway")),
             gateway_classes: watch_optional_kind::<GatewayClass>(&client, watch("GatewayClass")),
+            service_entries: watch_optional_kind::<ServiceEntry>(&client, watch("ServiceEntry")),
+            workload_entries: watch_optional_kind::<WorkloadEntry>(&client, watch("WorkloadEntry")),
         };
         let task = rebuild(Arc::clone(&registry), stores, settings, changed, observer);
         let shutdown = until_stopped();
@@ -175,6 +181,8 @@ struct Stores {
     peer_authentications: OptionalStore<PeerAuthentication>,
     gateways: OptionalStore<Gateway>,
     gateway_classes: OptionalStore<GatewayClass>,
+    service_entries: OptionalStore<ServiceEntry>,
+    workload_entries: OptionalStore<WorkloadEntry>,
 }
 
 /// The store of a kind whose CRD may be absent, and whether the API server
@@ -223,6 +231,13 @@ impl Stores {
         registry
             .set_waiting_for("the first list of GatewayClasses (or word that they are not served)");
         self.gateway_classes.wait_until_settled().await;
+        registry
+            .set_waiting_for("the first list of ServiceEntries (or word that they are not served)");
+        self.service_entries.wait_until_settled().await;
+        registry.set_waiting_for(
+            "the first list of WorkloadEntries (or word that they are not served)",
+        );
+        self.workload_entries.wait_until_settled().await;
     }
 
     fn objects(&self) -> KubeObjects {
@@ -236,6 +251,8 @@ impl Stores {
             peer_authentications: self.peer_authentications.store.state(),
             gateways: self.gateways.store.state(),
             gateway_classes: self.gateway_classes.store.state(),
+            service_entries: self.service_entries.store.state(),
+            workload_entries: self.workload_entries.store.state(),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! and the steps of `TestAmbientIndex_Policy` in `ambientindex_test.go`).
 
 use super::*;
+use crate::Pod;
 
 use MtlsMode::{Disable, Permissive, Strict, Unset};
 
@@ -260,7 +261,12 @@ fn peer_auth_workload_policies_follow_the_effective_mode() {
         ),
     ];
     for (case, peer_authentications, namespace, expected) in cases {
-        let names = workload_policies(&peer_authentications, ROOT, &web_pod(namespace));
+        let names = workload_policies(
+            &peer_authentications,
+            ROOT,
+            namespace,
+            &web_pod(namespace).labels,
+        );
         assert_eq!(names, expected, "{case}");
     }
 }
@@ -301,13 +307,19 @@ fn peer_auth_levels_depend_on_the_root_namespace() {
         ),
     ];
     for (case, peer_authentications, namespace, expected) in cases {
-        let names = workload_policies(&peer_authentications, ROOT, &web_pod(namespace));
+        let names = workload_policies(
+            &peer_authentications,
+            ROOT,
+            namespace,
+            &web_pod(namespace).labels,
+        );
         assert_eq!(names, expected, "{case}");
     }
     let names = workload_policies(
         &[peer("mesh-root", "mesh", None, Strict, &[])],
         "mesh-root",
-        &web_pod("shop"),
+        "shop",
+        &web_pod("shop").labels,
     );
     assert_eq!(
         names,

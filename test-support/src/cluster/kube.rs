@@ -27,6 +27,12 @@ const CRD: &str = include_str!("../../../deploy/crds/authorizationpolicies.secur
 const PEER_AUTHENTICATION_CRD: &str =
     include_str!("../../../deploy/crds/peerauthentications.security.istio.io.yaml");
 
+/// The ServiceEntry and WorkloadEntry CRDs it watches too.
+const SERVICE_ENTRY_CRD: &str =
+    include_str!("../../../deploy/crds/serviceentries.networking.istio.io.yaml");
+const WORKLOAD_ENTRY_CRD: &str =
+    include_str!("../../../deploy/crds/workloadentries.networking.istio.io.yaml");
+
 /// The control plane's ClusterRole, `ztunnel-control-plane`.
 const CONTROL_PLANE_ROLE: &str = include_str!("../../../deploy/rbac/control-plane.yaml");
 
@@ -68,6 +74,8 @@ impl ClusterApi {
         for manifest in [
             CRD,
             PEER_AUTHENTICATION_CRD,
+            SERVICE_ENTRY_CRD,
+            WORKLOAD_ENTRY_CRD,
             CONTROL_PLANE_ROLE,
             NODE_AGENT_ROLE,
         ] {

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Node, Pod as KubePod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
@@ -23,7 +24,7 @@ const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
 
 /// Names the workload explicitly, overriding the owner's name.
-const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
+pub(super) const WORKLOAD_NAME_LABEL: &str = "service.istio.io/workload-name";
 
 /// The hash a Deployment's ReplicaSet appends to its name.
 const POD_TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
@@ -91,15 +92,8 @@ pub(super) fn pod(
             ErrorChain(&error).to_string(),
         ));
     }
-    let native_tunnel = value(&metadata.labels, TUNNEL_LABEL)
-        .is_some_and(|tunnels| tunnels.split(',').any(|tunnel| tunnel.trim() == "http"));
-    let redirected = value(&metadata.annotations, REDIRECTION_ANNOTATION) == Some("enabled");
+    let (protocol, native_tunnel) = tunnel(metadata);
     let status = object.status.as_ref();
-    let trust_domain = if settings.trust_domain == DEFAULT_TRUST_DOMAIN {
-        String::new()
-    } else {
-        settings.trust_domain.clone()
-    };
     let pod = Pod {
         workload_uid: Some(format!("{}//Pod/{namespace}/{name}", settings.cluster_id)),
         workload_name: Some(workload_name(object, &name)),
@@ -112,17 +106,13 @@ pub(super) fn pod(
         phase: phase(status.and_then(|status| status.phase.as_deref())),
         ips,
         labels: labels(metadata),
-        protocol: if redirected || native_tunnel {
-            WorkloadProtocol::Hbone
-        } else {
-            WorkloadProtocol::Tcp
-        },
+        protocol,
         native_tunnel,
         network: settings.network.clone(),
         cluster_id: Some(settings.cluster_id.clone()),
         host_network: spec.and_then(|spec| spec.host_network) == Some(true),
         ready: Some(is_ready(object)),
-        trust_domain: Some(trust_domain),
+        trust_domain: Some(wire_trust_domain(settings)),
         container_ports: spec.map(container_ports).unwrap_or_default(),
         // Bound by `convert.rs`, which sees the Gateways.
         waypoint: None,
@@ -285,6 +275,32 @@ fn named_tcp_ports(container: &Container) -> impl Iterator<Item = (String, u16)>
             .filter(|number| *number != 0)?;
         tcp.then(|| (name.to_owned(), number))
     })
+}
+
+/// How peers reach a workload of this metadata (a pod, a WorkloadEntry, a
+/// ServiceEntry's endpoints), as istiod decides it: HBONE when the node
+/// agent redirected it or it terminates HBONE itself (the second value),
+/// plain TCP otherwise.
+pub(super) fn tunnel(metadata: &ObjectMeta) -> (WorkloadProtocol, bool) {
+    let native_tunnel = value(&metadata.labels, TUNNEL_LABEL)
+        .is_some_and(|tunnels| tunnels.split(',').any(|tunnel| tunnel.trim() == "http"));
+    let redirected = value(&metadata.annotations, REDIRECTION_ANNOTATION) == Some("enabled");
+    let protocol = if redirected || native_tunnel {
+        WorkloadProtocol::Hbone
+    } else {
+        WorkloadProtocol::Tcp
+    };
+    (protocol, native_tunnel)
+}
+
+/// `Workload.trust_domain` as istiod fills it: empty for the default
+/// `cluster.local`.
+pub(super) fn wire_trust_domain(settings: &ConvertSettings) -> String {
+    if settings.trust_domain == DEFAULT_TRUST_DOMAIN {
+        String::new()
+    } else {
+        settings.trust_domain.clone()
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Istio's traffic distribution, on a Service, else its Namespace; the
 /// Service's `spec.trafficDistribution` wins over both.
-const TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
+pub(super) const TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
 
 /// What a Service's conversion reads beside the Service.
 pub(super) struct Context<'a> {
@@ -199,6 +199,7 @@ fn ports(spec: &[KubeServicePort]) -> (BTreeMap<u16, ServicePort>, Vec<ProblemRe
         ports.entry(number).or_insert(ServicePort {
             target,
             app_protocol,
+            name: None,
         });
     }
     (ports, problems)
@@ -240,7 +241,7 @@ fn ip_families(families: &[String]) -> IpFamilies {
 
 /// Locality and health preferences: node-local traffic policy first, else
 /// the traffic distribution; not-ready endpoints published → all used.
-fn load_balancing(
+pub(super) fn load_balancing(
     internal_traffic_policy: Option<&str>,
     traffic_distribution: Option<&str>,
     publish_not_ready: bool,
