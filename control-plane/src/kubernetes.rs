@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::MeshSnapshot;
 use ztunnel_mesh::kube::convert::ObjectProblem;
-use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, watch_into_store};
+use ztunnel_mesh::kube::source::{KubeRegistry, SourceObserver, is_not_served, watch_into_store};
 
 use crate::ca::metrics::{CaMetrics, Readiness};
 use crate::ca::published_keys::{DISCOVERY_PATH, JWKS_PATH, PublishedKeys};
@@ -266,6 +266,48 @@ pub fn readiness(
                 (!registry.is_ready()).then(|| format!("waiting for {}", registry.waiting_for()))
             })
     })
+}
+
+/// [`watch_waking`] for a kind whose CRD may not be installed (yet): until
+/// it is, the store stays empty and `absent` (e.g. "Gateway API CRDs not
+/// installed") is logged once, not each retry.
+pub fn watch_optional_waking<K>(
+    api: Api<K>,
+    (controller, kind, absent): (&'static str, &'static str, &'static str),
+    changed: &Arc<Notify>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let changed = Arc::clone(changed);
+    let mut missing = false;
+    let on_event = move |event: Result<(), watcher::Error>| match event {
+        Ok(()) => {
+            missing = false;
+            changed.notify_one();
+        }
+        Err(error) if is_not_served(&error) => {
+            if !missing {
+                tracing::info!(controller, "{absent}; waiting for it");
+            }
+            missing = true;
+        }
+        Err(error) => {
+            tracing::warn!(controller, kind, error = %ErrorChain(&error), "watch failed; retrying")
+        }
+    };
+    watch_into_store(
+        api,
+        watcher::Config::default(),
+        on_event,
+        std::future::pending(),
+    )
 }
 
 /// Watches `api` into a store for `controller`, waking `changed` on every

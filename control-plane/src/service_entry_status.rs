@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher;
 use tokio::sync::Notify;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::kube::convert::allocation::{StatusChange, allocate};
 use ztunnel_mesh::kube::service_entry_crd::ServiceEntry;
-use ztunnel_mesh::kube::source::{is_not_served, watch_into_store};
+
+use crate::kubernetes::watch_optional_waking;
 
 /// The controller's name in logs.
 const CONTROLLER: &str = "service entry addresses";
@@ -37,37 +37,11 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(client: kube::Client, shutdown: impl Future<Output = ()> + Send) {
     let changed = Arc::new(Notify::new());
-    let store = {
-        let changed = Arc::clone(&changed);
-        let mut absent = false;
-        let on_event = move |event: Result<(), watcher::Error>| match event {
-            Ok(()) => {
-                absent = false;
-                changed.notify_one();
-            }
-            Err(error) if is_not_served(&error) => {
-                if !absent {
-                    tracing::info!(
-                        controller = CONTROLLER,
-                        "ServiceEntry CRD not installed; waiting for it"
-                    );
-                }
-                absent = true;
-            }
-            Err(error) => tracing::warn!(
-                controller = CONTROLLER,
-                kind = "ServiceEntry",
-                error = %ErrorChain(&error),
-                "watch failed; retrying"
-            ),
-        };
-        watch_into_store(
-            Api::<ServiceEntry>::all(client.clone()),
-            watcher::Config::default(),
-            on_event,
-            std::future::pending(),
-        )
-    };
+    let store = watch_optional_waking(
+        Api::<ServiceEntry>::all(client.clone()),
+        (CONTROLLER, "ServiceEntry", "ServiceEntry CRD not installed"),
+        &changed,
+    );
     tokio::pin!(shutdown);
     loop {
         tokio::select! {

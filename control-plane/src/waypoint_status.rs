@@ -29,9 +29,8 @@ use tokio::sync::Notify;
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_mesh::kube::convert::status_addresses;
 use ztunnel_mesh::kube::gateway_crd::Gateway;
-use ztunnel_mesh::kube::source::{is_not_served, watch_into_store};
 
-use crate::kubernetes::watch_waking;
+use crate::kubernetes::{watch_optional_waking, watch_waking};
 
 /// The controller's name in logs.
 const CONTROLLER: &str = "waypoint status";
@@ -49,37 +48,11 @@ pub async fn run(
 ) {
     let changed = Arc::new(Notify::new());
     let gateways: Api<Gateway> = Api::all(client.clone());
-    let gateway_store = {
-        let changed = Arc::clone(&changed);
-        let mut absent = false;
-        let on_event = move |event: Result<(), watcher::Error>| match event {
-            Ok(()) => {
-                absent = false;
-                changed.notify_one();
-            }
-            Err(error) if is_not_served(&error) => {
-                if !absent {
-                    tracing::info!(
-                        controller = CONTROLLER,
-                        "Gateway API CRDs not installed; waiting for them"
-                    );
-                }
-                absent = true;
-            }
-            Err(error) => tracing::warn!(
-                controller = CONTROLLER,
-                kind = "Gateway",
-                error = %ErrorChain(&error),
-                "watch failed; retrying"
-            ),
-        };
-        watch_into_store(
-            gateways,
-            watcher::Config::default(),
-            on_event,
-            std::future::pending(),
-        )
-    };
+    let gateway_store = watch_optional_waking(
+        gateways,
+        (CONTROLLER, "Gateway", "Gateway API CRDs not installed"),
+        &changed,
+    );
     let services = watch_waking(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),

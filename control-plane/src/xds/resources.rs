@@ -77,7 +77,7 @@ pub fn addresses(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, Ad
             services_of
                 .entry(at)
                 .or_default()
-                .insert(key.clone(), workload_ports(service, pod));
+                .insert(key.clone(), endpoint_ports(service, &pod.container_ports));
         }
     }
     let mut policies_of: HashMap<usize, Vec<String>> = HashMap::new();
@@ -163,7 +163,10 @@ fn entry_workloads(snapshot: &MeshSnapshot, trust_domain: &str) -> Vec<(String, 
         };
         for at in members {
             if let (Some(services), Some(entry)) = (services_of.get_mut(at), entries.get(at)) {
-                services.insert(service.resource_name(), entry_ports(service, entry));
+                services.insert(
+                    service.resource_name(),
+                    endpoint_ports(service, &entry.ports),
+                );
             }
         }
     }
@@ -256,28 +259,6 @@ fn entry_workload(
         capacity: entry.weight,
         ..Workload::default()
     }
-}
-
-/// The service's ports as a workload entry receives them: a port named
-/// like one of the entry's receives it there; a named target port the
-/// entry lacks is left out for it.
-fn entry_ports(service: &Service, entry: &WorkloadEntry) -> PortList {
-    let ports = service
-        .ports
-        .iter()
-        .filter_map(|(service_port, port)| {
-            let target_port = match &port.target {
-                TargetPort::Name(name) => *entry.ports.get(name)?,
-                TargetPort::Number(number) => named(port, &entry.ports).unwrap_or(*number),
-            };
-            Some(Port {
-                service_port: u32::from(*service_port),
-                target_port: u32::from(target_port),
-                ..Port::default()
-            })
-        })
-        .collect();
-    PortList { ports }
 }
 
 /// Where an endpoint with these named ports receives a ServiceEntry's
@@ -410,18 +391,19 @@ fn first_label<'a>(labels: &'a Labels, keys: &[&str]) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// The service's ports as one endpoint receives them: a named target port
-/// becomes the pod's container port of that name, and a service port whose
-/// name the pod lacks is left out for it; a ServiceEntry's port named like
-/// a container port is received there.
-fn workload_ports(service: &Service, pod: &Pod) -> PortList {
+/// The service's ports as one endpoint (a pod, or a workload entry)
+/// receives them, given its named ports (a pod's container ports, an
+/// entry's ports): a named target port becomes the endpoint's port of
+/// that name, and one the endpoint lacks is left out for it; a
+/// ServiceEntry's port named like one of the endpoint's is received there.
+fn endpoint_ports(service: &Service, named_ports: &BTreeMap<String, u16>) -> PortList {
     let ports = service
         .ports
         .iter()
         .filter_map(|(service_port, port)| {
             let target_port = match &port.target {
-                TargetPort::Number(number) => named(port, &pod.container_ports).unwrap_or(*number),
-                TargetPort::Name(name) => *pod.container_ports.get(name)?,
+                TargetPort::Number(number) => named(port, named_ports).unwrap_or(*number),
+                TargetPort::Name(name) => *named_ports.get(name)?,
             };
             Some(Port {
                 service_port: u32::from(*service_port),
