@@ -1,7 +1,11 @@
 //! A nameserver of the test's own, standing in for the cluster's DNS: UDP
 //! and TCP port 53 inside a namespace the test made, answering a fixed
-//! zone, NXDOMAIN to every other name, and logging the names it is asked.
+//! zone and the names a test adds, NXDOMAIN to every other name, and
+//! logging the names it is asked.
 //! Messages are hickory's protocol types; the answering is this file's.
+
+// Each test file uses its own part of this.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -36,8 +40,16 @@ pub const BIG_COUNT: u8 = 100;
 pub struct Nameserver {
     /// Where it listens, UDP and TCP.
     pub addr: SocketAddr,
-    asked: Arc<Mutex<Vec<String>>>,
+    zone: Arc<Zone>,
     stop: Arc<AtomicBool>,
+}
+
+/// What the serving threads share: the names asked, and the names a test
+/// added to the fixed zone.
+#[derive(Default)]
+struct Zone {
+    asked: Mutex<Vec<String>>,
+    added: Mutex<Vec<(String, Ipv4Addr)>>,
 }
 
 impl Nameserver {
@@ -49,18 +61,28 @@ impl Nameserver {
         })??;
         udp.set_read_timeout(Some(POLL))?;
         tcp.set_nonblocking(true)?;
-        let asked = Arc::new(Mutex::new(Vec::new()));
+        let zone = Arc::new(Zone::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let (log, stopped) = (Arc::clone(&asked), Arc::clone(&stop));
-        std::thread::spawn(move || serve_udp(&udp, &log, &stopped));
-        let (log, stopped) = (Arc::clone(&asked), Arc::clone(&stop));
-        std::thread::spawn(move || serve_tcp(&tcp, &log, &stopped));
-        Ok(Nameserver { addr, asked, stop })
+        let (shared, stopped) = (Arc::clone(&zone), Arc::clone(&stop));
+        std::thread::spawn(move || serve_udp(&udp, &shared, &stopped));
+        let (shared, stopped) = (Arc::clone(&zone), Arc::clone(&stop));
+        std::thread::spawn(move || serve_tcp(&tcp, &shared, &stopped));
+        Ok(Nameserver { addr, zone, stop })
+    }
+
+    /// Answers `name` (fully qualified, lower case: `db.example.`) with
+    /// `address` from now on.
+    pub fn add(&self, name: &str, address: Ipv4Addr) {
+        self.zone
+            .added
+            .lock()
+            .unwrap()
+            .push((name.to_owned(), address));
     }
 
     /// The names asked so far, with the transport: `udp outside.example.`.
     pub fn asked(&self) -> Vec<String> {
-        self.asked.lock().unwrap().clone()
+        self.zone.asked.lock().unwrap().clone()
     }
 }
 
@@ -70,7 +92,7 @@ impl Drop for Nameserver {
     }
 }
 
-fn serve_udp(socket: &UdpSocket, log: &Mutex<Vec<String>>, stop: &AtomicBool) {
+fn serve_udp(socket: &UdpSocket, zone: &Zone, stop: &AtomicBool) {
     let mut buffer = vec![0; 4096];
     for _ in 0..MOST_QUERIES {
         if stop.load(Ordering::Relaxed) {
@@ -79,7 +101,7 @@ fn serve_udp(socket: &UdpSocket, log: &Mutex<Vec<String>>, stop: &AtomicBool) {
         let Ok((length, client)) = socket.recv_from(&mut buffer) else {
             continue;
         };
-        let Some(mut answer) = answer(&buffer[..length], "udp", log) else {
+        let Some(mut answer) = answer(&buffer[..length], "udp", zone) else {
             continue;
         };
         let mut bytes = answer.to_vec().unwrap();
@@ -92,7 +114,7 @@ fn serve_udp(socket: &UdpSocket, log: &Mutex<Vec<String>>, stop: &AtomicBool) {
     }
 }
 
-fn serve_tcp(listener: &TcpListener, log: &Mutex<Vec<String>>, stop: &AtomicBool) {
+fn serve_tcp(listener: &TcpListener, zone: &Zone, stop: &AtomicBool) {
     for _ in 0..MOST_QUERIES {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -101,12 +123,12 @@ fn serve_tcp(listener: &TcpListener, log: &Mutex<Vec<String>>, stop: &AtomicBool
             std::thread::sleep(POLL);
             continue;
         };
-        let _ = answer_stream(&mut stream, log);
+        let _ = answer_stream(&mut stream, zone);
     }
 }
 
 /// Answers the length-prefixed queries of one connection.
-fn answer_stream(stream: &mut TcpStream, log: &Mutex<Vec<String>>) -> std::io::Result<()> {
+fn answer_stream(stream: &mut TcpStream, zone: &Zone) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     loop {
@@ -114,7 +136,7 @@ fn answer_stream(stream: &mut TcpStream, log: &Mutex<Vec<String>>) -> std::io::R
         stream.read_exact(&mut length)?;
         let mut query = vec![0; usize::from(u16::from_be_bytes(length))];
         stream.read_exact(&mut query)?;
-        let Some(answer) = answer(&query, "tcp", log) else {
+        let Some(answer) = answer(&query, "tcp", zone) else {
             return Ok(());
         };
         let bytes = answer.to_vec().unwrap();
@@ -124,20 +146,32 @@ fn answer_stream(stream: &mut TcpStream, log: &Mutex<Vec<String>>) -> std::io::R
 }
 
 /// The answer to a query from the zone, logging its name.
-fn answer(query: &[u8], transport: &str, log: &Mutex<Vec<String>>) -> Option<Message> {
+fn answer(query: &[u8], transport: &str, zone: &Zone) -> Option<Message> {
     let query = Message::from_vec(query).ok()?;
     let question = query.queries.first()?.clone();
     let name = question.name().to_ascii().to_ascii_lowercase();
-    log.lock().unwrap().push(format!("{transport} {name}"));
+    zone.asked
+        .lock()
+        .unwrap()
+        .push(format!("{transport} {name}"));
     let mut answer = Message::new(query.metadata.id, MessageType::Response, OpCode::Query);
     answer.metadata.recursion_desired = query.metadata.recursion_desired;
     answer.metadata.recursion_available = true;
     answer.add_query(question.clone());
+    let added: Vec<Ipv4Addr> = zone
+        .added
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(added, _)| *added == name)
+        .map(|(_, address)| *address)
+        .collect();
     let addresses: Vec<Ipv4Addr> = match name.as_str() {
         name if name == OUTSIDE.0 => vec![OUTSIDE.1],
         BIG => (0..BIG_COUNT)
             .map(|last| Ipv4Addr::new(198, 18, 251, last))
             .collect(),
+        _ if !added.is_empty() => added,
         _ => {
             answer.metadata.response_code = ResponseCode::NXDomain;
             return Some(answer);

@@ -144,6 +144,9 @@ pub struct MeshFile {
     /// `peerAuthentications:` list items (YAML), xDS only: a ztunnel's
     /// local file has no such key.
     peer_authentications: String,
+    /// `serviceEntries:` list items (YAML: Istio's objects with `metadata`
+    /// and `spec`), xDS only.
+    service_entries: String,
     /// `networkGateways:` list items (YAML), as the mesh file spells them.
     network_gateways: String,
     /// The network of each node's pods, where it is not the default one.
@@ -198,6 +201,7 @@ impl MeshFile {
             policies: String::new(),
             services: String::new(),
             peer_authentications: String::new(),
+            service_entries: String::new(),
             network_gateways: String::new(),
             node_networks: Vec::new(),
             remote_workloads: 0,
@@ -279,6 +283,13 @@ impl MeshFile {
     /// control plane reads them, so a local file is left as it was.
     pub fn set_peer_authentications(&mut self, peer_authentications: &str) -> anyhow::Result<()> {
         peer_authentications.clone_into(&mut self.peer_authentications);
+        self.write()
+    }
+
+    /// Replaces the ServiceEntries (Istio's objects as YAML list items);
+    /// the control plane converts them as istiod does, VIPs included.
+    pub fn set_service_entries(&mut self, service_entries: &str) -> anyhow::Result<()> {
+        service_entries.clone_into(&mut self.service_entries);
         self.write()
     }
 
@@ -408,6 +419,9 @@ impl MeshFile {
         }
         if !self.peer_authentications.trim().is_empty() {
             let _ = write!(text, "peerAuthentications:\n{}", self.peer_authentications);
+        }
+        if !self.service_entries.trim().is_empty() {
+            let _ = write!(text, "serviceEntries:\n{}", self.service_entries);
         }
         text
     }
