@@ -240,6 +240,13 @@ pub enum ConfigError {
         /// What is wrong with it.
         source: ControlPlaneError,
     },
+    /// On-demand xDS and the DNS proxy are both on: the proxy answers from
+    /// every service, which on-demand mode never has (istio/ztunnel refuses
+    /// it too).
+    #[error(
+        "XDS_ON_DEMAND needs the DNS proxy off: set proxyMetadata DNS_CAPTURE=false (or ISTIO_META_DNS_CAPTURE=false)"
+    )]
+    OnDemandWithDnsProxy,
     /// Not a failure: `version` or `help` was asked for; print this text on
     /// standard output and exit 0.
     #[error("{0}")]
@@ -372,6 +379,9 @@ impl Args {
         let limits = self.limits.parse()?;
         let inpod = self.inpod.parse();
         let dns = self.dns.parse(&proxy_config.metadata)?;
+        if dns.enabled && xds.as_ref().is_some_and(|xds| xds.on_demand) {
+            return Err(ConfigError::OnDemandWithDnsProxy);
+        }
         Ok(Config {
             mode,
             own_workload,

@@ -26,6 +26,7 @@ use crate::revocation::RevocationWatch;
 use crate::socket::SocketFactory;
 use crate::state::{SharedState, State, Workload};
 use crate::tracker::{OutboundTracker, Shown, Tracker};
+use crate::xds::demand::Demand;
 
 mod local_pods;
 
@@ -65,6 +66,9 @@ pub struct NodeRuntime {
     /// The pods this process serves, for the same-node path; `None` when
     /// there is no such path (dedicated mode, or the setting off).
     pub local_pods: Option<Arc<LocalPods<Proxy>>>,
+    /// Asks the xDS client for an address the state does not know
+    /// (`XDS_ON_DEMAND`); `None` when every address is pushed.
+    pub demand: Option<Demand>,
 }
 
 /// What every connection handler of one proxied workload shares: the

@@ -34,6 +34,7 @@ use crate::revocation;
 use crate::socket::{canonical, original_destination};
 use crate::state::{Service, Workload};
 use crate::tracker::{Shown, ShownProtocol};
+use crate::xds::demand;
 
 pub mod route;
 mod same_node;
@@ -264,6 +265,25 @@ async fn open_to(proxy: &Proxy, peer: SocketAddr, target: SocketAddr) -> Option<
             let route = decide(&proxy.node.state.read(), &source);
             (route, source)
         }
+    };
+    let route = match (route, &proxy.node.demand) {
+        (
+            Route::Passthrough {
+                workload: None,
+                service: None,
+                ..
+            },
+            Some(demand),
+        ) => {
+            // Not in the state: on demand, asked for by address and routed
+            // again on what the answer brought (or on what there is after
+            // the wait).
+            let name = format!("{}/{}", proxy.node.config.network, target.ip());
+            let answered = demand.fetch(&name, demand::WAIT).await;
+            tracing::debug!(%name, answered, "destination fetched on demand");
+            decide(&proxy.node.state.read(), &source)
+        }
+        (route, _) => route,
     };
     log_route(&route, peer, target);
     let source = Some(&*source);

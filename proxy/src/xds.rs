@@ -9,6 +9,8 @@
 //! - `xds/request.rs`: node id, metadata and the requests themselves;
 //! - `xds/reconnect.rs`: how long to wait before reconnecting;
 //! - `xds/client.rs`: the task that moves messages and calls the above;
+//! - `xds/demand.rs`: Address resources asked for one by one
+//!   (`XDS_ON_DEMAND`), and the waits for them;
 //! - `xds/metrics.rs`: connection, message and NACK counters.
 //!
 //! The type URLs and [`ResourceKind`] are the wire contract's, shared with
@@ -24,6 +26,7 @@ use crate::control_plane::ControlPlaneError;
 
 mod apply;
 mod client;
+pub mod demand;
 mod known;
 mod metrics;
 mod reconnect;
@@ -34,7 +37,7 @@ pub use client::XdsClient;
 pub use known::{KnownVersions, Rejection, VersionChange};
 pub use metrics::XdsMetrics;
 pub use reconnect::{Reconnect, StreamEnd};
-pub use request::{ack, initial_requests, nack, node};
+pub use request::{ack, initial_requests, initial_requests_on_demand, nack, node};
 
 /// Why the xDS client cannot be built.
 #[derive(Debug, thiserror::Error)]

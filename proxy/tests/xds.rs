@@ -9,8 +9,10 @@
 //! resources of the same response apply, a reconnect after the server
 //! closes the stream with `initial_resource_versions` of the accepted
 //! resources, the Bearer token re-read on reconnect, an `http://`
-//! address that never connects, and a local file (`LOCAL_XDS_PATH`) beside
-//! xDS seeding the state that xDS then updates.
+//! address that never connects, a local file (`LOCAL_XDS_PATH`) beside
+//! xDS seeding the state that xDS then updates, and on-demand Address
+//! resources (`XDS_ON_DEMAND`) asked for by a connection. Over 800 lines:
+//! every test drives the one fake server this file builds.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -273,6 +275,62 @@ impl Drop for Ztunnel {
     }
 }
 
+/// What every test against the fake server starts with: the CA, the
+/// server (its root in a file), and a token file the CA accepts.
+struct Harness {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    ads: SocketAddr,
+    sessions: mpsc::UnboundedReceiver<Session>,
+    root_file: PathBuf,
+    token_file: PathBuf,
+    token: String,
+}
+
+async fn harness() -> Harness {
+    ztunnel_certs::tls::install_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = start_ca(dir.path()).await;
+    let (ads, ads_root, sessions) = start_fake_ads().await;
+    let root_file = dir.path().join("xds-root.pem");
+    std::fs::write(&root_file, ads_root).unwrap();
+    let token_file = dir.path().join("token");
+    let token = ca.app_token();
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    Harness {
+        dir,
+        ca,
+        ads,
+        sessions,
+        root_file,
+        token_file,
+        token,
+    }
+}
+
+impl Harness {
+    /// A ztunnel pointed at the server and the CA, with `more` besides.
+    fn spawn(&self, more: &[(&str, String)]) -> Ztunnel {
+        let mut env = vec![
+            ("XDS_ADDRESS", format!("https://{}", self.ads)),
+            ("XDS_ROOT_CA", self.root_file.display().to_string()),
+            ("CA_ADDRESS", format!("https://{}", self.ca.addr)),
+            ("CA_ROOT_CA", self.ca.root_file.display().to_string()),
+            ("AUTH_TOKEN", self.token_file.display().to_string()),
+        ];
+        env.extend(more.iter().cloned());
+        spawn_ztunnel(self.dir.path(), &env)
+    }
+
+    /// The next stream the proxy opens.
+    async fn session(&mut self) -> Session {
+        tokio::time::timeout(WAIT, self.sessions.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
 fn free_port() -> SocketAddr {
     ztunnel_test_support::ports::unused_loopback_port().unwrap()
 }
@@ -347,9 +405,9 @@ async fn eventually<T, Fut: Future<Output = Option<T>>>(
     }
 }
 
-/// Waits for readiness, which follows the ACK of both wildcard types.
-async fn ready_after_both_acks(ztunnel: &Ztunnel) {
-    eventually("ready after both ACKs", || async {
+/// Waits for readiness, which follows the ACK of every wildcard type.
+async fn ready_once_acked(ztunnel: &Ztunnel) {
+    eventually("ready after the wildcard types' ACKs", || async {
         get(ztunnel.readiness, "/healthz/ready")
             .await
             .filter(|(status, _)| *status == 200)
@@ -425,38 +483,20 @@ fn versions(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
-    ztunnel_certs::tls::install_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = start_ca(dir.path()).await;
-    let (ads, ads_root, mut sessions) = start_fake_ads().await;
-    let root_file = dir.path().join("xds-root.pem");
-    std::fs::write(&root_file, ads_root).unwrap();
-    let token_file = dir.path().join("token");
-    let token = ca.app_token();
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let ztunnel = spawn_ztunnel(
-        dir.path(),
-        &[
-            ("XDS_ADDRESS", format!("https://{ads}")),
-            ("XDS_ROOT_CA", root_file.display().to_string()),
-            ("CA_ADDRESS", format!("https://{}", ca.addr)),
-            ("CA_ROOT_CA", ca.root_file.display().to_string()),
-            ("AUTH_TOKEN", token_file.display().to_string()),
-            ("CLUSTER_ID", "test-cluster".into()),
-            ("INSTANCE_IP", "127.0.0.1".into()),
-            ("POD_NAME", "app-0".into()),
-            ("POD_NAMESPACE", "default".into()),
-            ("NODE_NAME", "node-a".into()),
-            ("ISTIO_META_ZONE", "z1".into()),
-            ("XDS_HEADER_X_TENANT", "blue".into()),
-        ],
-    );
+    let mut harness = harness().await;
+    let ztunnel = harness.spawn(&[
+        ("CLUSTER_ID", "test-cluster".into()),
+        ("INSTANCE_IP", "127.0.0.1".into()),
+        ("POD_NAME", "app-0".into()),
+        ("POD_NAMESPACE", "default".into()),
+        ("NODE_NAME", "node-a".into()),
+        ("ISTIO_META_ZONE", "z1".into()),
+        ("XDS_HEADER_X_TENANT", "blue".into()),
+    ]);
+    let token = harness.token.clone();
 
     // The stream opens with the credentials and the two wildcard requests.
-    let mut session = tokio::time::timeout(WAIT, sessions.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let mut session = harness.session().await;
     assert_eq!(
         session.header("authorization"),
         Some(format!("Bearer {token}"))
@@ -524,7 +564,7 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
         )
         .await;
     assert!(ack.error_detail.is_none());
-    ready_after_both_acks(&ztunnel).await;
+    ready_once_acked(&ztunnel).await;
     assert_eq!(workload_uids(&ztunnel).await, ["w-1", "w-2"]);
 
     // One bad resource: NACKed with the exact detail; the rest applies.
@@ -557,12 +597,9 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
 
     // The server ends the stream; the state is kept, the token re-read, and
     // the new stream echoes what was accepted (not w-bad, not w-1).
-    std::fs::write(&token_file, "rotated-token\n").unwrap();
+    std::fs::write(&harness.token_file, "rotated-token\n").unwrap();
     drop(session.responses);
-    let mut session = tokio::time::timeout(WAIT, sessions.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let mut session = harness.session().await;
     assert_eq!(
         session.header("authorization").as_deref(),
         Some("Bearer rotated-token")
@@ -635,15 +672,8 @@ async fn an_http_address_never_connects() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
-    ztunnel_certs::tls::install_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = start_ca(dir.path()).await;
-    let (ads, ads_root, mut sessions) = start_fake_ads().await;
-    let root_file = dir.path().join("xds-root.pem");
-    std::fs::write(&root_file, ads_root).unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, ca.app_token()).unwrap();
-    let local = dir.path().join("local.yaml");
+    let mut harness = harness().await;
+    let local = harness.dir.path().join("local.yaml");
     let seed = |uid: &str, ip: &str| {
         format!(
             "- uid: {uid}\n  name: {uid}\n  namespace: default\n  serviceAccount: {uid}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: node-b\n  services: {{}}\n"
@@ -655,24 +685,11 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
         seed("local-2", "10.2.0.2")
     );
     std::fs::write(&local, &file).unwrap();
-    let ztunnel = spawn_ztunnel(
-        dir.path(),
-        &[
-            ("LOCAL_XDS_PATH", local.display().to_string()),
-            ("XDS_ADDRESS", format!("https://{ads}")),
-            ("XDS_ROOT_CA", root_file.display().to_string()),
-            ("CA_ADDRESS", format!("https://{}", ca.addr)),
-            ("CA_ROOT_CA", ca.root_file.display().to_string()),
-            ("AUTH_TOKEN", token_file.display().to_string()),
-        ],
-    );
+    let ztunnel = harness.spawn(&[("LOCAL_XDS_PATH", local.display().to_string())]);
 
     // Both sources at once: the file's workloads are there from the
     // start, and the stream still opens and must be ACKed for readiness.
-    let mut session = tokio::time::timeout(WAIT, sessions.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let mut session = harness.session().await;
     let first = session.request().await;
     let _second = session.request().await;
     assert!(
@@ -708,7 +725,7 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
         .push(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
         .await;
     assert!(ack.error_detail.is_none());
-    ready_after_both_acks(&ztunnel).await;
+    ready_once_acked(&ztunnel).await;
     assert_eq!(
         workload_uids(&ztunnel).await,
         ["local-1", "local-2", "pushed-1"]
@@ -736,4 +753,138 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
     std::fs::write(&local, "workloads: []\n").unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(workload_uids(&ztunnel).await, ["local-2", "pushed-1"]);
+}
+
+/// A plain-TCP workload of `uid` at `ip`, running as `uid`.
+fn tcp_workload(uid: &str, ip: [u8; 4]) -> wire::Workload {
+    wire::Workload {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "default".into(),
+        service_account: uid.into(),
+        addresses: vec![ip.to_vec()],
+        node: "node-b".into(),
+        ..Default::default()
+    }
+}
+
+fn workload_resource_of(workload: wire::Workload, version: &str) -> Resource {
+    let name = workload.uid.clone();
+    let address = wire::Address {
+        r#type: Some(wire::address::Type::Workload(workload)),
+    };
+    Resource {
+        name,
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: ADDRESS_TYPE_URL.into(),
+            value: address.encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A SOCKS5 CONNECT to `target` through the proxy's 127.0.0.1:15080; the
+/// reply's code and, on success, the stream.
+async fn socks5_connect(target: SocketAddr) -> (u8, TcpStream) {
+    let mut stream = TcpStream::connect("127.0.0.1:15080").await.unwrap();
+    stream.write_all(&[5, 1, 0]).await.unwrap();
+    let mut choice = [0u8; 2];
+    stream.read_exact(&mut choice).await.unwrap();
+    let SocketAddr::V4(target) = target else {
+        panic!("IPv4 only here");
+    };
+    let mut request = vec![5, 1, 0, 1];
+    request.extend_from_slice(&target.ip().octets());
+    request.extend_from_slice(&target.port().to_be_bytes());
+    stream.write_all(&request).await.unwrap();
+    let mut reply = [0u8; 10];
+    stream.read_exact(&mut reply).await.unwrap();
+    (reply[1], stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_a_workload_unknown_at_start_is_fetched_by_its_address_before_routing() {
+    let mut harness = harness().await;
+    // The destination: an echo on 127.0.0.2, which nothing pushes.
+    let echo = TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let echo_addr = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut read, mut write) = stream.split();
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            });
+        }
+    });
+    let ztunnel = harness.spawn(&[
+        ("XDS_ON_DEMAND", "true".into()),
+        ("ISTIO_META_DNS_CAPTURE", "false".into()),
+        ("UNSTABLE_ENABLE_SOCKS5", "true".into()),
+    ]);
+
+    // Address is subscribed to nothing; Authorization is a wildcard.
+    let mut session = harness.session().await;
+    let address = session.request().await;
+    let authorization = session.request().await;
+    assert_eq!(address.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(
+        (
+            &address.resource_names_subscribe[..],
+            &address.resource_names_unsubscribe[..]
+        ),
+        (&["*".to_owned()][..], &["*".to_owned()][..])
+    );
+    assert!(authorization.resource_names_subscribe.is_empty());
+
+    // Ready once Authorization is ACKed: there is no Address wildcard to
+    // wait for. The proxy's own workload is pushed as istiod would.
+    let ack = session
+        .push(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
+        .await;
+    assert!(ack.error_detail.is_none());
+    ready_once_acked(&ztunnel).await;
+    let local = wire::Workload {
+        service_account: "app".into(),
+        ..tcp_workload("app-0", [127, 0, 0, 1])
+    };
+    let ack = session
+        .push(
+            ADDRESS_TYPE_URL,
+            "a1",
+            vec![workload_resource_of(local, "1")],
+            &[],
+        )
+        .await;
+    assert!(ack.error_detail.is_none());
+
+    // A connection to the unknown address asks for it, and is routed once
+    // the answer came, knowing its destination.
+    let client = tokio::spawn(socks5_connect(echo_addr));
+    let demand = session.request().await;
+    assert_eq!(demand.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(demand.resource_names_subscribe, ["/127.0.0.2"]);
+    // Named by its uid, with the address asked for as an alias, as istiod
+    // answers a demand.
+    let mut answer = workload_resource_of(tcp_workload("w-echo", [127, 0, 0, 2]), "1");
+    answer.aliases = vec!["/127.0.0.2".to_owned()];
+    let ack = session
+        .push(ADDRESS_TYPE_URL, "a2", vec![answer], &[])
+        .await;
+    assert!(ack.error_detail.is_none());
+    let (code, mut stream) = tokio::time::timeout(WAIT, client).await.unwrap().unwrap();
+    assert_eq!(code, 0, "connected");
+    stream.write_all(b"on demand").await.unwrap();
+    let mut echoed = [0u8; 9];
+    stream.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"on demand");
+    assert_eq!(workload_uids(&ztunnel).await, ["app-0", "w-echo"]);
+    let (_, metrics) = get(ztunnel.stats, "/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(
+            |line| line.starts_with("istio_tcp_connections_opened_total")
+                && line.contains("destination_workload=\"w-echo\"")
+        ),
+        "the connection names the workload fetched for it:\n{metrics}"
+    );
 }

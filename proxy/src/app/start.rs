@@ -36,7 +36,7 @@ use crate::revocation;
 use crate::socket::{Keepalive, LocalSockets};
 use crate::state::SharedState;
 use crate::telemetry::{self, LogHandle, LogOptions};
-use crate::xds::{XdsClient, XdsMetrics};
+use crate::xds::{self, XdsClient, XdsMetrics};
 
 /// Runs the proxy until it is drained (SIGTERM, SIGINT or `/quitquitquit`),
 /// or until a fatal error, which is returned.
@@ -113,6 +113,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let dns = Dns::from_config(&config, &mut registry);
     // The same-node path is between the pods of the shared mode.
     let same_node = matches!(config.mode, ProxyMode::Shared) && config.inpod.same_node_shortcut;
+    let (demand, demands) = match &config.xds {
+        Some(xds) if xds.on_demand => {
+            let (demand, demands) = xds::demand::channel();
+            (Some(demand), Some(demands))
+        }
+        _ => (None, None),
+    };
     let runtime = NodeRuntime {
         config: Arc::clone(&config),
         state,
@@ -127,6 +134,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         h2: H2Settings::from(&config.http2),
         pool: PoolConfig::from(&config.pool),
         local_pods: same_node.then(|| Arc::new(LocalPods::default())),
+        demand,
     };
     let node = Node {
         runtime: Arc::new(runtime),
@@ -136,7 +144,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         drain: watcher,
         trigger,
     };
-    start_xds(&node, xds_metrics)?;
+    start_xds(&node, xds_metrics, demands)?;
     let started = match dedicated {
         Some((workload, identity)) => dedicated::start(&node, workload, identity)?,
         None => shared::start(&node, &mut registry)?,
@@ -155,9 +163,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     wait_and_drain(&control, trigger, quit_requests, started.session, &config)
 }
 
-/// Starts the xDS client when one is configured. Its readiness tasks are
-/// registered here, before the readiness server starts.
-fn start_xds(node: &Node, metrics: XdsMetrics) -> anyhow::Result<()> {
+/// Starts the xDS client when one is configured, taking the data path's
+/// `demands` on demand. Its readiness tasks are registered here, before
+/// the readiness server starts.
+fn start_xds(
+    node: &Node,
+    metrics: XdsMetrics,
+    demands: Option<tokio::sync::mpsc::Receiver<xds::demand::Demanded>>,
+) -> anyhow::Result<()> {
     let Some(settings) = &node.runtime.config.xds else {
         return Ok(());
     };
@@ -169,6 +182,10 @@ fn start_xds(node: &Node, metrics: XdsMetrics) -> anyhow::Result<()> {
         &node.ready,
     )
     .context("xDS client configuration")?;
+    let client = match demands {
+        Some(demands) => client.with_demands(demands),
+        None => client,
+    };
     node.control.spawn(client.run(node.drain.clone()));
     Ok(())
 }

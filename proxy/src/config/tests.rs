@@ -82,6 +82,22 @@ fn ztunnels_own_workload_is_its_pod_in_shared_mode_when_all_three_are_given() {
 }
 
 #[test]
+fn on_demand_xds_needs_the_dns_proxy_off_as_istio_does() {
+    let error = parse(&["--xds-on-demand", "true"]).unwrap_err();
+    assert!(
+        matches!(error, ConfigError::OnDemandWithDnsProxy),
+        "{error}"
+    );
+    assert!(error.to_string().contains("DNS_CAPTURE=false"), "{error}");
+    let config = parse(&["--xds-on-demand", "true", "--dns-capture", "false"]).unwrap();
+    assert!(config.xds.unwrap().on_demand);
+    assert!(
+        !parse(&[]).unwrap().xds.unwrap().on_demand,
+        "off by default"
+    );
+}
+
+#[test]
 fn defaults_follow_istio() {
     let config = parse(&[]).unwrap();
     assert_eq!(config.mode, ProxyMode::Shared);

@@ -59,6 +59,10 @@ pub struct XdsSettings {
     pub headers: ExtraHeaders,
     /// Who this proxy says it is.
     pub node: NodeSettings,
+    /// `XDS_ON_DEMAND`: Address resources are subscribed one by one as
+    /// connections need them, not as a wildcard; Authorization stays a
+    /// wildcard.
+    pub on_demand: bool,
 }
 
 /// The node id's parts and the node metadata (WIRE.md §7).
@@ -110,6 +114,11 @@ pub(super) struct XdsArgs {
     /// This pod's namespace, in the xDS node id.
     #[arg(long, env = "POD_NAMESPACE")]
     pub(super) pod_namespace: Option<String>,
+    /// Fetch workloads and services on demand, by the address a connection
+    /// needs, rather than all of them (large meshes); the DNS proxy must be
+    /// off.
+    #[arg(long, env = "XDS_ON_DEMAND", default_value_t = false, action = clap::ArgAction::Set)]
+    pub(super) xds_on_demand: bool,
 }
 
 impl XdsArgs {
@@ -169,6 +178,7 @@ impl XdsArgs {
                 metadata,
                 invalid_metadata,
             },
+            on_demand: self.xds_on_demand,
         }))
     }
 }
@@ -249,6 +259,7 @@ mod tests {
             instance_ip: None,
             pod_name: None,
             pod_namespace: None,
+            xds_on_demand: false,
         }
     }
 

@@ -74,6 +74,7 @@ impl TestProxy<'_> {
             h2: H2Settings::default(),
             pool: self.pool,
             local_pods: self.local_pods,
+            demand: None,
         };
         let workload = WorkloadInfo {
             namespace: "default".into(),

@@ -32,6 +32,7 @@ use crate::state::{Interner, SharedState};
 
 use super::XdsError;
 use super::apply::{self, Applied};
+use super::demand::{Demanded, Pending};
 use super::known::KnownVersions;
 use super::metrics::XdsMetrics;
 use super::reconnect::{Reconnect, StreamEnd};
@@ -65,6 +66,9 @@ pub struct XdsClient {
     reconnect: Reconnect,
     /// Readiness held per wildcard type until its first ACK.
     waiting: BTreeMap<ResourceKind, BlockReady>,
+    /// With `XDS_ON_DEMAND`: the data path's demands, and the names asked
+    /// for so far.
+    on_demand: Option<(mpsc::Receiver<Demanded>, Pending)>,
 }
 
 impl XdsClient {
@@ -89,8 +93,11 @@ impl XdsClient {
             rustls::pki_types::ServerName::try_from(alt.as_str())
                 .map_err(|_| ControlPlaneError::InvalidServerName(alt.clone()))?;
         }
+        // On demand, Address is no wildcard: there is no first response of
+        // everything to wait for, only Authorization's.
         let waiting = ResourceKind::ALL
             .into_iter()
+            .filter(|kind| !(settings.on_demand && *kind == ResourceKind::Address))
             .map(|kind| (kind, ready.register_task(&readiness_name(kind))))
             .collect();
         Ok(XdsClient {
@@ -103,7 +110,14 @@ impl XdsClient {
             interner: Interner::new(),
             reconnect: Reconnect::new(),
             waiting,
+            on_demand: None,
         })
+    }
+
+    /// Takes the data path's demands from `demands` (`XDS_ON_DEMAND`).
+    pub fn with_demands(mut self, demands: mpsc::Receiver<Demanded>) -> XdsClient {
+        self.on_demand = Some((demands, Pending::default()));
+        self
     }
 
     /// Keeps a stream open until the drain: reconnects after every end.
@@ -151,7 +165,11 @@ impl XdsClient {
             }
         };
         let (requests, outbound) = mpsc::channel(REQUEST_QUEUE);
-        for initial in request::initial_requests(&self.node, &self.known) {
+        let demanded = self
+            .on_demand
+            .as_ref()
+            .map(|(_, pending)| pending.subscribed());
+        for initial in request::initial_requests_on_demand(&self.node, &self.known, demanded) {
             // The queue is empty and larger than the initial requests.
             let _ = requests.try_send(initial);
         }
@@ -169,13 +187,36 @@ impl XdsClient {
         self.metrics.set_connected(true);
         tracing::info!(address = %self.settings.address, "xDS stream open");
         loop {
-            // `message` is cancel safe.
-            let response = match responses.message().await {
+            // Both cancel safe: `message`, and `recv` of a demand.
+            let received = tokio::select! {
+                received = responses.message() => received,
+                Some(demanded) = next_demand(&mut self.on_demand) => {
+                    let subscribe = self
+                        .on_demand
+                        .as_mut()
+                        .and_then(|(_, pending)| pending.add(demanded));
+                    if let Some(subscribe) = subscribe {
+                        // Gone request side: the next read reports why.
+                        let _ = requests.send(subscribe).await;
+                    }
+                    continue;
+                }
+            };
+            let response = match received {
                 Ok(Some(response)) => response,
                 Ok(None) => return StreamEnd::Clean,
                 Err(status) => return status_end(status),
             };
+            let answered = self
+                .on_demand
+                .as_ref()
+                .map(|(_, pending)| pending.answered_by(&response))
+                .unwrap_or_default();
             let (reply, acked) = self.handle(response);
+            // The state has the response now: its askers find it there.
+            if let Some((_, pending)) = self.on_demand.as_mut() {
+                pending.answer(answered);
+            }
             if requests.send(reply).await.is_err() {
                 // The request side is gone: the next read reports why.
                 continue;
@@ -252,6 +293,16 @@ impl XdsClient {
         }
         let acked = detail.is_none().then_some(kind);
         (update.reply, acked)
+    }
+}
+
+/// The next demand, when demands are taken; never otherwise.
+async fn next_demand(
+    on_demand: &mut Option<(mpsc::Receiver<Demanded>, Pending)>,
+) -> Option<Demanded> {
+    match on_demand {
+        Some((demands, _)) => demands.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -60,16 +60,40 @@ pub fn node(settings: &NodeSettings) -> Node {
 /// with `node`, empty subscribe/unsubscribe lists (a wildcard) and the
 /// versions accepted so far.
 pub fn initial_requests(node: &Node, known: &KnownVersions) -> Vec<DeltaDiscoveryRequest> {
+    initial_requests_on_demand(node, known, None)
+}
+
+/// [`initial_requests`], with Address on demand when `demanded` is given
+/// (`XDS_ON_DEMAND`): `*` both subscribed and unsubscribed, which delta
+/// xDS reads as no wildcard (there is no other way to subscribe to
+/// nothing), and the names demanded so far subscribed again.
+pub fn initial_requests_on_demand(
+    node: &Node,
+    known: &KnownVersions,
+    demanded: Option<Vec<String>>,
+) -> Vec<DeltaDiscoveryRequest> {
     ResourceKind::ALL
         .into_iter()
-        .map(|kind| DeltaDiscoveryRequest {
-            node: Some(node.clone()),
-            type_url: kind.type_url().to_owned(),
-            initial_resource_versions: known.initial_resource_versions(kind),
-            ..DeltaDiscoveryRequest::default()
+        .map(|kind| {
+            let mut request = DeltaDiscoveryRequest {
+                node: Some(node.clone()),
+                type_url: kind.type_url().to_owned(),
+                initial_resource_versions: known.initial_resource_versions(kind),
+                ..DeltaDiscoveryRequest::default()
+            };
+            if let (ResourceKind::Address, Some(names)) = (kind, &demanded) {
+                request.resource_names_subscribe = std::iter::once(WILDCARD.to_owned())
+                    .chain(names.iter().cloned())
+                    .collect();
+                request.resource_names_unsubscribe = vec![WILDCARD.to_owned()];
+            }
+            request
         })
         .collect()
 }
+
+/// Delta xDS's name for every resource of a type.
+const WILDCARD: &str = "*";
 
 /// The ACK of a response: its type and nonce, nothing else.
 pub fn ack(type_url: &str, nonce: &str) -> DeltaDiscoveryRequest {
