@@ -138,7 +138,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let metrics = Arc::new(CaMetrics::new());
     let source = match client {
-        Some(client) => kubernetes_source(&args, client, &issuer, &metrics, &stopped),
+        Some(client) => kubernetes_source(&args, client, &issuer, &metrics, &stopped)?,
         None => file_source(&args, state, &metrics, &stopped)?,
     };
     let config = CaConfig {
@@ -235,7 +235,11 @@ fn kubernetes_source(
     issuer: &Issuer,
     metrics: &Arc<CaMetrics>,
     stopped: &watch::Receiver<bool>,
-) -> Source {
+) -> anyhow::Result<Source> {
+    // Read before anything starts: a bad mesh config stops start-up.
+    let settings = args
+        .convert
+        .settings(&args.trust_domain, &args.pod_namespace)?;
     tokio::spawn(root_configmap::run(
         client.clone(),
         args.root_namespaces(),
@@ -248,9 +252,6 @@ fn kubernetes_source(
         required.extend_from_slice(kubernetes::UNTAINT_ACCESS);
         tokio::spawn(untaint::run(client.clone(), config, wait(stopped.clone())));
     }
-    let settings = args
-        .convert
-        .settings(&args.trust_domain, &args.pod_namespace);
     tokio::spawn(waypoint_status::run(
         client.clone(),
         settings.cluster_domain.clone(),
@@ -275,11 +276,11 @@ fn kubernetes_source(
         args.authentication
             .token_review(client, Arc::clone(metrics), wait(stopped.clone()));
     tracing::info!("mesh source: the Kubernetes API");
-    Source {
+    Ok(Source {
         registry: Arc::clone(&registry) as Arc<dyn PodRegistry>,
         authenticator: Arc::new(authenticator),
         readiness: kubernetes::readiness(registry, permissions, keys),
-    }
+    })
 }
 
 /// The issuer, from the flags' files, else the Kubernetes Secrets (with a

@@ -40,7 +40,7 @@ pub use policy::{
 };
 pub use service::{
     AppProtocol, HealthPolicy, IpFamilies, LoadBalancing, LoadBalancingMode, LocalityScope,
-    NetworkAddress, Service, ServicePort, TargetPort,
+    NetworkAddress, Service, ServicePort, ServiceVisibility, TargetPort,
 };
 pub use snapshot::{DEFAULT_ROOT_NAMESPACE, MeshError, MeshFile, MeshSnapshot};
 pub use waypoint::{

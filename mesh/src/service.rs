@@ -75,6 +75,21 @@ pub struct Service {
     /// identity is accepted (AMBIENT.md §3.3-3.4).
     #[serde(default)]
     pub subject_alt_names: Vec<String>,
+    /// Who may reach it by its VIPs and hostname: everyone, or only
+    /// clients of its namespace (a ServiceEntry under the mesh config's
+    /// `serviceEntryVisibility`; `kube/convert/export_to.rs`).
+    #[serde(default)]
+    pub visibility: ServiceVisibility,
+}
+
+/// `Service.visibility` on the wire (WIRE.md: `Public` = 0, `Namespace` = 1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum ServiceVisibility {
+    /// Every client.
+    #[default]
+    Public,
+    /// Only clients in the service's namespace.
+    Namespace,
 }
 
 impl Service {

@@ -18,6 +18,7 @@ use serde::{Deserialize, Deserializer};
 use ztunnel_certs::error_chain::ErrorChain;
 use ztunnel_certs::identity::Identity;
 
+use super::kube::convert::export_to::ServiceEntryVisibility;
 use super::kube::convert::file_entries;
 use super::kube::service_entry_crd::ServiceEntry as KubeServiceEntry;
 use super::kube::workload_entry_crd::WorkloadEntry as KubeWorkloadEntry;
@@ -76,6 +77,10 @@ struct MeshFileMap {
     service_entries: Vec<KubeServiceEntry>,
     #[serde(default, rename = "workloadEntries")]
     workload_entries: Vec<KubeWorkloadEntry>,
+    /// The mesh config's `serviceEntryVisibility`, for the ServiceEntries
+    /// above (the file has no namespaces: their labels are none).
+    #[serde(default, rename = "serviceEntryVisibility")]
+    service_entry_visibility: Option<ServiceEntryVisibility>,
 }
 
 impl<'de> Deserialize<'de> for MeshFile {
@@ -95,7 +100,8 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(
             "a map {pods, services, policies, networkGateways, peerAuthentications, \
-             rootNamespace, serviceEntries, workloadEntries} or a list of pods",
+             rootNamespace, serviceEntries, workloadEntries, serviceEntryVisibility} \
+             or a list of pods",
         )
     }
 
@@ -110,9 +116,13 @@ impl<'de> Visitor<'de> for MeshFileVisitor {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         let form = MeshFileMap::deserialize(MapAccessDeserializer::new(map))?;
         let mut services = form.services;
-        let workload_entries =
-            file_entries(form.service_entries, form.workload_entries, &mut services)
-                .map_err(|problem| de::Error::custom(format_args!("{problem}")))?;
+        let workload_entries = file_entries(
+            form.service_entries,
+            form.workload_entries,
+            form.service_entry_visibility,
+            &mut services,
+        )
+        .map_err(|problem| de::Error::custom(format_args!("{problem}")))?;
         Ok(MeshFile {
             pods: form.pods,
             services,

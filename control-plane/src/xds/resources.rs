@@ -34,8 +34,8 @@ use ztunnel_proto::istio::workload::{
 use ztunnel_mesh::{
     AppProtocol, Cidr, EntryAddress, HealthPolicy, IpFamilies, Labels, LoadBalancing,
     LoadBalancingMode, Locality, LocalityScope, MeshSnapshot, Pod, Policy, PolicyAction,
-    PolicyMatch, PolicyScope, Service, ServiceAccountMatch, ServicePort, StringMatch, TargetPort,
-    WorkloadEntry, WorkloadProtocol, WorkloadType as MeshWorkloadType,
+    PolicyMatch, PolicyScope, Service, ServiceAccountMatch, ServicePort, ServiceVisibility,
+    StringMatch, TargetPort, WorkloadEntry, WorkloadProtocol, WorkloadType as MeshWorkloadType,
 };
 
 use gateway::{application_tunnel, gateway_address, network_gateway_workload};
@@ -483,6 +483,10 @@ fn proto_service(service: &Service) -> ProtoService {
             .collect(),
         ingress_use_waypoint: service.ingress_use_waypoint,
         subject_alt_names: service.subject_alt_names.clone(),
+        visibility: match service.visibility {
+            ServiceVisibility::Public => proto_workload::service::Visibility::Public,
+            ServiceVisibility::Namespace => proto_workload::service::Visibility::Namespace,
+        } as i32,
         ..ProtoService::default()
     }
 }

@@ -30,6 +30,7 @@ use crate::{Labels, Locality, MeshFile, Pod, Policy};
 use waypoint::Waypoints;
 
 pub mod allocation;
+pub mod export_to;
 mod network;
 mod peer_authentication;
 mod pod;
@@ -73,7 +74,7 @@ pub struct KubeObjects {
 }
 
 /// The mesh-wide settings istiod takes from its flags and mesh config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConvertSettings {
     /// The cluster's name in workload uids and `Workload.cluster_id`
     /// (istiod `CLUSTER_ID`).
@@ -94,6 +95,9 @@ pub struct ConvertSettings {
     /// Whether dry-run policies are sent, marked dry-run, rather than
     /// left out (`AMBIENT_ENABLE_DRY_RUN_AUTHORIZATION_POLICY`).
     pub enable_dry_run_policies: bool,
+    /// The mesh config's `serviceEntryVisibility`; `None`, every
+    /// ServiceEntry is public.
+    pub service_entry_visibility: Option<export_to::ServiceEntryVisibility>,
 }
 
 impl Default for ConvertSettings {
@@ -107,6 +111,7 @@ impl Default for ConvertSettings {
             network: String::new(),
             system_namespace: "istio-system".to_owned(),
             enable_dry_run_policies: false,
+            service_entry_visibility: None,
         }
     }
 }
@@ -440,12 +445,16 @@ pub fn convert(objects: &KubeObjects, settings: &ConvertSettings) -> Conversion 
 pub fn file_entries(
     service_entries: Vec<ServiceEntry>,
     workload_entries: Vec<WorkloadEntry>,
+    visibility: Option<export_to::ServiceEntryVisibility>,
     services: &mut Vec<crate::Service>,
 ) -> Result<Vec<crate::WorkloadEntry>, ObjectProblem> {
     if service_entries.is_empty() && workload_entries.is_empty() {
         return Ok(Vec::new());
     }
-    let settings = ConvertSettings::default();
+    let settings = ConvertSettings {
+        service_entry_visibility: visibility,
+        ..ConvertSettings::default()
+    };
     let mut problems = Vec::new();
     let workload_entries: Vec<Arc<WorkloadEntry>> =
         workload_entries.into_iter().map(Arc::new).collect();

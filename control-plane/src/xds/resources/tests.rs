@@ -804,6 +804,22 @@ fn service_entry_resolution_none_passes_through_and_selectors_pick_pods_and_work
 }
 
 #[test]
+fn export_to_visibility_of_the_mesh_config_goes_out_on_each_service() {
+    let (_, services) = convert(ENTRIES);
+    let public = proto_workload::service::Visibility::Public as i32;
+    assert!(
+        services
+            .values()
+            .all(|service| service.visibility == public)
+    );
+    let (_, services) = convert(&format!(
+        "{ENTRIES}serviceEntryVisibility: {{defaultVisibility: NAMESPACE}}\n"
+    ));
+    let namespace = proto_workload::service::Visibility::Namespace as i32;
+    assert_eq!(services["shop/api.example.com"].visibility, namespace);
+}
+
+#[test]
 fn workload_entry_becomes_a_workload_as_istiod_sends_it() {
     let (workloads, _) = convert(ENTRIES);
     let vm = &workloads["Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-1"];

@@ -154,6 +154,7 @@ fn service(
         weighted_waypoints: Vec::new(),
         ingress_use_waypoint: false,
         subject_alt_names: Vec::new(),
+        visibility: crate::ServiceVisibility::Public,
         name,
         namespace,
     };

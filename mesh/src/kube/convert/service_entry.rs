@@ -34,6 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ztunnel_certs::identity::Identity;
 
 use super::allocation::{allocated_addresses, host_takes_allocation, wants_allocation};
+use super::export_to::{self, Visibility};
 use super::pod::tunnel;
 use super::service::{TRAFFIC_DISTRIBUTION, load_balancing};
 use super::waypoint::Waypoints;
@@ -44,7 +45,7 @@ use super::{
 use crate::kube::service_entry_crd::{ServiceEntry as KubeServiceEntry, ServiceEntryPort};
 use crate::{
     AppProtocol, EntryAddress, HealthPolicy, LoadBalancing, LoadBalancingMode, NetworkAddress,
-    Service, ServicePort, TargetPort, WorkloadEntry,
+    Service, ServicePort, ServiceVisibility, TargetPort, WorkloadEntry,
 };
 
 /// `spec.resolution`: how a ServiceEntry's endpoints are found.
@@ -250,6 +251,20 @@ pub(super) fn service_entry(
     } else {
         BTreeMap::new()
     };
+    let visibility = match export_to::service_entry_visibility(
+        settings.service_entry_visibility.as_ref(),
+        namespace_metadata.and_then(|ns| ns.labels.as_ref()),
+    ) {
+        // istiod configures no dataplane for it: its services are not sent.
+        Visibility::Hidden => {
+            return Outcome {
+                entry: Some(Converted::default()),
+                problems,
+            };
+        }
+        Visibility::Namespace => ServiceVisibility::Namespace,
+        Visibility::Public => ServiceVisibility::Public,
+    };
     let ports = ports(&spec.ports, &mut problems);
     let balancing = if resolution == Resolution::None {
         Some(LoadBalancing {
@@ -356,6 +371,7 @@ pub(super) fn service_entry(
             weighted_waypoints: Vec::new(),
             ingress_use_waypoint: false,
             subject_alt_names: subject_alt_names.clone(),
+            visibility,
         });
     }
     Outcome {

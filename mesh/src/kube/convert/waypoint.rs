@@ -486,7 +486,7 @@ fn attachment(listeners: &[Listener], binding: Option<ApplicationTunnel>) -> Att
 
 /// Whether a label selector picks these labels (an empty selector picks
 /// everything; an operator it does not know picks nothing).
-fn selects(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {
+pub(super) fn selects(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {
     let label = |key: &str| labels.and_then(|labels| labels.get(key));
     let exact = selector
         .match_labels

@@ -316,6 +316,7 @@ fn service_entry_hosts_go_to_a_kubernetes_service_first_then_to_the_oldest_entry
         weighted_waypoints: Vec::new(),
         ingress_use_waypoint: false,
         subject_alt_names: Vec::new(),
+        visibility: crate::ServiceVisibility::Public,
     };
     let (services, _, problems) = convert_entries(
         &[kube_service_entry(
