@@ -351,6 +351,7 @@ mod tests {
             "message": "connection complete",
             "src.addr": "198.18.64.5:40312",
             "src.identity": "spiffe://cluster.local/ns/demo/sa/client",
+            "src.workload": "client-a",
             "dst.addr": "198.18.65.7:15008",
             "dst.workload": "echo-1",
             "direction": "inbound",
