@@ -25,6 +25,8 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v ipset >/dev/null || need+=(ipset)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 command -v openssl >/dev/null || need+=(openssl)
+# The benchmark harness's --perf (system calls, context switches, profiles).
+command -v perf >/dev/null || need+=(linux-perf)
 # The operating system's roots, which CA_ROOT_CA=SYSTEM is tested against.
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 # `type -P`: the programs on PATH, not bash's builtin kill.

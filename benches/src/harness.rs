@@ -23,6 +23,7 @@ use anyhow::{Context, bail};
 
 mod dns;
 mod figures;
+mod perf;
 mod plot;
 mod process;
 mod report;
@@ -74,6 +75,14 @@ pub struct Options {
     pub out_dir: PathBuf,
     /// File name stem of the results; a UTC timestamp when absent.
     pub stem: Option<String>,
+    /// What the report calls build A and build B (e.g. `istio`, `ours`),
+    /// so that its ratios read "ours/istio".
+    pub names: [String; 2],
+    /// Counts each proxy's system calls and context switches per unit of
+    /// work and profiles it (`perf`), with the profiles' summaries in
+    /// `<out_dir>/<stem>-perf/`. The counting costs the proxies some CPU:
+    /// figures to compare are taken without it.
+    pub perf: bool,
 }
 
 /// Runs the benchmark and writes its results; returns the report and the
@@ -83,6 +92,20 @@ pub fn run(options: &Options) -> anyhow::Result<(Report, Vec<PathBuf>)> {
         bail!("at least one round is needed");
     }
     let started = time::OffsetDateTime::now_utc();
+    let stem = options.stem.clone().unwrap_or_else(|| {
+        format!(
+            "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+            started.year(),
+            u8::from(started.month()),
+            started.day(),
+            started.hour(),
+            started.minute(),
+            started.second()
+        )
+    });
+    let perf_dir = options
+        .perf
+        .then(|| options.out_dir.join(format!("{stem}-perf")));
     let builds = builds(options)?;
     for build in &builds {
         if !build.binary.exists() {
@@ -111,7 +134,7 @@ pub fn run(options: &Options) -> anyhow::Result<(Report, Vec<PathBuf>)> {
                 &env,
                 options.sizing.mesh_size,
             )?;
-            let runs = run_round(&mut topology, options, index, label)?;
+            let runs = run_round(&mut topology, options, index, label, perf_dir.as_deref())?;
             drop(topology);
             let figures = figures::of_round(&runs);
             rounds.push(Round {
@@ -146,6 +169,7 @@ pub fn run(options: &Options) -> anyhow::Result<(Report, Vec<PathBuf>)> {
             .unwrap_or_default(),
         machine: Machine::describe(),
         builds: builds.iter().map(|build| build.binary.clone()).collect(),
+        names: options.names.clone(),
         ztunnel_env: options.ztunnel_env.clone(),
         build_env: builds.into_iter().map(|build| build.env).collect(),
         sizing: options.sizing,
@@ -154,21 +178,17 @@ pub fn run(options: &Options) -> anyhow::Result<(Report, Vec<PathBuf>)> {
         median_b,
         ratios,
     };
-    let stem = options.stem.clone().unwrap_or_else(|| {
-        format!(
-            "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
-            started.year(),
-            u8::from(started.month()),
-            started.day(),
-            started.hour(),
-            started.minute(),
-            started.second()
-        )
-    });
     let [json, markdown] = report.write(&options.out_dir, &stem)?;
     let svg = options.out_dir.join(format!("{stem}.svg"));
     plot::write(&report.median_a, &svg).context("drawing the plot")?;
-    Ok((report, vec![json, markdown, svg]))
+    let mut files = vec![json, markdown, svg];
+    if report.median_b.is_some() {
+        let per_round = options.out_dir.join(format!("{stem}-rounds.svg"));
+        plot::write_rounds(&report.rounds, &report.names, &per_round)
+            .context("drawing the per-round plot")?;
+        files.push(per_round);
+    }
+    Ok((report, files))
 }
 
 /// One side of an A/B: a binary and the settings of its ztunnels.
@@ -223,6 +243,7 @@ fn run_round(
     options: &Options,
     index: usize,
     label: &str,
+    perf_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<Run>> {
     let mut runs = Vec::new();
     for scenario in &options.scenarios {
@@ -242,7 +263,15 @@ fn run_round(
             }
             scenario::announce(index, label, *scenario, path);
             warm_up(topology, *scenario, path)?;
-            runs.push(scenario::run(topology, *scenario, path, &options.sizing)?);
+            let perf_stem = format!("{index}{label}-{}-{}", path.name(), scenario.name());
+            let perf = perf_dir.map(|dir| (dir, perf_stem.as_str()));
+            runs.push(scenario::run(
+                topology,
+                *scenario,
+                path,
+                &options.sizing,
+                perf,
+            )?);
         }
     }
     Ok(runs)
@@ -325,6 +354,8 @@ mod tests {
             env_b: env(env_b),
             out_dir: PathBuf::from("out"),
             stem: None,
+            names: ["A".to_owned(), "B".to_owned()],
+            perf: false,
         }
     }
 

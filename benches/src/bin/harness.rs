@@ -71,8 +71,8 @@ struct Args {
     #[arg(long = "env-b", visible_alias = "compare-env")]
     env_b: Vec<String>,
     /// Workloads on other nodes added to the proxies' configuration (at
-    /// most 65,536): the size of the mesh, against which per-connection
-    /// costs and memory are measured.
+    /// most 131,072; past 65,536 their addresses are IPv6): the size of the
+    /// mesh, against which per-connection costs and memory are measured.
     #[arg(long, default_value_t = 0)]
     mesh_size: usize,
     /// DNS queries outstanding at once in the DNS scenarios (at most 64:
@@ -85,6 +85,20 @@ struct Args {
     /// File name stem of the results (default: the start time, UTC).
     #[arg(long)]
     name: Option<String>,
+    /// What the report calls build A (--ztunnel), e.g. `istio`.
+    #[arg(long, default_value = "A")]
+    name_a: String,
+    /// What the report calls build B (--compare), e.g. `ours`: ratios are
+    /// B/A, so with istio/ztunnel as A they read ours/istio.
+    #[arg(long, default_value = "B")]
+    name_b: String,
+    /// Also count each proxy's system calls and context switches per unit
+    /// of work and profile it, with `perf` (root): figures
+    /// `syscalls_per_*` and `context_switches_per_*`, and each run's
+    /// profile summary in `<out>/<stem>-perf/`. Counting costs the proxies
+    /// some CPU: take the figures to compare from runs without it.
+    #[arg(long)]
+    perf: bool,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +153,8 @@ fn run() -> anyhow::Result<()> {
         env_b,
         out_dir: args.out,
         stem: args.name,
+        names: [args.name_a, args.name_b],
+        perf: args.perf,
     };
     let (report, files) = harness::run(&options)?;
     println!(

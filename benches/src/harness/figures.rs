@@ -97,9 +97,9 @@ pub fn of_round(runs: &[Run]) -> Figures {
             &format!("{path}.stream8.gbit_per_s"),
             &format!("{path}.stream1.gbit_per_s"),
         );
-        let added = |scenario: &str| match (
-            figures.get(&format!("{path}.{scenario}.p50_us")),
-            figures.get(&format!("direct.{scenario}.p50_us")),
+        let added = |scenario: &str, quantile: &str| match (
+            figures.get(&format!("{path}.{scenario}.{quantile}_us")),
+            figures.get(&format!("direct.{scenario}.{quantile}_us")),
         ) {
             (Some(through), Some(direct)) => Some(through - direct),
             _ => None,
@@ -107,12 +107,31 @@ pub fn of_round(runs: &[Run]) -> Figures {
         for (name, value) in [
             ("stream1.share_of_direct", share),
             ("stream8.vs_stream1", parallel),
-            ("rr.added_p50_us", added("rr")),
-            ("dns-forwarded.added_p50_us", added("dns-forwarded")),
+            ("rr.added_p50_us", added("rr", "p50")),
+            ("rr1k.added_p50_us", added("rr1k", "p50")),
+            ("rr1k.added_p99_us", added("rr1k", "p99")),
+            ("dns-forwarded.added_p50_us", added("dns-forwarded", "p50")),
         ] {
             if let Some(value) = value {
                 figures.insert(format!("{path}.{name}"), value);
             }
+        }
+        // The whole machine's CPU above the direct path's for the same
+        // work: the proxies' cost including what they hand the kernel's
+        // own threads, over the floor of the applications' socket work.
+        for unit in [
+            "stream1.machine.cpu_s_per_gb",
+            "rr.machine.cpu_us_per_request",
+            "connect.machine.cpu_us_per_connection",
+        ] {
+            let (Some(through), Some(direct)) = (
+                figures.get(&format!("{path}.{unit}")),
+                figures.get(&format!("direct.{unit}")),
+            ) else {
+                continue;
+            };
+            let above = unit.replacen(".machine.", ".machine_above_direct.", 1);
+            figures.insert(format!("{path}.{above}"), through - direct);
         }
     }
     figures
@@ -136,7 +155,7 @@ fn of_run(run: &Run, figures: &mut Figures) {
             put("gbit_per_s", field("gbit_per_s"));
             field("bytes").map(|bytes| (bytes / GIGABYTE, "cpu_s_per_gb", 1.0))
         }
-        Scenario::Rr => {
+        Scenario::Rr | Scenario::Rr1k => {
             put("requests_per_s", field("requests_per_s"));
             for quantile in ["p50", "p90", "p99", "p999"] {
                 put(&format!("{quantile}_us"), latency("latency_us", quantile));
@@ -190,6 +209,9 @@ fn of_run(run: &Run, figures: &mut Figures) {
                 &format!("{proxy}.{name}"),
                 cpu.map(|s| s * scale / units),
             );
+            for (count, value) in counts_per_unit(&[cost], name, units) {
+                put(&format!("{proxy}.{count}"), Some(value));
+            }
         }
         put(
             &format!("{proxy}.steady_rss_kib"),
@@ -216,10 +238,40 @@ fn of_run(run: &Run, figures: &mut Figures) {
                 }
             }
             put_cpu(&mut put, &format!("both.{name}"), cpu);
+            let costs: Vec<&ProxyCost> = run.proxies.iter().collect();
+            for (count, value) in counts_per_unit(&costs, name, units) {
+                put(&format!("both.{count}"), Some(value));
+            }
         }
         let grown: Option<f64> = run.proxies.iter().map(per_connection).sum();
         put("both.kib_per_connection", grown);
     }
+}
+
+/// The `--perf` counts of `costs` together per unit of work, named after
+/// the CPU figure `cpu_name`'s unit (`cpu_us_per_request` →
+/// `syscalls_per_request`, `context_switches_per_request`); nothing unless
+/// every one of them was counted.
+fn counts_per_unit(costs: &[&ProxyCost], cpu_name: &str, units: f64) -> Vec<(String, f64)> {
+    let Some((_, unit)) = cpu_name.rsplit_once("_per_") else {
+        return Vec::new();
+    };
+    let Some(counts) = costs
+        .iter()
+        .map(|cost| cost.counts)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Vec::new();
+    };
+    let syscalls: u64 = counts.iter().map(|counts| counts.syscalls).sum();
+    let switches: u64 = counts.iter().map(|counts| counts.context_switches).sum();
+    vec![
+        (format!("syscalls_per_{unit}"), syscalls as f64 / units),
+        (
+            format!("context_switches_per_{unit}"),
+            switches as f64 / units,
+        ),
+    ]
 }
 
 /// Puts a CPU figure, `[total, user, system]`, as `name` with its parts
@@ -269,6 +321,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::harness::perf::Counts;
     use crate::harness::scenario::Endpoints;
 
     /// A proxy's cost: three quarters of its CPU in user space.
@@ -282,6 +335,7 @@ mod tests {
             peak_rss_kib: 30_000,
             before_rss_kib: 10_000,
             holding_rss_kib: Some(50_000),
+            counts: None,
         }
     }
 
@@ -379,6 +433,86 @@ mod tests {
         );
         // No proxy is in the way on the direct path, so none together.
         assert!(!figures.contains_key("direct.rr.both.cpu_us_per_request"));
+    }
+
+    #[test]
+    fn fixed_rate_latency_machine_cost_above_direct_and_perf_counts_per_unit() {
+        let with_machine = |run: Run, machine_cpu_s: f64| Run {
+            endpoints: Endpoints {
+                machine_cpu_s: Some(machine_cpu_s),
+                ..Endpoints::default()
+            },
+            ..run
+        };
+        let latency = |p50: f64, p99: f64| json!({"requests": 10000.0, "latency_us": {"p50": p50, "p99": p99}});
+        let mut hbone_rr = run(
+            Scenario::Rr1k,
+            Path3::Hbone,
+            latency(60.0, 250.0),
+            [0.1, 0.1],
+        );
+        hbone_rr.proxies[0].counts = Some(Counts {
+            syscalls: 40_000,
+            context_switches: 20_000,
+        });
+        hbone_rr.proxies[1].counts = Some(Counts {
+            syscalls: 30_000,
+            context_switches: 10_000,
+        });
+        let mut uncounted = run(
+            Scenario::Connect,
+            Path3::Hbone,
+            json!({"connections_made": 100.0}),
+            [0.1, 0.1],
+        );
+        uncounted.proxies[0].counts = Some(Counts::default());
+        let runs = [
+            run(
+                Scenario::Rr1k,
+                Path3::Direct,
+                latency(20.0, 50.0),
+                [0.0, 0.0],
+            ),
+            hbone_rr,
+            uncounted,
+            with_machine(
+                run(
+                    Scenario::Stream1,
+                    Path3::Direct,
+                    json!({"bytes": 1e9}),
+                    [0.0, 0.0],
+                ),
+                0.5,
+            ),
+            with_machine(
+                run(
+                    Scenario::Stream1,
+                    Path3::Hbone,
+                    json!({"bytes": 2e9}),
+                    [0.5, 0.5],
+                ),
+                3.0,
+            ),
+        ];
+        let figures = of_round(&runs);
+        assert_eq!(figures["hbone.rr1k.added_p50_us"], 40.0);
+        assert_eq!(figures["hbone.rr1k.added_p99_us"], 200.0);
+        // 1.5 s per GB through the tunnel against 0.5 direct.
+        assert_eq!(
+            figures["hbone.stream1.machine_above_direct.cpu_s_per_gb"],
+            1.0
+        );
+        assert_eq!(figures["hbone.rr1k.client.syscalls_per_request"], 4.0);
+        assert_eq!(
+            figures["hbone.rr1k.server.context_switches_per_request"],
+            1.0
+        );
+        assert_eq!(figures["hbone.rr1k.both.syscalls_per_request"], 7.0);
+        assert_eq!(figures["hbone.rr1k.both.context_switches_per_request"], 3.0);
+        // One proxy without counts: no figure for both, nor for it.
+        assert!(figures.contains_key("hbone.connect.client.syscalls_per_connection"));
+        assert!(!figures.contains_key("hbone.connect.server.syscalls_per_connection"));
+        assert!(!figures.contains_key("hbone.connect.both.syscalls_per_connection"));
     }
 
     #[test]

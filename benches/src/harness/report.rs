@@ -75,6 +75,8 @@ pub struct Report {
     pub machine: Machine,
     /// Build A, and build B when comparing.
     pub builds: Vec<PathBuf>,
+    /// What the report calls build A and build B.
+    pub names: [String; 2],
     /// Extra ztunnel environment, for every build.
     pub ztunnel_env: Vec<(String, String)>,
     /// Environment for one build only, over `ztunnel_env`: A's, then B's
@@ -133,8 +135,9 @@ impl Report {
                 .unwrap_or_default();
             let _ = writeln!(
                 page,
-                "- build {}: `{}`{env}",
+                "- build {} ({}): `{}`{env}",
                 ["A", "B"].get(index).unwrap_or(&"?"),
+                self.names.get(index).map_or("?", String::as_str),
                 build.display()
             );
         }
@@ -154,7 +157,13 @@ impl Report {
         self.targets_table(&mut page);
         self.paths_table(&mut page);
         if let Some(median_b) = &self.median_b {
-            ratio_table(&mut page, &self.median_a, median_b, &self.ratios);
+            ratio_table(
+                &mut page,
+                &self.names,
+                &self.median_a,
+                median_b,
+                &self.ratios,
+            );
         }
         page
     }
@@ -240,12 +249,18 @@ impl Report {
     }
 }
 
-/// A/B: the medians and the ratio of each pair.
-fn ratio_table(page: &mut String, a: &Figures, b: &Figures, ratios: &BTreeMap<String, Vec<f64>>) {
-    let _ = writeln!(page, "## A/B (B ÷ A, pair by pair)\n");
+/// A/B: the medians and the ratio of each pair, with the builds named.
+fn ratio_table(
+    page: &mut String,
+    [name_a, name_b]: &[String; 2],
+    a: &Figures,
+    b: &Figures,
+    ratios: &BTreeMap<String, Vec<f64>>,
+) {
+    let _ = writeln!(page, "## A/B: {name_b} ÷ {name_a} (B ÷ A), pair by pair\n");
     let _ = writeln!(
         page,
-        "| figure | A | B | B/A per pair | median B/A |\n|---|---|---|---|---|"
+        "| figure | A: {name_a} | B: {name_b} | {name_b}/{name_a} per pair | spread (min–max) | median {name_b}/{name_a} |\n|---|---|---|---|---|---|"
     );
     for (name, pairs) in ratios {
         let mut sorted = pairs.clone();
@@ -255,9 +270,13 @@ fn ratio_table(page: &mut String, a: &Figures, b: &Figures, ratios: &BTreeMap<St
             .copied()
             .unwrap_or(f64::NAN);
         let per_pair: Vec<String> = pairs.iter().map(|ratio| format!("{ratio:.3}")).collect();
+        let spread = match (sorted.first(), sorted.last()) {
+            (Some(low), Some(high)) => format!("{low:.3}–{high:.3}"),
+            _ => "—".to_owned(),
+        };
         let _ = writeln!(
             page,
-            "| {name} | {} | {} | {} | {middle:.3} |",
+            "| {name} | {} | {} | {} | {spread} | {middle:.3} |",
             a.get(name)
                 .map_or_else(|| "—".to_owned(), |value| number(*value)),
             b.get(name)

@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::harness::dns;
+use crate::harness::perf::{Counts, Perf};
 use crate::harness::process::{CpuTime, Memory, Process};
 use crate::harness::topology::{Path3, ProxyRole, Topology};
 
@@ -25,6 +26,8 @@ const RUN_SLACK: Duration = Duration::from_secs(60);
 /// The request and response size of the request/response scenarios: the
 /// 1 KiB the targets are stated for.
 const RR_SIZE: &str = "1024";
+/// The request rate of the fixed-rate request/response scenario.
+const RR_FIXED_RATE: &str = "1000";
 /// How long idle connections settle before their memory is read: the
 /// proxies finish their per-connection set-up and release transient
 /// buffers.
@@ -40,6 +43,10 @@ pub enum Scenario {
     Stream8,
     /// 1 KiB request/response on one connection, closed loop.
     Rr,
+    /// 1 KiB request/response on one connection at a fixed 1,000 requests
+    /// a second: the latency a proxy adds under a steady, light load, not
+    /// at saturation.
+    Rr1k,
     /// A new connection per 1-byte request/response.
     Connect,
     /// Open and hold idle connections.
@@ -63,12 +70,13 @@ impl Scenario {
     /// for over a minute when the next round's idle followed connect
     /// directly. With the stream and rr runs between, they have expired.
     /// The DNS runs open no connection and go last.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Idle,
         Scenario::Connect,
         Scenario::Stream1,
         Scenario::Stream8,
         Scenario::Rr,
+        Scenario::Rr1k,
         Scenario::DnsAnswered,
         Scenario::DnsForwarded,
     ];
@@ -79,6 +87,7 @@ impl Scenario {
             Scenario::Stream1 => "stream1",
             Scenario::Stream8 => "stream8",
             Scenario::Rr => "rr",
+            Scenario::Rr1k => "rr1k",
             Scenario::Connect => "connect",
             Scenario::Idle => "idle",
             Scenario::DnsAnswered => "dns-answered",
@@ -104,7 +113,11 @@ impl Scenario {
             Scenario::Idle => path != Path3::Direct,
             Scenario::DnsAnswered => path == Path3::Hbone,
             Scenario::DnsForwarded => matches!(path, Path3::Hbone | Path3::Direct),
-            Scenario::Stream1 | Scenario::Stream8 | Scenario::Rr | Scenario::Connect => true,
+            Scenario::Stream1
+            | Scenario::Stream8
+            | Scenario::Rr
+            | Scenario::Rr1k
+            | Scenario::Connect => true,
         }
     }
 
@@ -152,6 +165,8 @@ pub struct ProxyCost {
     /// For the idle scenario: resident memory with every connection open
     /// and settled, KiB.
     pub holding_rss_kib: Option<u64>,
+    /// System calls and context switches during the run, with `--perf`.
+    pub counts: Option<Counts>,
 }
 
 /// What the two ends of the traffic (the load generator's client and its
@@ -190,12 +205,16 @@ pub struct Run {
     pub endpoints: Endpoints,
 }
 
-/// Runs `scenario` on `path` and measures both proxies.
+/// Runs `scenario` on `path` and measures both proxies; with `perf`, a
+/// directory and a file name stem, also counts their system calls and
+/// context switches and profiles them (not while idle connections are
+/// held: there is nothing to see).
 pub fn run(
     topology: &Topology,
     scenario: Scenario,
     path: Path3,
     sizing: &Sizing,
+    perf: Option<(&std::path::Path, &str)>,
 ) -> anyhow::Result<Run> {
     let (roles, proxies): (Vec<ProxyRole>, Vec<Process>) = topology
         .proxies(path)?
@@ -226,7 +245,7 @@ pub fn run(
                 "up",
             ]);
         }
-        Scenario::Rr => {
+        Scenario::Rr | Scenario::Rr1k => {
             command.args([
                 "--size",
                 RR_SIZE,
@@ -235,6 +254,9 @@ pub fn run(
                 "--duration",
                 &duration,
             ]);
+            if scenario == Scenario::Rr1k {
+                command.args(["--rate", RR_FIXED_RATE]);
+            }
         }
         Scenario::Connect => {
             command.args(["--duration", &duration, "--concurrency", "1"]);
@@ -263,11 +285,16 @@ pub fn run(
         proxy.reset_peak()?;
     }
     let sampler = Sampler::start(proxies.clone());
+    let perf = match perf.filter(|_| scenario != Scenario::Idle) {
+        Some((dir, stem)) => Some(Perf::start(&proxies, dir, stem)?),
+        None => None,
+    };
     let outcome = if scenario == Scenario::Idle {
         run_idle(command, &proxies, sizing)
     } else {
         run_timed(command, sizing).map(|load| (load, vec![None; proxies.len()]))
     };
+    let counts = perf.map(Perf::stop).unwrap_or_default();
     let samples = sampler.stop();
     let (load, holding) = outcome.with_context(|| {
         format!(
@@ -310,6 +337,7 @@ pub fn run(
                 peak_rss_kib: after[index].peak_kib,
                 before_rss_kib: before[index].rss_kib,
                 holding_rss_kib: holding.get(index).copied().flatten(),
+                counts: counts.get(index).copied().flatten(),
             }
         })
         .collect();
@@ -327,7 +355,7 @@ impl Scenario {
     fn name_for_loadgen(self) -> &'static str {
         match self {
             Scenario::Stream1 | Scenario::Stream8 => "stream",
-            Scenario::Rr => "rr",
+            Scenario::Rr | Scenario::Rr1k => "rr",
             Scenario::Connect => "connect",
             Scenario::Idle => "idle",
             Scenario::DnsAnswered | Scenario::DnsForwarded => "dns",

@@ -160,8 +160,22 @@ pub struct MeshFile {
 }
 
 /// The most remote workloads [`MeshFile::set_remote_workloads`] can
-/// address: one per address of 198.19.0.0/16.
-pub const MAX_REMOTE_WORKLOADS: usize = 1 << 16;
+/// address: one per address of 198.19.0.0/16, then as many again in the
+/// IPv6 benchmarking range 2001:2::/48 (RFC 5180). None is ever sent
+/// traffic.
+pub const MAX_REMOTE_WORKLOADS: usize = 1 << 17;
+
+/// Remote workloads addressed in 198.19.0.0/16; the rest are IPv6.
+const REMOTE_IPV4_WORKLOADS: usize = 1 << 16;
+
+/// The address of remote workload `index`, quoted for a YAML flow list.
+fn remote_ip(index: usize) -> String {
+    if index < REMOTE_IPV4_WORKLOADS {
+        format!("198.19.{}.{}", index / 256, index % 256)
+    } else {
+        format!("\"2001:2::{:x}\"", index - REMOTE_IPV4_WORKLOADS)
+    }
+}
 
 /// The uid of remote workload `index`.
 fn remote_uid(index: usize) -> String {
@@ -351,7 +365,8 @@ impl MeshFile {
 
     /// Adds `count` workloads on other nodes (replacing any added before):
     /// the rest of a large mesh, which no test pod talks to but every
-    /// proxy holds. Each has an address in 198.19.0.0/16, one of 50
+    /// proxy holds. Each has an address in 198.19.0.0/16 (past 65,536, in
+    /// 2001:2::/48), one of 50
     /// service accounts, runs on one of 100 nodes and is an endpoint of one
     /// of 1,000 services. Only the local file: with xDS the control plane
     /// would also have to know them as pods.
@@ -455,11 +470,10 @@ impl MeshFile {
         for index in 0..self.remote_workloads {
             let _ = write!(
                 text,
-                "- uid: {uid}\n  name: remote-{index}\n  namespace: remote\n  serviceAccount: sa-{sa}\n  workloadIps: [198.19.{high}.{low}]\n  protocol: HBONE\n  node: remote-node-{node}\n  services: {{\"remote/svc-{service}.remote.svc.cluster.local\": {{80: 8080}}}}\n",
+                "- uid: {uid}\n  name: remote-{index}\n  namespace: remote\n  serviceAccount: sa-{sa}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: remote-node-{node}\n  services: {{\"remote/svc-{service}.remote.svc.cluster.local\": {{80: 8080}}}}\n",
                 uid = remote_uid(index),
                 sa = index % REMOTE_SERVICE_ACCOUNTS,
-                high = index / 256,
-                low = index % 256,
+                ip = remote_ip(index),
                 node = index % REMOTE_NODES,
                 service = index % REMOTE_SERVICES,
             );
@@ -605,6 +619,12 @@ mod tests {
         mesh.set_remote_workloads(0).unwrap();
         assert_eq!(mesh.workload_uids(), [client.uid()]);
         assert!(mesh.set_remote_workloads(MAX_REMOTE_WORKLOADS + 1).is_err());
+        // Past the IPv4 block, addresses are IPv6, quoted so YAML reads them.
+        assert_eq!(remote_ip(REMOTE_IPV4_WORKLOADS - 1), "198.19.255.255");
+        let ipv6 = format!("workloadIps: [{}]", remote_ip(REMOTE_IPV4_WORKLOADS + 10));
+        assert_eq!(ipv6, "workloadIps: [\"2001:2::a\"]");
+        let parsed: serde_yaml_ng::Value = serde_yaml_ng::from_str(&ipv6).unwrap();
+        assert_eq!(parsed["workloadIps"][0].as_str(), Some("2001:2::a"));
 
         let mut xds = one_node_file(&dir.path().join("xds.yaml"), ConfigSource::Xds, &client);
         assert!(xds.set_remote_workloads(1).is_err());
