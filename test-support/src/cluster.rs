@@ -411,7 +411,12 @@ impl Cluster {
                 .env("POD_NAME", files::ztunnel_pod(&node.name))
                 .env("POD_NAMESPACE", "istio-system")
                 .env("INSTANCE_IP", node.ip.to_string()),
-            ConfigSource::LocalFile => command.env("LOCAL_XDS_PATH", self.mesh.path()),
+            // XDS_ADDRESS empty turns xDS off outright: istio/ztunnel
+            // otherwise also dials its default address beside the file, and
+            // is not ready until that answers.
+            ConfigSource::LocalFile => command
+                .env("LOCAL_XDS_PATH", self.mesh.path())
+                .env("XDS_ADDRESS", ""),
         };
         let child = command
             .env("PROXY_MODE", "shared")
@@ -423,7 +428,9 @@ impl Cluster {
             .env("TRUST_DOMAIN", TRUST_DOMAIN)
             .env("NETWORK", network)
             .env("ZTUNNEL_WORKER_THREADS", "1")
-            .env("TERMINATION_GRACE_PERIOD_SECONDS", "1s")
+            // Whole seconds, as the pod spec gives it: istio/ztunnel, which
+            // the benchmarks run on this cluster, reads nothing else.
+            .env("TERMINATION_GRACE_PERIOD_SECONDS", "1")
             .env("RUST_LOG", "info,access=debug")
             .env("LOG_FORMAT", "json")
             .envs(self.ztunnel_env.iter().map(|(key, value)| (key, value)))

@@ -146,10 +146,11 @@ fn first_line(stdout: std::process::ChildStdout) -> mpsc::Receiver<String> {
 }
 
 /// The `services:` entry of the Service the proxy answers for, in
-/// `namespace`.
+/// `namespace`. The VIP is written `network/IP` with the default (empty)
+/// network, the form istio/ztunnel's local file requires.
 pub fn service(namespace: &str) -> String {
     format!(
-        "- name: {SERVICE}\n  namespace: {namespace}\n  hostname: {SERVICE}.{namespace}.svc.cluster.local\n  vips: [\"{SERVICE_VIP}\"]\n  ports: {{80: 9000}}\n"
+        "- name: {SERVICE}\n  namespace: {namespace}\n  hostname: {SERVICE}.{namespace}.svc.cluster.local\n  vips: [\"/{SERVICE_VIP}\"]\n  ports: {{80: 9000}}\n"
     )
 }
 

@@ -457,8 +457,9 @@ impl MeshFile {
         for (spec, workload) in workloads {
             let _ = write!(
                 text,
-                "- uid: {uid}\n  name: {name}\n  namespace: {namespace}\n  serviceAccount: {sa}\n  workloadIps: [{ip}]\n  protocol: {protocol}\n  node: {node}\n  services: {{}}\n",
+                "- uid: {uid}\n  name: {name}\n  namespace: {namespace}\n  trustDomain: {trust_domain}\n  serviceAccount: {sa}\n  workloadIps: [{ip}]\n  protocol: {protocol}\n  node: {node}\n  services: {{}}\n",
                 uid = spec.uid(),
+                trust_domain = crate::cluster::TRUST_DOMAIN,
                 name = spec.name,
                 namespace = spec.namespace,
                 sa = spec.service_account,
@@ -470,8 +471,9 @@ impl MeshFile {
         for index in 0..self.remote_workloads {
             let _ = write!(
                 text,
-                "- uid: {uid}\n  name: remote-{index}\n  namespace: remote\n  serviceAccount: sa-{sa}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: remote-node-{node}\n  services: {{\"remote/svc-{service}.remote.svc.cluster.local\": {{80: 8080}}}}\n",
+                "- uid: {uid}\n  name: remote-{index}\n  namespace: remote\n  trustDomain: {trust_domain}\n  serviceAccount: sa-{sa}\n  workloadIps: [{ip}]\n  protocol: HBONE\n  node: remote-node-{node}\n  services: {{\"remote/svc-{service}.remote.svc.cluster.local\": {{80: 8080}}}}\n",
                 uid = remote_uid(index),
+                trust_domain = crate::cluster::TRUST_DOMAIN,
                 sa = index % REMOTE_SERVICE_ACCOUNTS,
                 ip = remote_ip(index),
                 node = index % REMOTE_NODES,
