@@ -50,23 +50,32 @@ fi
 
 # A local directory is given to git as a file:// URL.
 as_url() {
-  case "$1" in
-    *://*) echo "$1" ;;
-    *) echo "file://$(cd "$1" && pwd)" ;;
-  esac
+  if [ -d "$1" ]; then
+    echo "file://$(cd "$1" && pwd)"
+  else
+    echo "$1"
+  fi
 }
 
 mkdir -p "$out"
 checkout="$out/src"
-if [ ! -d "$checkout/.git" ]; then
-  git init -q "$checkout"
-  git -C "$checkout" remote add origin "$(as_url "$source_repo")"
-fi
 # vendor/boringssl-fips holds prebuilt FIPS libraries (large, and absent from
-# some mirrors); only the FIPS build reads them.
-git -C "$checkout" sparse-checkout set --no-cone '/*' '!/vendor/boringssl-fips/'
-git -C "$checkout" fetch -q origin "$COMMIT"
-git -C "$checkout" checkout -q --force "$COMMIT"
+# some mirrors); only the FIPS build reads them, so they are never fetched.
+if [ -d "$source_repo" ]; then
+  # A local clone or mirror: the commit's tree without them.
+  rm -rf "$checkout"
+  mkdir -p "$checkout"
+  git -C "$source_repo" archive --format=tar "$COMMIT" -- . ':(exclude)vendor/boringssl-fips' |
+    tar -x -C "$checkout"
+else
+  # A remote: a partial clone, whose blobs come only as the checkout needs them.
+  if [ ! -d "$checkout/.git" ]; then
+    rm -rf "$checkout"
+    git clone -q --filter=blob:none --no-checkout "$source_repo" "$checkout"
+  fi
+  git -C "$checkout" sparse-checkout set --no-cone '/*' '!/vendor/boringssl-fips/'
+  git -C "$checkout" checkout -q --force "$COMMIT"
+fi
 
 export GIT_CONFIG_COUNT=1
 export GIT_CONFIG_KEY_0="url.$(as_url "$provider").insteadOf"
