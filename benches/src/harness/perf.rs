@@ -54,23 +54,14 @@ impl Perf {
             recording: Vec::new(),
         };
         for (index, proxy) in proxies.iter().enumerate() {
-            let pid = proxy.pid.to_string();
             let stat = dir.join(format!("{name}-{index}.stat"));
-            let child = quiet(Command::new("perf").args(["stat", "-x", ",", "-e", EVENTS]))
-                .arg("-o")
-                .arg(&stat)
-                .args(["-p", &pid])
-                .spawn()
+            let counting = attach(&["stat", "-x", ",", "-e", EVENTS], &stat, *proxy)
                 .context("starting perf stat (is perf installed?)")?;
-            perf.counting.push((child, stat));
+            perf.counting.push((counting, stat));
             let data = dir.join(format!("{name}-{index}.data"));
-            let child = quiet(Command::new("perf").args(["record", "-q", "-F", PROFILE_HZ]))
-                .arg("-o")
-                .arg(&data)
-                .args(["-p", &pid])
-                .spawn()
+            let recording = attach(&["record", "-q", "-F", PROFILE_HZ], &data, *proxy)
                 .context("starting perf record")?;
-            perf.recording.push((child, data));
+            perf.recording.push((recording, data));
         }
         Ok(perf)
     }
@@ -99,12 +90,18 @@ impl Perf {
     }
 }
 
-/// A perf command with no input and its chatter discarded.
-fn quiet(command: &mut Command) -> &mut Command {
-    command
+/// Starts `perf <args> -o <output> -p <pid of process>`, with no input and
+/// its chatter discarded.
+fn attach(args: &[&str], output: &Path, process: Process) -> std::io::Result<Child> {
+    Command::new("perf")
+        .args(args)
+        .arg("-o")
+        .arg(output)
+        .args(["-p", &process.pid.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .spawn()
 }
 
 /// Stops one perf as a terminal would (SIGINT, on which it writes its
