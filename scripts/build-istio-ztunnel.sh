@@ -67,6 +67,10 @@ if [ -d "$source_repo" ]; then
   mkdir -p "$checkout"
   git -C "$source_repo" archive --format=tar "$COMMIT" -- . ':(exclude)vendor/boringssl-fips' |
     tar -x -C "$checkout"
+  # No repository of its own: its build script's git must not find the
+  # one this script runs in and report that commit as istio/ztunnel's.
+  GIT_CEILING_DIRECTORIES="$(cd "$out" && pwd)"
+  export GIT_CEILING_DIRECTORIES
 else
   # A remote: a partial clone, whose blobs come only as the checkout needs them.
   if [ ! -d "$checkout/.git" ]; then
@@ -81,6 +85,8 @@ export GIT_CONFIG_COUNT=1
 export GIT_CONFIG_KEY_0="url.$(as_url "$provider").insteadOf"
 export GIT_CONFIG_VALUE_0=$PROVIDER_URL
 export CARGO_NET_GIT_FETCH_WITH_CLI=true
+# The version its binary reports (`ztunnel version`).
+export VERSION=$COMMIT
 (cd "$checkout" && CARGO_TARGET_DIR="$(cd .. && pwd)/target" cargo build --release --locked --bin ztunnel)
 binary="$(cd "$out" && pwd)/target/release/ztunnel"
 echo "istio/ztunnel $COMMIT: $binary"
