@@ -39,6 +39,32 @@ pub fn give_back() {
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
+/// When [`give_back_soon`] collects after the first time: what the end of
+/// a flood frees does not all come back at once (the last connections'
+/// tasks finish after the count that marks the end, and their access-log
+/// lines are freed once the log writer has written them), and memory freed
+/// after a collection stays with the allocator.
+const GIVE_BACK_AGAIN: [std::time::Duration; 2] = [
+    std::time::Duration::from_millis(250),
+    std::time::Duration::from_secs(1),
+];
+
+/// [`give_back`] now and twice more shortly after, on the runtime of the
+/// caller (on this thread's heap when there is none): for the end of a
+/// burst, whose last frees trail it.
+pub fn give_back_soon() {
+    give_back();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async {
+        for delay in GIVE_BACK_AGAIN {
+            tokio::time::sleep(delay).await;
+            give_back();
+        }
+    });
+}
+
 /// Keeps the process off transparent huge pages. A huge page is resident
 /// whole (2 MiB) once any byte of it is touched, and a heap of small
 /// objects that come and go (the state's workloads, connections) touches

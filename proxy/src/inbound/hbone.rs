@@ -141,7 +141,7 @@ impl Drop for PendingHandshake {
         // silent connections were freed on this worker, and the allocator
         // would keep their pages until it needs them again.
         if self.gauge.dec() == 1 && FLOODED.swap(false, Ordering::Relaxed) {
-            crate::memory::give_back();
+            crate::memory::give_back_soon();
         }
     }
 }
