@@ -96,6 +96,18 @@ impl Session {
         assert!(reply.node.is_none(), "replies carry no node");
         reply
     }
+
+    /// Sends a response that the proxy must accept: its reply is an ACK.
+    async fn push_acked(
+        &mut self,
+        type_url: &str,
+        nonce: &str,
+        resources: Vec<Resource>,
+        removed: &[&str],
+    ) {
+        let ack = self.push(type_url, nonce, resources, removed).await;
+        assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
+    }
 }
 
 /// The fake server: hands every stream to the test.
@@ -539,8 +551,8 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     })
     .await;
     assert_eq!(not_ready.0, 500, "{}", not_ready.1);
-    let ack = session
-        .push(
+    session
+        .push_acked(
             ADDRESS_TYPE_URL,
             "a1",
             vec![
@@ -550,20 +562,18 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
             &[],
         )
         .await;
-    assert!(ack.error_detail.is_none());
     let (status, body) = get(ztunnel.readiness, "/healthz/ready").await.unwrap();
     assert_eq!(status, 500);
     assert!(body.contains("istio.security.Authorization"), "{body}");
     assert!(!body.contains("istio.workload.Address"), "{body}");
-    let ack = session
-        .push(
+    session
+        .push_acked(
             AUTHORIZATION_TYPE_URL,
             "p1",
             vec![policy("allow-all", "1")],
             &[],
         )
         .await;
-    assert!(ack.error_detail.is_none());
     ready_once_acked(&ztunnel).await;
     assert_eq!(workload_uids(&ztunnel).await, ["w-1", "w-2"]);
 
@@ -623,8 +633,9 @@ async fn syncs_nacks_bad_resources_and_resumes_after_a_reconnect() {
     );
 
     // The server trusts its removals across the reconnect.
-    let ack = session.push(ADDRESS_TYPE_URL, "a3", vec![], &["w-2"]).await;
-    assert!(ack.error_detail.is_none());
+    session
+        .push_acked(ADDRESS_TYPE_URL, "a3", vec![], &["w-2"])
+        .await;
     assert_eq!(workload_uids(&ztunnel).await, ["w-3"]);
     let (_, metrics) = get(ztunnel.stats, "/metrics").await.unwrap();
     assert!(

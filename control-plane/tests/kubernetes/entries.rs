@@ -85,6 +85,15 @@ async fn read_addresses(agent: &mut AdsStream, mut done: impl FnMut(&str, &Addre
     }
 }
 
+/// A Service's VIPs as text.
+fn vips(service: &ztunnel_proto::istio::workload::Service) -> Vec<String> {
+    service
+        .addresses
+        .iter()
+        .map(|vip| ip_text(&vip.address))
+        .collect()
+}
+
 fn ip_text(bytes: &[u8]) -> String {
     match bytes.len() {
         4 => std::net::Ipv4Addr::from(<[u8; 4]>::try_from(bytes).unwrap()).to_string(),
@@ -117,12 +126,7 @@ async fn service_entry_without_addresses_gets_a_vip_in_its_status_and_reaches_a_
     read_addresses(&mut agent, |name, resource| {
         match &resource.r#type {
             Some(address::Type::Service(service)) if name == "apps/api.example.com" => {
-                let vips: Vec<String> = service
-                    .addresses
-                    .iter()
-                    .map(|a| ip_text(&a.address))
-                    .collect();
-                service_seen = vips == status;
+                service_seen = vips(service) == status;
             }
             Some(address::Type::Workload(workload))
                 if workload.uid.ends_with(
@@ -163,12 +167,7 @@ async fn workload_entry_selected_by_a_service_entry_reaches_a_node_agent_as_its_
     read_addresses(&mut agent, |name, resource| {
         match &resource.r#type {
             Some(address::Type::Service(service)) if name == "apps/vm.apps.internal" => {
-                let vips: Vec<String> = service
-                    .addresses
-                    .iter()
-                    .map(|a| ip_text(&a.address))
-                    .collect();
-                service_seen = vips == status;
+                service_seen = vips(service) == status;
             }
             Some(address::Type::Workload(workload))
                 if workload

@@ -42,8 +42,8 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
 
     // xDS adds beside the file's, replaces one of the same name and
     // removes another by name.
-    let ack = session
-        .push(
+    session
+        .push_acked(
             ADDRESS_TYPE_URL,
             "a1",
             vec![
@@ -53,11 +53,9 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
             &[],
         )
         .await;
-    assert!(ack.error_detail.is_none());
-    let ack = session
-        .push(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
+    session
+        .push_acked(AUTHORIZATION_TYPE_URL, "p1", vec![], &[])
         .await;
-    assert!(ack.error_detail.is_none());
     ready_once_acked(&ztunnel).await;
     assert_eq!(
         workload_uids(&ztunnel).await,
@@ -76,10 +74,9 @@ async fn local_xds_path_with_xds_address_seeds_the_state_that_xds_updates() {
         serde_json::json!(["10.1.0.2"]),
         "local-2 is xDS's now"
     );
-    let ack = session
-        .push(ADDRESS_TYPE_URL, "a2", vec![], &["local-1"])
+    session
+        .push_acked(ADDRESS_TYPE_URL, "a2", vec![], &["local-1"])
         .await;
-    assert!(ack.error_detail.is_none());
     assert_eq!(workload_uids(&ztunnel).await, ["local-2", "pushed-1"]);
 
     // The file is not read again: a change to it takes nothing back.
