@@ -611,6 +611,15 @@ struct DbMesh {
 }
 
 /// [`DbMesh`], or `None` where the API server cannot run (skipped).
+/// [`db_mesh`] with `objects` (YAML) applied.
+async fn db_mesh_with(objects: &str) -> Option<DbMesh> {
+    let mesh = db_mesh().await?;
+    mesh.api
+        .kubectl(&["apply", "-f", "-"], Some(objects))
+        .unwrap();
+    Some(mesh)
+}
+
 async fn db_mesh() -> Option<DbMesh> {
     let (api, kubeconfig) = api_with_control_plane_account(ROLE).await?;
     let client = api.admin_client().await.unwrap();
@@ -732,20 +741,17 @@ async fn a_selector_policy_reaches_every_stream_after_the_workload_that_lists_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_auth_a_strict_namespace_sends_the_static_strict_policy_listed_by_its_workloads() {
-    // `_server` is bound: a field left to `..` would be dropped here, and
-    // with it the control plane.
+    // `_server` and the API server are bound: a field left to `..` would
+    // be dropped here, and with it the control plane.
     let Some(DbMesh {
-        api,
+        api: _api,
         _server,
         mut agent,
         ..
-    }) = db_mesh().await
+    }) = db_mesh_with(STRICT_APPS).await
     else {
         return;
     };
-
-    api.kubectl(&["apply", "-f", "-"], Some(STRICT_APPS))
-        .unwrap();
     let (mut listed, mut sent) = (false, false);
     while !(listed && sent) {
         let response = agent.next_acked().await;

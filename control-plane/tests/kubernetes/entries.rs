@@ -109,13 +109,10 @@ async fn service_entry_without_addresses_gets_a_vip_in_its_status_and_reaches_a_
         _server,
         mut agent,
         ..
-    }) = db_mesh().await
+    }) = db_mesh_with(EXTERNAL_API).await
     else {
         return;
     };
-
-    api.kubectl(&["apply", "-f", "-"], Some(EXTERNAL_API))
-        .unwrap();
     let status = allocated_status(&api, "apps", "external-api").await;
     assert_eq!(
         status,
@@ -155,13 +152,10 @@ async fn workload_entry_selected_by_a_service_entry_reaches_a_node_agent_as_its_
         _server,
         mut agent,
         ..
-    }) = db_mesh().await
+    }) = db_mesh_with(VM_AND_ITS_SERVICE).await
     else {
         return;
     };
-
-    api.kubectl(&["apply", "-f", "-"], Some(VM_AND_ITS_SERVICE))
-        .unwrap();
     let status = allocated_status(&api, "apps", "vm-service").await;
     let (mut service_seen, mut vm_seen) = (false, false);
     read_addresses(&mut agent, |name, resource| {
